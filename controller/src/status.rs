@@ -1,0 +1,560 @@
+//! A Scheduler's status and the event to record, as a pure function of what was observed.
+//!
+//! Two axes make up the state:
+//! - rollout (conditions Ready and Progressing): `RolloutInProgress` until the DaemonSet runs
+//!   the current spec on every scheduled node for the first time, then `DaemonSetReady`;
+//!   pods that stop being available after that are `NodesUnavailable`; no scheduled node at all
+//!   is `NoNodesScheduled`;
+//! - health (condition Degraded): `SchedulerConflict` when older Schedulers own some selected
+//!   nodes, `NodesUnavailable` when scheduled pods are not available, else `AsExpected`.
+//!
+//! An event is recorded only when the state key changes: a Warning with the Degraded reason
+//! while degraded, otherwise a Normal event with the rollout reason. Pod counts and messages
+//! are not part of the key, so re-reconciles and count changes record nothing.
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::{SchedulerStatus, condition, reason};
+use crate::arbiter::Placement;
+
+/// At most this many winner names are listed in a conflict message.
+const MAX_WINNERS_LISTED: usize = 3;
+
+/// Everything the status depends on.
+#[derive(Clone, Debug)]
+pub struct Observed<'a> {
+    /// `metadata.generation` of the Scheduler.
+    pub generation: Option<i64>,
+    /// The status as last written (by this controller, or as read from the API server).
+    pub previous: &'a SchedulerStatus,
+    /// The DaemonSet as the API server returned it, or `None` when there is none.
+    pub daemonset: Option<&'a DaemonSet>,
+    /// Which selected nodes the Scheduler owns and lost.
+    pub placement: &'a Placement,
+    /// The image the DaemonSet runs.
+    pub image: &'a str,
+    /// Why the API server refused the DaemonSet built from this spec, if it did.
+    pub spec_error: Option<&'a str>,
+    pub now: Time,
+}
+
+/// Kind of a Kubernetes event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Normal,
+    Warning,
+}
+
+/// An event to record on the Scheduler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSpec {
+    pub kind: EventKind,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The new status and, on a change of state, the event to record once it is saved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub status: SchedulerStatus,
+    pub event: Option<EventSpec>,
+}
+
+/// Rollout facts read off a DaemonSet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Rollout {
+    /// The DaemonSet controller has seen the DaemonSet's current generation.
+    observed: bool,
+    desired: i32,
+    updated: i32,
+    ready: i32,
+    available: i32,
+}
+
+impl Rollout {
+    fn of(ds: Option<&DaemonSet>) -> Self {
+        let Some(ds) = ds else { return Self { observed: true, ..Self::default() } };
+        let Some(st) = ds.status.as_ref() else { return Self::default() };
+        Self {
+            observed: st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0),
+            desired: st.desired_number_scheduled,
+            updated: st.updated_number_scheduled.unwrap_or(0),
+            ready: st.number_ready,
+            available: st.number_available.unwrap_or(0),
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.observed && self.updated >= self.desired && self.available >= self.desired
+    }
+}
+
+/// Computes the status and the event for one reconcile.
+pub fn compute(obs: &Observed<'_>) -> Outcome {
+    let rollout = Rollout::of(obs.daemonset);
+    let generation = obs.generation;
+    let prev = &obs.previous.conditions;
+    let ds_name = obs
+        .daemonset
+        .map(|ds| {
+            format!(
+                "DaemonSet {}/{}",
+                ds.metadata.namespace.as_deref().unwrap_or_default(),
+                ds.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .unwrap_or_else(|| "the DaemonSet".to_owned());
+
+    // Rollout axis, known only once the DaemonSet controller has seen the current DaemonSet.
+    let rollout_state = rollout.observed.then(|| rollout_state(&rollout, obs, &ds_name));
+
+    // Health axis.
+    let previous_degraded = find(prev, condition::DEGRADED);
+    let (degraded, degraded_reason, degraded_message) = if let Some(why) = obs.spec_error {
+        (
+            true,
+            reason::SPEC_INVALID.to_owned(),
+            format!("The API server refused the DaemonSet built from this spec; fix the Scheduler's spec: {why}"),
+        )
+    } else if let Some(msg) = conflict_message(obs.placement) {
+        (true, reason::SCHEDULER_CONFLICT.to_owned(), msg)
+    } else {
+        match (&rollout_state, previous_degraded) {
+            (Some((r, msg)), _) if *r == reason::NODES_UNAVAILABLE => (true, r.to_string(), msg.clone()),
+            (Some(_), _) | (None, None) => {
+                (false, reason::AS_EXPECTED.to_owned(), "No conflicts and every scheduled pod is available".to_owned())
+            }
+            // Not known yet: keep what was last known.
+            (None, Some(d)) if d.reason == reason::NODES_UNAVAILABLE => {
+                (d.status == "True", d.reason.clone(), d.message.clone())
+            }
+            (None, Some(_)) => {
+                (false, reason::AS_EXPECTED.to_owned(), "No conflicts and every scheduled pod is available".to_owned())
+            }
+        }
+    };
+
+    let mut conditions = Vec::new();
+    match &rollout_state {
+        Some((r, msg)) => {
+            conditions.push(condition(
+                prev,
+                condition::READY,
+                *r == reason::DAEMONSET_READY,
+                r,
+                msg,
+                generation,
+                &obs.now,
+            ));
+            conditions.push(condition(
+                prev,
+                condition::PROGRESSING,
+                *r == reason::ROLLOUT_IN_PROGRESS,
+                r,
+                msg,
+                generation,
+                &obs.now,
+            ));
+        }
+        // Until the DaemonSet controller reports, the rollout conditions keep describing the
+        // last known state (with that state's observedGeneration).
+        None => {
+            conditions.extend([condition::READY, condition::PROGRESSING].iter().filter_map(|t| find(prev, t).cloned()))
+        }
+    }
+    conditions.push(condition(
+        prev,
+        condition::DEGRADED,
+        degraded,
+        &degraded_reason,
+        &degraded_message,
+        generation,
+        &obs.now,
+    ));
+    // Conditions this module does not own (KernelAttached) are carried over untouched.
+    conditions.extend(
+        prev.iter()
+            .filter(|c| ![condition::READY, condition::PROGRESSING, condition::DEGRADED].contains(&c.type_.as_str()))
+            .cloned(),
+    );
+
+    let kernel_attached = obs.previous.kernel_attached.min(rollout.desired);
+    let status = SchedulerStatus {
+        observed_generation: generation,
+        resolved_image: Some(obs.image.to_owned()),
+        desired_number_scheduled: rollout.desired,
+        number_ready: rollout.ready,
+        number_available: rollout.available,
+        kernel_attached,
+        kernel_attached_summary: Some(format!("{kernel_attached}/{}", rollout.desired)),
+        conflicting_nodes: i32::try_from(obs.placement.lost.len()).unwrap_or(i32::MAX),
+        conditions,
+    };
+
+    let key = state_key(&status);
+    let event = (key.is_some() && key != state_key(obs.previous)).then(|| {
+        if degraded {
+            EventSpec { kind: EventKind::Warning, reason: degraded_reason.clone(), message: degraded_message.clone() }
+        } else {
+            let (r, msg) = rollout_state.clone().unwrap_or_default();
+            EventSpec { kind: EventKind::Normal, reason: r.to_owned(), message: msg }
+        }
+    });
+    Outcome { status, event }
+}
+
+/// The rollout state of an observed DaemonSet: its reason and message.
+fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> (&'static str, String) {
+    let previous = obs.previous;
+    let prev_ready = find(&previous.conditions, condition::READY).filter(|c| c.observed_generation == obs.generation);
+    let was_ready = prev_ready.is_some_and(|c| c.status == "True");
+    let was_unavailable = prev_ready.is_some_and(|c| c.reason == reason::NODES_UNAVAILABLE);
+    if rollout.desired == 0 {
+        let why = if obs.placement.lost.is_empty() {
+            "no node matches the nodeSelector, or the matching nodes have taints the Scheduler does not tolerate"
+        } else {
+            "every selected node belongs to an older Scheduler"
+        };
+        return (reason::NO_NODES_SCHEDULED, format!("No nodes scheduled: {why}"));
+    }
+    if rollout.complete() {
+        return (
+            reason::DAEMONSET_READY,
+            format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired),
+        );
+    }
+    // Unavailable means a pod that was available stopped being so; pods on nodes that just
+    // joined are still rolling out.
+    let lost_one = was_ready && rollout.available < previous.number_available;
+    if rollout.updated >= rollout.desired && (was_unavailable || lost_one) {
+        let down = rollout.desired - rollout.available;
+        return (
+            reason::NODES_UNAVAILABLE,
+            format!("{ds_name}: {down} of {} scheduled pods are not available", rollout.desired),
+        );
+    }
+    (
+        reason::ROLLOUT_IN_PROGRESS,
+        format!("{ds_name}: {} of {} pods updated, {} available", rollout.updated, rollout.desired, rollout.available),
+    )
+}
+
+fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// The part of a status that decides whether an event is due.
+pub fn state_key(status: &SchedulerStatus) -> Option<(EventKind, String)> {
+    let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
+    if let Some(d) = find(condition::DEGRADED).filter(|d| d.status == "True") {
+        return Some((EventKind::Warning, d.reason.clone()));
+    }
+    find(condition::READY).map(|r| (EventKind::Normal, r.reason.clone()))
+}
+
+fn conflict_message(placement: &Placement) -> Option<String> {
+    if placement.lost.is_empty() {
+        return None;
+    }
+    let winners = placement.winners();
+    let mut listed: Vec<&str> = winners.iter().copied().take(MAX_WINNERS_LISTED).collect();
+    let more = winners.len().saturating_sub(MAX_WINNERS_LISTED);
+    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+    let lost = placement.lost.len();
+    let of = lost + placement.owned.len();
+    listed.sort_unstable();
+    Some(format!("{lost} of {of} selected nodes belong to older Schedulers: {}{more}", listed.join(", ")))
+}
+
+/// A condition, keeping the previous transition time unless its status flips.
+fn condition(
+    previous: &[Condition],
+    type_: &str,
+    is_true: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = if is_true { "True" } else { "False" };
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DaemonSetStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn time(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    fn ds(generation: i64, observed: i64, desired: i32, updated: i32, available: i32) -> DaemonSet {
+        DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("rusty".into()),
+                namespace: Some("sked-system".into()),
+                generation: Some(generation),
+                ..Default::default()
+            },
+            spec: Default::default(),
+            status: Some(DaemonSetStatus {
+                observed_generation: Some(observed),
+                desired_number_scheduled: desired,
+                current_number_scheduled: desired,
+                updated_number_scheduled: Some(updated),
+                number_ready: available,
+                number_available: Some(available),
+                ..Default::default()
+            }),
+        }
+    }
+
+    struct Run {
+        previous: SchedulerStatus,
+        generation: i64,
+        clock: i64,
+    }
+
+    impl Run {
+        fn new() -> Self {
+            Self { previous: SchedulerStatus::default(), generation: 1, clock: 1000 }
+        }
+
+        fn step(&mut self, daemonset: Option<&DaemonSet>, placement: &Placement) -> Outcome {
+            self.clock += 10;
+            let out = compute(&Observed {
+                generation: Some(self.generation),
+                previous: &self.previous,
+                daemonset,
+                placement,
+                image: "x/y:z",
+                spec_error: None,
+                now: time(self.clock),
+            });
+            self.previous = out.status.clone();
+            out
+        }
+    }
+
+    fn cond<'a>(s: &'a SchedulerStatus, t: &str) -> &'a Condition {
+        cond_opt(s, t).unwrap()
+    }
+
+    fn cond_opt<'a>(s: &'a SchedulerStatus, t: &str) -> Option<&'a Condition> {
+        s.conditions.iter().find(|c| c.type_ == t)
+    }
+
+    fn reasons(e: &Option<EventSpec>) -> Option<(EventKind, &str)> {
+        e.as_ref().map(|e| (e.kind, e.reason.as_str()))
+    }
+
+    #[test]
+    fn rollout_then_ready_records_one_event_each() {
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        let mut run = Run::new();
+
+        let out = run.step(Some(&ds(1, 1, 2, 2, 0)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "RolloutInProgress")));
+        assert_eq!(cond(&out.status, "Ready").status, "False");
+        assert_eq!(cond(&out.status, "Progressing").status, "True");
+        assert_eq!(out.status.kernel_attached_summary.as_deref(), Some("0/2"));
+
+        // A pod count change alone records nothing.
+        let out = run.step(Some(&ds(1, 1, 2, 2, 1)), &p);
+        assert_eq!(out.event, None);
+        assert_eq!(out.status.number_available, 1);
+
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+        let ready = cond(&out.status, "Ready");
+        assert_eq!((ready.status.as_str(), ready.observed_generation), ("True", Some(1)));
+        assert_eq!(cond(&out.status, "Progressing").status, "False");
+        assert_eq!(cond(&out.status, "Degraded").status, "False");
+
+        // A plain re-reconcile changes nothing, not even transition times.
+        let before = out.status.clone();
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        assert_eq!(out.event, None);
+        assert_eq!(out.status, before);
+    }
+
+    #[test]
+    fn pods_lost_after_ready_are_nodes_unavailable_then_recover() {
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        let mut run = Run::new();
+        run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+
+        let out = run.step(Some(&ds(1, 1, 2, 2, 1)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Warning, "NodesUnavailable")));
+        assert_eq!(cond(&out.status, "Degraded").status, "True");
+        assert_eq!(cond(&out.status, "Ready").status, "False");
+        assert!(cond(&out.status, "Degraded").message.contains("1 of 2"));
+
+        // Still down, different message: no new event.
+        assert_eq!(run.step(Some(&ds(1, 1, 3, 3, 1)), &p).event, None);
+
+        let out = run.step(Some(&ds(1, 1, 3, 3, 3)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+    }
+
+    #[test]
+    fn a_spec_change_is_a_new_rollout_with_new_observed_generation() {
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let mut run = Run::new();
+        run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
+        run.generation = 2;
+        // The DaemonSet controller has not seen the new template yet: the rollout conditions
+        // still describe generation 1, and nothing is recorded.
+        let out = run.step(Some(&ds(2, 1, 1, 1, 1)), &p);
+        assert_eq!(out.event, None);
+        assert_eq!(out.status.observed_generation, Some(2));
+        assert_eq!(cond(&out.status, "Ready").observed_generation, Some(1));
+        // Observed, pods being replaced.
+        let out = run.step(Some(&ds(2, 2, 1, 0, 1)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "RolloutInProgress")));
+        assert!(out.status.conditions.iter().all(|c| c.observed_generation == Some(2)));
+        let out = run.step(Some(&ds(2, 2, 1, 1, 1)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+    }
+
+    #[test]
+    fn a_fresh_daemonset_records_nothing_until_observed() {
+        let p = Placement::default();
+        let mut run = Run::new();
+        let mut fresh = ds(1, 0, 0, 0, 0);
+        fresh.status = None;
+        let out = run.step(Some(&fresh), &p);
+        assert_eq!(out.event, None);
+        assert!(cond_opt(&out.status, "Ready").is_none());
+        let out = run.step(Some(&ds(1, 1, 0, 0, 0)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "NoNodesScheduled")));
+    }
+
+    #[test]
+    fn a_node_joining_after_ready_is_a_rollout_not_an_outage() {
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        let mut run = Run::new();
+        run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        let out = run.step(Some(&ds(1, 1, 3, 3, 2)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "RolloutInProgress")));
+        assert_eq!(cond(&out.status, "Degraded").status, "False");
+        // ...but losing an available pod while it joins is an outage.
+        let out = run.step(Some(&ds(1, 1, 3, 3, 3)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+        let out = run.step(Some(&ds(1, 1, 4, 4, 2)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Warning, "NodesUnavailable")));
+    }
+
+    #[test]
+    fn no_nodes_is_its_own_state() {
+        let mut run = Run::new();
+        let out = run.step(Some(&ds(1, 1, 0, 0, 0)), &Placement::default());
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "NoNodesScheduled")));
+        assert_eq!(cond(&out.status, "Ready").status, "False");
+        assert_eq!(cond(&out.status, "Progressing").status, "False");
+        assert!(cond(&out.status, "Ready").message.contains("nodeSelector"));
+    }
+
+    #[test]
+    fn partial_conflict_is_ready_and_degraded_with_a_warning() {
+        let p = Placement {
+            owned: BTreeSet::from(["n1".into()]),
+            lost: BTreeMap::from([("n2".into(), "old-b".into()), ("n3".into(), "old-a".into())]),
+        };
+        let mut run = Run::new();
+        let out = run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SchedulerConflict")));
+        assert_eq!(cond(&out.status, "Ready").status, "True");
+        let d = cond(&out.status, "Degraded");
+        assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "SchedulerConflict"));
+        assert_eq!(d.message, "2 of 3 selected nodes belong to older Schedulers: old-a, old-b");
+        assert_eq!(out.status.conflicting_nodes, 2);
+
+        // Conflict resolved: a Normal event.
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into(), "n3".into()]), ..Default::default() };
+        let out = run.step(Some(&ds(1, 1, 3, 3, 3)), &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+        assert_eq!(out.status.conflicting_nodes, 0);
+    }
+
+    #[test]
+    fn total_conflict_without_daemonset_and_capped_winner_list() {
+        let lost: BTreeMap<String, String> = (0..6).map(|i| (format!("n{i}"), format!("w{i}"))).collect();
+        let p = Placement { owned: BTreeSet::new(), lost };
+        let mut run = Run::new();
+        let out = run.step(None, &p);
+        assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SchedulerConflict")));
+        assert_eq!(out.status.desired_number_scheduled, 0);
+        assert_eq!(cond(&out.status, "Ready").reason, "NoNodesScheduled");
+        assert!(cond(&out.status, "Ready").message.contains("older Scheduler"));
+        assert_eq!(
+            cond(&out.status, "Degraded").message,
+            "6 of 6 selected nodes belong to older Schedulers: w0, w1, w2 and 3 more"
+        );
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_flips() {
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let mut run = Run::new();
+        let first = run.step(Some(&ds(1, 1, 1, 1, 0)), &p);
+        let t0 = cond(&first.status, "Ready").last_transition_time.clone();
+        let out = run.step(Some(&ds(1, 1, 2, 2, 0)), &p);
+        assert_eq!(cond(&out.status, "Ready").last_transition_time, t0, "False -> False keeps the time");
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        assert_ne!(cond(&out.status, "Ready").last_transition_time, t0, "False -> True moves it");
+    }
+
+    #[test]
+    fn a_refused_spec_is_degraded_spec_invalid() {
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let previous = SchedulerStatus::default();
+        let daemonset = ds(1, 1, 1, 1, 1);
+        let out = compute(&Observed {
+            generation: Some(2),
+            previous: &previous,
+            daemonset: Some(&daemonset),
+            placement: &p,
+            image: "x/y",
+            spec_error: Some("spec.template.spec.containers[0].resources.limits: Invalid value"),
+            now: time(5),
+        });
+        assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SpecInvalid")));
+        let d = cond(&out.status, "Degraded");
+        assert_eq!(d.reason, "SpecInvalid");
+        assert!(d.message.contains("resources.limits"), "{}", d.message);
+    }
+
+    #[test]
+    fn foreign_conditions_are_carried_over() {
+        let mut run = Run::new();
+        run.previous.conditions.push(Condition {
+            type_: "KernelAttached".into(),
+            status: "True".into(),
+            reason: "KernelAttached".into(),
+            message: "1/1".into(),
+            observed_generation: Some(1),
+            last_transition_time: time(1),
+        });
+        run.previous.kernel_attached = 1;
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let out = run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
+        assert!(out.status.conditions.iter().any(|c| c.type_ == "KernelAttached"));
+        assert_eq!(out.status.kernel_attached_summary.as_deref(), Some("1/1"));
+    }
+}

@@ -1,0 +1,248 @@
+//! The desired DaemonSet of a Scheduler: a pure function of the Scheduler, the nodes it lost
+//! in arbitration, the image to deploy and the controller's settings.
+//!
+//! The result is applied with server-side apply, so it names every field sked owns and nothing
+//! else; a field sked does not set stays with whoever set it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec,
+    PodTemplateSpec, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use crate::api::Scheduler;
+
+/// Field manager of every object sked applies.
+pub const FIELD_MANAGER: &str = "sked";
+/// Pod label selecting a Scheduler's pods (`kubectl get pods -l name=<scheduler>`).
+pub const NAME_LABEL: &str = "name";
+/// Label marking objects sked manages.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "sked";
+/// Name of the container that runs the scheduler binary.
+pub const SCHEDULER_CONTAINER: &str = "scx";
+
+/// Controller settings that shape every DaemonSet.
+#[derive(Clone, Debug)]
+pub struct WorkloadSettings {
+    /// Namespace of the DaemonSets.
+    pub namespace: String,
+}
+
+/// Builds the DaemonSet for `scheduler`, running `image`, kept off `lost_nodes` (nodes an older
+/// Scheduler owns). `lost_nodes` must be sorted so equal inputs give equal objects.
+pub fn desired_daemonset(
+    scheduler: &Scheduler,
+    image: &str,
+    lost_nodes: &[String],
+    settings: &WorkloadSettings,
+) -> Result<DaemonSet, MissingIdentity> {
+    let name = scheduler.name_any();
+    let owner = owner_reference(scheduler)?;
+    let spec = &scheduler.spec;
+
+    let labels =
+        BTreeMap::from([(NAME_LABEL.to_owned(), name.clone()), (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned())]);
+
+    let affinity = (!lost_nodes.is_empty()).then(|| Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: "metadata.name".to_owned(),
+                        operator: "NotIn".to_owned(),
+                        values: Some(lost_nodes.to_vec()),
+                    }]),
+                    ..NodeSelectorTerm::default()
+                }],
+            }),
+            ..NodeAffinity::default()
+        }),
+        ..Affinity::default()
+    });
+
+    let scx = Container {
+        name: SCHEDULER_CONTAINER.to_owned(),
+        image: Some(image.to_owned()),
+        args: non_empty(spec.args.clone()),
+        env: non_empty(spec.env.clone()),
+        resources: spec.resources.clone(),
+        security_context: Some(SecurityContext { privileged: Some(true), ..SecurityContext::default() }),
+        ..Container::default()
+    };
+
+    let pod = PodSpec {
+        containers: vec![scx],
+        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+        affinity,
+        tolerations: non_empty(spec.tolerations.clone()),
+        image_pull_secrets: non_empty(spec.image_pull_secrets.clone()),
+        priority_class_name: spec.priority_class_name.clone(),
+        // The agent finds the scheduler process through the shared process namespace.
+        share_process_namespace: Some(true),
+        // The scheduler binary needs no API access; the agent gets its own projected token.
+        automount_service_account_token: Some(false),
+        ..PodSpec::default()
+    };
+
+    Ok(DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(settings.namespace.clone()),
+            labels: Some(labels.clone()),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(NAME_LABEL.to_owned(), name)])),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                spec: Some(pod),
+            },
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                ..DaemonSetUpdateStrategy::default()
+            }),
+            ..DaemonSetSpec::default()
+        },
+        status: None,
+    })
+}
+
+/// The Scheduler lacks the uid or name an owner reference needs (it was never stored).
+#[derive(Debug, thiserror::Error)]
+#[error("Scheduler {0:?} has no uid yet: it must be read from the API server before it can own a DaemonSet")]
+pub struct MissingIdentity(pub String);
+
+fn owner_reference(scheduler: &Scheduler) -> Result<OwnerReference, MissingIdentity> {
+    scheduler.controller_owner_ref(&()).ok_or_else(|| MissingIdentity(scheduler.name_any()))
+}
+
+fn non_empty<T>(items: Vec<T>) -> Option<Vec<T>> {
+    (!items.is_empty()).then_some(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::SchedulerSpec;
+    use k8s_openapi::api::core::v1::{EnvVar, Toleration};
+
+    fn scheduler(spec: SchedulerSpec) -> Scheduler {
+        let mut s = Scheduler::new("rusty", spec);
+        s.metadata.uid = Some("uid-1".into());
+        s
+    }
+
+    fn settings() -> WorkloadSettings {
+        WorkloadSettings { namespace: "sked-system".into() }
+    }
+
+    fn pod(ds: &DaemonSet) -> &PodSpec {
+        ds.spec.template.spec.as_ref().unwrap()
+    }
+
+    #[test]
+    fn daemonset_is_owned_labelled_and_runs_the_image() {
+        let s = scheduler(SchedulerSpec {
+            sched: "ghcr.io/schedkit/scx_rusty:v1".into(),
+            args: vec!["--slice-us".into(), "5000".into()],
+            env: vec![EnvVar { name: "RUST_LOG".into(), value: Some("info".into()), ..Default::default() }],
+            ..Default::default()
+        });
+        let ds = desired_daemonset(&s, "ghcr.io/schedkit/scx_rusty:v1", &[], &settings()).unwrap();
+
+        assert_eq!(ds.metadata.name.as_deref(), Some("rusty"));
+        assert_eq!(ds.metadata.namespace.as_deref(), Some("sked-system"));
+        let owner = &ds.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("Scheduler", "rusty", "uid-1"));
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(owner.api_version, "sked.schedkit.io/v1");
+
+        let spec = &ds.spec;
+        assert_eq!(spec.selector.match_labels.as_ref().unwrap()["name"], "rusty");
+        let template_labels = spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert_eq!(template_labels["name"], "rusty");
+
+        let pod = pod(&ds);
+        assert_eq!(pod.share_process_namespace, Some(true));
+        let scx = &pod.containers[0];
+        assert_eq!(scx.name, "scx");
+        assert_eq!(scx.image.as_deref(), Some("ghcr.io/schedkit/scx_rusty:v1"));
+        assert_eq!(scx.args.as_deref(), Some(&["--slice-us".to_string(), "5000".to_string()][..]));
+        assert_eq!(scx.env.as_ref().unwrap()[0].name, "RUST_LOG");
+        assert_eq!(scx.security_context.as_ref().unwrap().privileged, Some(true));
+        assert!(pod.affinity.is_none(), "no lost nodes, no affinity");
+    }
+
+    #[test]
+    fn selector_tolerations_and_lost_nodes_shape_placement() {
+        let s = scheduler(SchedulerSpec {
+            sched: "x/y:z".into(),
+            node_selector: BTreeMap::from([("schedkit.io/pool".into(), "batch".into())]),
+            tolerations: vec![Toleration {
+                key: Some("dedicated".into()),
+                operator: Some("Equal".into()),
+                value: Some("batch".into()),
+                effect: Some("NoSchedule".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let lost = vec!["node-a".to_string(), "node-b".to_string()];
+        let ds = desired_daemonset(&s, "x/y:z", &lost, &settings()).unwrap();
+        let pod = pod(&ds);
+        assert_eq!(pod.node_selector.as_ref().unwrap()["schedkit.io/pool"], "batch");
+        assert_eq!(pod.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("dedicated"));
+        let terms = &pod
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        let field = &terms[0].match_fields.as_ref().unwrap()[0];
+        assert_eq!((field.key.as_str(), field.operator.as_str()), ("metadata.name", "NotIn"));
+        assert_eq!(field.values.as_ref().unwrap(), &lost);
+    }
+
+    #[test]
+    fn unset_optionals_stay_unset_so_apply_owns_nothing_extra() {
+        let s = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
+        let ds = desired_daemonset(&s, "x/y", &[], &settings()).unwrap();
+        let pod = pod(&ds);
+        assert!(pod.node_selector.is_none());
+        assert!(pod.tolerations.is_none());
+        assert!(pod.image_pull_secrets.is_none());
+        assert!(pod.priority_class_name.is_none());
+        let scx = &pod.containers[0];
+        assert!(scx.args.is_none() && scx.env.is_none() && scx.resources.is_none());
+    }
+
+    #[test]
+    fn a_scheduler_without_uid_cannot_own_a_daemonset() {
+        let s = Scheduler::new("rusty", SchedulerSpec { sched: "x/y".into(), ..Default::default() });
+        let err = desired_daemonset(&s, "x/y", &[], &settings()).unwrap_err();
+        assert!(err.to_string().contains("rusty"));
+    }
+
+    #[test]
+    fn equal_inputs_give_equal_objects() {
+        let s = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
+        let a = desired_daemonset(&s, "x/y", &["n1".into()], &settings()).unwrap();
+        let b = desired_daemonset(&s, "x/y", &["n1".into()], &settings()).unwrap();
+        assert_eq!(a, b);
+    }
+}
