@@ -1,0 +1,183 @@
+//! Command-line flags of `sked-controller`.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Runs sched_ext schedulers on chosen Kubernetes nodes and proves they attached.
+#[derive(Debug, Parser)]
+#[command(name = "sked-controller", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub controller: ControllerFlags,
+    #[command(flatten)]
+    pub log: LogFlags,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
+    Crd,
+}
+
+/// Reconciler settings (defaults are those of the reference documentation).
+#[derive(Clone, Debug, Args)]
+pub struct ControllerFlags {
+    /// Namespace that holds the scheduler DaemonSets.
+    #[arg(long, default_value = "sked-system", env = "SKED_WORKLOAD_NAMESPACE")]
+    pub workload_namespace: String,
+
+    /// Cap on a single reconcile; a reconcile past it is cancelled and retried.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub reconcile_timeout: Duration,
+
+    /// Schedulers reconciled at the same time.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
+
+    /// Sustained reconciles per second, across all Schedulers.
+    #[arg(long, default_value_t = 5.0, value_parser = parse_positive_f64)]
+    pub reconcile_rate_limit_qps: f64,
+
+    /// Reconciles allowed in a burst above the sustained rate.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reconcile_rate_limit_burst: u32,
+
+    /// First delay before retrying a failed reconcile; doubles on each failure.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub reconcile_retry_base_delay: Duration,
+
+    /// Longest delay between retries of a failed reconcile.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub reconcile_retry_max_delay: Duration,
+}
+
+impl Default for ControllerFlags {
+    fn default() -> Self {
+        Self {
+            workload_namespace: "sked-system".into(),
+            reconcile_timeout: Duration::from_secs(60),
+            max_concurrent_reconciles: 2,
+            reconcile_rate_limit_qps: 5.0,
+            reconcile_rate_limit_burst: 10,
+            reconcile_retry_base_delay: Duration::from_secs(1),
+            reconcile_retry_max_delay: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Info,
+    Debug,
+    Error,
+}
+
+/// Logging flags.
+#[derive(Clone, Debug, Args)]
+pub struct LogFlags {
+    /// Newline-delimited JSON (default) or human-readable text.
+    #[arg(long, value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+    /// Severity threshold. Conflicts with --log-verbosity when both are given.
+    #[arg(long, value_enum, conflicts_with = "log_verbosity")]
+    pub log_level: Option<LogLevel>,
+    /// Exact verbosity threshold: 0 is info, N enables debug messages up to V(N).
+    #[arg(long)]
+    pub log_verbosity: Option<u32>,
+}
+
+/// Parses Go-style durations such as `1m`, `1s`, `1m30s`, `250ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration (examples: 30s, 1m, 5m): {e}"))
+}
+
+fn parse_positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} must be a positive number")),
+    }
+}
+
+/// Refuses the retired `--zap-*` flags with the replacement to use. Runs before clap so the
+/// message is specific instead of "unexpected argument".
+pub fn refuse_legacy_flags<I: AsRef<str>>(args: &[I]) -> Result<(), String> {
+    for arg in args.iter().map(AsRef::as_ref) {
+        let Some(flag) = arg.strip_prefix("--zap-") else { continue };
+        let name = flag.split('=').next().unwrap_or(flag);
+        let hint = match name {
+            "devel" => "use --log-format=text (and --log-verbosity=1 for its debug threshold), or remove it",
+            "log-level" => "use --log-level=info|debug|error or --log-verbosity=N",
+            "encoder" => "use --log-format=json|text",
+            "stacktrace-level" | "time-encoding" => "remove it: this setting is no longer supported",
+            _ => "remove it: --zap-* flags were replaced by --log-format, --log-level and --log-verbosity",
+        };
+        return Err(format!("flag --zap-{name} is no longer supported: {hint}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("sked-controller").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_match_the_reference() {
+        let cli = parse(&[]).unwrap();
+        let c = cli.controller;
+        assert_eq!(c.workload_namespace, "sked-system");
+        assert_eq!(c.reconcile_timeout, Duration::from_secs(60));
+        assert_eq!(c.max_concurrent_reconciles, 2);
+        assert_eq!(c.reconcile_rate_limit_qps, 5.0);
+        assert_eq!(c.reconcile_rate_limit_burst, 10);
+        assert_eq!(c.reconcile_retry_base_delay, Duration::from_secs(1));
+        assert_eq!(c.reconcile_retry_max_delay, Duration::from_secs(300));
+        assert_eq!(cli.log.log_format, LogFormat::Json);
+        assert_eq!(cli.log.log_level, None);
+        assert_eq!(cli.log.log_verbosity, None);
+    }
+
+    #[test]
+    fn durations_parse_like_go() {
+        let cli = parse(&["--reconcile-timeout", "1m30s", "--reconcile-retry-base-delay=250ms"]).unwrap();
+        assert_eq!(cli.controller.reconcile_timeout, Duration::from_secs(90));
+        assert_eq!(cli.controller.reconcile_retry_base_delay, Duration::from_millis(250));
+        let err = parse(&["--reconcile-timeout", "soon"]).unwrap_err().to_string();
+        assert!(err.contains("is not a duration"), "{err}");
+    }
+
+    #[test]
+    fn level_and_verbosity_together_are_refused() {
+        let err = parse(&["--log-level=info", "--log-verbosity=2"]).unwrap_err().to_string();
+        assert!(err.contains("--log-verbosity"), "{err}");
+        assert!(parse(&["--log-verbosity=2"]).is_ok());
+    }
+
+    #[test]
+    fn zero_concurrency_and_rates_are_refused() {
+        assert!(parse(&["--max-concurrent-reconciles=0"]).is_err());
+        assert!(parse(&["--reconcile-rate-limit-qps=0"]).is_err());
+        assert!(parse(&["--reconcile-rate-limit-burst=0"]).is_err());
+    }
+
+    #[test]
+    fn zap_flags_name_their_replacement() {
+        let err = refuse_legacy_flags(&["--zap-devel=true"]).unwrap_err();
+        assert!(err.contains("--zap-devel") && err.contains("--log-format=text"), "{err}");
+        let err = refuse_legacy_flags(&["--zap-encoder", "console"]).unwrap_err();
+        assert!(err.contains("--log-format"), "{err}");
+        assert!(refuse_legacy_flags(&["--log-format=text"]).is_ok());
+    }
+}

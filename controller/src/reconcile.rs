@@ -1,0 +1,476 @@
+//! The Scheduler controller: watches, and the reconcile that applies the desired DaemonSet and
+//! writes status. The decisions themselves live in [`crate::arbiter`], [`crate::workload`] and
+//! [`crate::status`]; this module only moves data between them and the API server.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedSender, unbounded};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, wait};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::api::{Scheduler, SchedulerStatus, reason};
+use crate::arbiter::{Arbiter, Changed, Claim};
+use crate::config::ControllerFlags;
+use crate::pacing::{TokenBucket, retry_delay};
+use crate::status::{self, EventKind, EventSpec, Observed};
+use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
+
+/// Errors that stop the controller from starting.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Name of the Scheduler CRD.
+pub const CRD_NAME: &str = "schedulers.sked.schedkit.io";
+
+/// Why a reconcile failed. Each variant maps to a metric label.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("applying DaemonSet {namespace}/{name}: {source}")]
+    ApplyDaemonSet { namespace: String, name: String, source: kube::Error },
+    #[error("deleting DaemonSet {namespace}/{name}: {source}")]
+    DeleteDaemonSet { namespace: String, name: String, source: kube::Error },
+    #[error("writing status of Scheduler {name}: {source}")]
+    WriteStatus { name: String, source: kube::Error },
+    #[error(
+        "reconciling Scheduler {name} took longer than --reconcile-timeout ({timeout:?}); it was cancelled and will be retried"
+    )]
+    Timeout { name: String, timeout: Duration },
+    #[error(transparent)]
+    Identity(#[from] workload::MissingIdentity),
+}
+
+impl Error {
+    /// Low-cardinality label for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::ApplyDaemonSet { .. } => "apply_daemonset",
+            Error::DeleteDaemonSet { .. } => "delete_daemonset",
+            Error::WriteStatus { .. } => "write_status",
+            Error::Timeout { .. } => "timeout",
+            Error::Identity(_) => "identity",
+        }
+    }
+}
+
+/// State shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub flags: ControllerFlags,
+    pub settings: WorkloadSettings,
+    arbiter: Arc<Mutex<Arbiter>>,
+    recorder: Recorder,
+    limiter: TokenBucket,
+    /// The status this controller last wrote, per Scheduler uid: newer than a lagging cache.
+    written: Arc<Mutex<HashMap<String, SchedulerStatus>>>,
+    /// Consecutive failures per Scheduler, for the retry delay.
+    failures: Mutex<HashMap<String, u32>>,
+    /// Generation of the DaemonSet last applied, per Scheduler (to log real changes at info).
+    applied: Mutex<HashMap<String, i64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+static RECONCILE_IDS: AtomicU64 = AtomicU64::new(0);
+
+fn reconcile_id() -> String {
+    let n = RECONCILE_IDS.fetch_add(1, Ordering::Relaxed);
+    let salt = jiff::Timestamp::now().as_nanosecond() as u64;
+    format!("{:016x}", salt.rotate_left(17) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// Runs the controller until `shutdown` resolves, then drains in-flight reconciles.
+pub async fn run(
+    client: Client,
+    flags: ControllerFlags,
+    instance: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), BoxError> {
+    wait_for_crd(&client).await?;
+
+    let arbiter = Arc::new(Mutex::new(Arbiter::new()));
+    let written = Arc::new(Mutex::new(HashMap::new()));
+    let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Scheduler>>();
+    let (sched_ready_tx, mut sched_ready) = watch::channel(false);
+    let (node_ready_tx, mut node_ready) = watch::channel(false);
+    let index_tasks = [
+        tokio::spawn(index_schedulers(
+            Api::all(client.clone()),
+            arbiter.clone(),
+            written.clone(),
+            trigger_tx.clone(),
+            sched_ready_tx,
+        )),
+        tokio::spawn(index_nodes(Api::all(client.clone()), arbiter.clone(), trigger_tx, node_ready_tx)),
+    ];
+    // Arbitrate only once every Scheduler and Node is known: a partial view could hand a node
+    // to the wrong Scheduler and roll its pods for nothing.
+    let _ = sched_ready.wait_for(|r| *r).await;
+    let _ = node_ready.wait_for(|r| *r).await;
+    let (schedulers, nodes) = {
+        let arbiter = lock(&arbiter);
+        (arbiter.schedulers().count(), arbiter.nodes().count())
+    };
+    info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
+
+    let ctx = Arc::new(Context {
+        limiter: TokenBucket::new(
+            flags.reconcile_rate_limit_qps,
+            flags.reconcile_rate_limit_burst,
+            tokio::time::Instant::now(),
+        ),
+        recorder: Recorder::new(client.clone(), Reporter { controller: "sked".into(), instance: Some(instance) }),
+        settings: WorkloadSettings { namespace: flags.workload_namespace.clone() },
+        client: client.clone(),
+        flags: flags.clone(),
+        arbiter,
+        written,
+        failures: Mutex::default(),
+        applied: Mutex::default(),
+    });
+
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
+    let managed =
+        watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
+    Controller::new(Api::<Scheduler>::all(client), watcher::Config::default())
+        // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
+        .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
+        .reconcile_on(trigger_rx)
+        .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    for task in index_tasks {
+        task.abort();
+    }
+    info!("controller stopped");
+    Ok(())
+}
+
+/// Waits until the Scheduler CRD is established, so the first watch does not fail.
+async fn wait_for_crd(client: &Client) -> Result<(), BoxError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let established = wait::await_condition(crds, CRD_NAME, wait::conditions::is_crd_established());
+    match tokio::time::timeout(Duration::from_secs(5), established).await {
+        Ok(result) => {
+            result?;
+        }
+        Err(_) => {
+            warn!(
+                crd = CRD_NAME,
+                "waiting for the Scheduler CRD to be established; apply crds/ (or install the chart) if it is missing"
+            );
+            let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+            wait::await_condition(crds, CRD_NAME, wait::conditions::is_crd_established()).await?;
+        }
+    }
+    Ok(())
+}
+
+fn owning_scheduler(ds: &DaemonSet) -> Option<ObjectRef<Scheduler>> {
+    ds.owner_references()
+        .iter()
+        .find(|o| o.kind == Scheduler::kind(&()) && o.api_version == Scheduler::api_version(&()))
+        .map(|o| ObjectRef::new(&o.name))
+}
+
+fn claim_of(s: &Scheduler) -> Claim {
+    Claim {
+        name: s.name_any(),
+        uid: s.uid().unwrap_or_default(),
+        created: s.creation_timestamp().map_or(0, |t| t.0.as_second()),
+        generation: s.metadata.generation.unwrap_or(0),
+        selector: s.spec.node_selector.clone(),
+    }
+}
+
+fn trigger(tx: &UnboundedSender<ObjectRef<Scheduler>>, changed: Changed) {
+    for name in changed {
+        let _ = tx.unbounded_send(ObjectRef::new(&name));
+    }
+}
+
+/// Feeds Scheduler changes into the arbiter and triggers every Scheduler whose placement moved.
+async fn index_schedulers(
+    api: Api<Scheduler>,
+    arbiter: Arc<Mutex<Arbiter>>,
+    written: Arc<Mutex<HashMap<String, SchedulerStatus>>>,
+    tx: UnboundedSender<ObjectRef<Scheduler>>,
+    ready: watch::Sender<bool>,
+) {
+    let mut relist: Vec<Claim> = Vec::new();
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    while let Some(event) = events.next().await {
+        let changed = match event {
+            Ok(Event::Init) => {
+                relist.clear();
+                Changed::new()
+            }
+            Ok(Event::InitApply(s)) => {
+                relist.push(claim_of(&s));
+                Changed::new()
+            }
+            Ok(Event::InitDone) => {
+                let changed = lock(&arbiter).replace_schedulers(std::mem::take(&mut relist));
+                let _ = ready.send(true);
+                changed
+            }
+            Ok(Event::Apply(s)) => lock(&arbiter).upsert_scheduler(claim_of(&s)),
+            Ok(Event::Delete(s)) => {
+                if let Some(uid) = s.uid() {
+                    lock(&written).remove(&uid);
+                }
+                lock(&arbiter).remove_scheduler(&s.name_any())
+            }
+            Err(e) => {
+                warn!(err = %e, "Scheduler watch failed; retrying");
+                Changed::new()
+            }
+        };
+        trigger(&tx, changed);
+    }
+}
+
+/// Feeds Node label changes (metadata only) into the arbiter.
+async fn index_nodes(
+    api: Api<PartialObjectMeta<Node>>,
+    arbiter: Arc<Mutex<Arbiter>>,
+    tx: UnboundedSender<ObjectRef<Scheduler>>,
+    ready: watch::Sender<bool>,
+) {
+    let mut relist: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    while let Some(event) = events.next().await {
+        let changed = match event {
+            Ok(Event::Init) => {
+                relist.clear();
+                Changed::new()
+            }
+            Ok(Event::InitApply(n)) => {
+                relist.insert(n.name_any(), n.metadata.labels.unwrap_or_default());
+                Changed::new()
+            }
+            Ok(Event::InitDone) => {
+                let changed = lock(&arbiter).replace_nodes(std::mem::take(&mut relist));
+                let _ = ready.send(true);
+                changed
+            }
+            Ok(Event::Apply(n)) => {
+                let name = n.name_any();
+                lock(&arbiter).upsert_node(&name, n.metadata.labels.unwrap_or_default())
+            }
+            Ok(Event::Delete(n)) => lock(&arbiter).remove_node(&n.name_any()),
+            Err(e) => {
+                warn!(err = %e, "Node watch failed; retrying");
+                Changed::new()
+            }
+        };
+        trigger(&tx, changed);
+    }
+}
+
+async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.limiter.acquire().await;
+    let name = scheduler.name_any();
+    let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());
+    let timeout = ctx.flags.reconcile_timeout;
+    let result =
+        match tokio::time::timeout(timeout, reconcile_scheduler(&scheduler, &ctx).instrument(span.clone())).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
+        };
+    if result.is_ok() {
+        lock(&ctx.failures).remove(&name);
+    }
+    result
+}
+
+async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Action, Error> {
+    let name = scheduler.name_any();
+    let generation = scheduler.metadata.generation;
+    let placement = {
+        let arbiter = lock(&ctx.arbiter);
+        if arbiter.generation(&name) != Some(generation.unwrap_or(0)) {
+            // The arbiter and this copy disagree on the spec; whichever is behind will trigger
+            // another reconcile when it catches up.
+            debug!(?generation, known = ?arbiter.generation(&name), "arbiter has not seen this generation yet");
+            return Ok(Action::await_change());
+        }
+        arbiter.placement(&name)
+    };
+
+    let namespace = &ctx.settings.namespace;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
+    // Until image trust lands, the image is deployed as written.
+    let image = scheduler.spec.sched.clone();
+
+    let mut spec_error = None;
+    let daemonset = if placement.wants_daemonset() {
+        let desired = workload::desired_daemonset(scheduler, &image, &placement.lost_nodes(), &ctx.settings)?;
+        match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
+            Ok(applied) => {
+                let generation = applied.metadata.generation.unwrap_or(0);
+                let previous = lock(&ctx.applied).insert(name.clone(), generation);
+                if previous != Some(generation) {
+                    info!(daemonset = %format!("{namespace}/{name}"), image = %image, lost_nodes = placement.lost.len(), "applied DaemonSet");
+                }
+                Some(applied)
+            }
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                // The spec passed the CRD schema but the DaemonSet built from it does not:
+                // report it on the Scheduler and wait for the user to change the spec.
+                warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
+                spec_error = Some(status.message.clone());
+                daemonsets.get_opt(&name).await.map_err(|source| Error::ApplyDaemonSet {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    source,
+                })?
+            }
+            Err(source) => return Err(Error::ApplyDaemonSet { namespace: namespace.clone(), name, source }),
+        }
+    } else {
+        match daemonsets.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {
+                info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name, source }),
+        }
+        lock(&ctx.applied).remove(&name);
+        None
+    };
+
+    let uid = scheduler.uid().unwrap_or_default();
+    let previous = lock(&ctx.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
+    let outcome = status::compute(&Observed {
+        generation,
+        previous: &previous,
+        daemonset: daemonset.as_ref(),
+        placement: &placement,
+        image: &image,
+        spec_error: spec_error.as_deref(),
+        now: Time(jiff::Timestamp::now()),
+    });
+
+    if outcome.status != previous {
+        if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
+            publish(
+                ctx,
+                scheduler,
+                &EventSpec {
+                    kind: EventKind::Warning,
+                    reason: reason::STATUS_UPDATE_FAILED.into(),
+                    message: format!("Could not save the Scheduler's status: {source}"),
+                },
+            )
+            .await;
+            return Err(Error::WriteStatus { name, source });
+        }
+        lock(&ctx.written).insert(uid, outcome.status.clone());
+    } else {
+        debug!("reconciled; nothing changed");
+    }
+    if let Some(event) = &outcome.event {
+        info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
+        publish(ctx, scheduler, event).await;
+    }
+    Ok(Action::await_change())
+}
+
+async fn write_status(ctx: &Context, scheduler: &Scheduler, status: &SchedulerStatus) -> Result<(), kube::Error> {
+    let api: Api<Scheduler> = Api::all(ctx.client.clone());
+    let body = json!({
+        "apiVersion": Scheduler::api_version(&()),
+        "kind": Scheduler::kind(&()),
+        "metadata": { "name": scheduler.name_any() },
+        "status": status,
+    });
+    api.patch_status(&scheduler.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+        .await
+        .map(|_| ())
+}
+
+async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
+    let ev = KubeEvent {
+        type_: match event.kind {
+            EventKind::Normal => EventType::Normal,
+            EventKind::Warning => EventType::Warning,
+        },
+        reason: event.reason.clone(),
+        note: Some(event.message.clone()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &scheduler.object_ref(&())).await {
+        warn!(err = %e, reason = %event.reason, "could not record event");
+    }
+}
+
+fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Context>) -> Action {
+    let name = scheduler.name_any();
+    let failures = {
+        let mut failures = lock(&ctx.failures);
+        let n = failures.entry(name.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = retry_delay(ctx.flags.reconcile_retry_base_delay, ctx.flags.reconcile_retry_max_delay, failures);
+    error!(scheduler = %name, err = %err, error_kind = err.metric_label(), failures, retry_in = ?delay, "reconcile failed");
+    if failures == 1 && !matches!(err, Error::WriteStatus { .. }) {
+        // Record the start of a failure streak once, not every retry.
+        let message = err.to_string();
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            publish(
+                &ctx,
+                &scheduler,
+                &EventSpec { kind: EventKind::Warning, reason: reason::RECONCILE_FAILED.into(), message },
+            )
+            .await;
+        });
+    }
+    Action::requeue(delay)
+}
+
+/// Resolves on SIGTERM or SIGINT: the one shutdown signal every server and controller shares.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = futures::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    info!("shutdown signal received; draining");
+}
