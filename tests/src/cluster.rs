@@ -1,0 +1,368 @@
+//! A real control plane on 127.0.0.1: etcd, kube-apiserver and kube-controller-manager
+//! (garbage collector, DaemonSet and ServiceAccount controllers), with random free ports and a
+//! temporary directory, the envtest way but with controllers running.
+//!
+//! Every process is started from one long-lived thread with `PR_SET_PDEATHSIG`, so the kernel
+//! kills them when the test process exits for any reason; [`TestCluster`]'s `Drop` and an
+//! `atexit` hook stop them and remove the directory on a normal exit, panics included.
+
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType};
+
+/// Directory holding the pinned upstream binaries (built by `hack/build-tools.sh`).
+pub fn tools_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("SKED_TOOLS_BIN") {
+        return PathBuf::from(dir);
+    }
+    workspace_root().join(".tools/bin")
+}
+
+/// The repository root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+fn tool(name: &str) -> Result<PathBuf> {
+    let path = tools_dir().join(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: run `hack/build-tools.sh` (or `make tools`) to build the pinned test binaries, or set SKED_TOOLS_BIN",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A running control plane.
+pub struct TestCluster {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    processes: Mutex<Vec<(String, Child)>>,
+}
+
+static CLEANUP: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+extern "C" fn cleanup_at_exit() {
+    let entries = std::mem::take(&mut *CLEANUP.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    for (pid, dir) in entries {
+        if pid != 0 {
+            // SAFETY: plain kill(2) on a child pid we started.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+        if !dir.as_os_str().is_empty() {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Spawns commands from one thread that lives as long as the process, so PDEATHSIG (which
+/// follows the spawning *thread*) fires only when the test process itself goes away.
+fn spawn(mut cmd: Command) -> std::io::Result<Child> {
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    let tx = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("sked-test-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+                // The channel lives in a static and never closes; keep the thread for PDEATHSIG.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .ok();
+        Mutex::new(tx)
+    });
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let (reply_tx, reply_rx) = mpsc::channel();
+    tx.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .send((cmd, reply_tx))
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    reply_rx.recv().map_err(|_| std::io::Error::other("spawner thread is gone"))?
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+struct Pki {
+    ca_cert: String,
+    serving_cert: String,
+    serving_key: String,
+    admin_cert: String,
+    admin_key: String,
+    sa_key: String,
+    sa_pub: String,
+}
+
+fn make_pki() -> Result<Pki> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(DnType::CommonName, "sked-test-ca");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, &ca_key);
+
+    let serving_key = KeyPair::generate()?;
+    let mut serving = CertificateParams::new(vec!["localhost".to_string(), "kubernetes.default.svc".to_string()])?;
+    serving.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse()?));
+    serving.subject_alt_names.push(SanType::IpAddress("10.0.0.1".parse()?));
+    serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_cert = serving.signed_by(&serving_key, &issuer)?;
+
+    let admin_key = KeyPair::generate()?;
+    let mut admin = CertificateParams::new(Vec::<String>::new())?;
+    admin.distinguished_name.push(DnType::CommonName, "sked-test-admin");
+    admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
+    admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let admin_cert = admin.signed_by(&admin_key, &issuer)?;
+
+    let sa = KeyPair::generate()?;
+    Ok(Pki {
+        ca_cert: ca_cert.pem(),
+        serving_cert: serving_cert.pem(),
+        serving_key: serving_key.serialize_pem(),
+        admin_cert: admin_cert.pem(),
+        admin_key: admin_key.serialize_pem(),
+        sa_key: sa.serialize_pem(),
+        sa_pub: sa.public_key_pem(),
+    })
+}
+
+impl TestCluster {
+    /// Starts etcd, kube-apiserver and kube-controller-manager and waits until the API server
+    /// is ready. Blocking; call it outside an async context or from `spawn_blocking`.
+    pub fn start() -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("sked-cluster-").tempdir()?.keep();
+        CLEANUP.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((0, dir.clone()));
+        static ATEXIT: OnceLock<()> = OnceLock::new();
+        ATEXIT.get_or_init(|| {
+            // SAFETY: registers a plain extern "C" function.
+            unsafe {
+                libc::atexit(cleanup_at_exit);
+            }
+        });
+
+        let pki = make_pki()?;
+        let write = |name: &str, body: &str| -> Result<PathBuf> {
+            let p = dir.join(name);
+            fs::write(&p, body)?;
+            Ok(p)
+        };
+        let ca = write("ca.crt", &pki.ca_cert)?;
+        let tls_cert = write("apiserver.crt", &pki.serving_cert)?;
+        let tls_key = write("apiserver.key", &pki.serving_key)?;
+        let admin_cert = write("admin.crt", &pki.admin_cert)?;
+        let admin_key = write("admin.key", &pki.admin_key)?;
+        let sa_key = write("sa.key", &pki.sa_key)?;
+        let sa_pub = write("sa.pub", &pki.sa_pub)?;
+
+        let mut cluster = TestCluster {
+            kubeconfig: dir.join("kubeconfig"),
+            server: String::new(),
+            dir: dir.clone(),
+            processes: Mutex::new(Vec::new()),
+        };
+
+        // etcd
+        let etcd_port = free_port()?;
+        let peer_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let mut etcd = Command::new(tool("etcd")?);
+        etcd.args([
+            "--name=default",
+            &format!("--data-dir={}", dir.join("etcd").display()),
+            &format!("--listen-client-urls={etcd_url}"),
+            &format!("--advertise-client-urls={etcd_url}"),
+            &format!("--listen-peer-urls={peer_url}"),
+            &format!("--initial-advertise-peer-urls={peer_url}"),
+            &format!("--initial-cluster=default={peer_url}"),
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]);
+        cluster.launch("etcd", etcd)?;
+        cluster.wait_until("etcd", Duration::from_secs(30), || http_get_ok(etcd_port, "/health"))?;
+
+        // kube-apiserver
+        let api_port = free_port()?;
+        let mut apiserver = Command::new(tool("kube-apiserver")?);
+        apiserver.args([
+            &format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            &format!("--secure-port={api_port}"),
+            &format!("--cert-dir={}", dir.join("certs").display()),
+            &format!("--tls-cert-file={}", tls_cert.display()),
+            &format!("--tls-private-key-file={}", tls_key.display()),
+            &format!("--client-ca-file={}", ca.display()),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            &format!("--service-account-key-file={}", sa_pub.display()),
+            &format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--endpoint-reconciler-type=none",
+            "--v=0",
+        ]);
+        cluster.launch("kube-apiserver", apiserver)?;
+        cluster.server = format!("https://127.0.0.1:{api_port}");
+
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: sked-test\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+             users:\n- name: admin\n  user:\n    client-certificate: {cert}\n    client-key: {key}\n\
+             contexts:\n- name: sked-test\n  context:\n    cluster: sked-test\n    user: admin\ncurrent-context: sked-test\n",
+            server = cluster.server,
+            ca = ca.display(),
+            cert = admin_cert.display(),
+            key = admin_key.display(),
+        );
+        fs::write(&cluster.kubeconfig, kubeconfig)?;
+        let kubectl_ready = || {
+            Command::new(tool("kubectl").unwrap_or_default())
+                .env("KUBECONFIG", &cluster.kubeconfig)
+                .args(["get", "--raw", "/readyz"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        cluster.wait_until("kube-apiserver", Duration::from_secs(90), kubectl_ready)?;
+
+        // kube-controller-manager: only what sked's behaviour depends on.
+        let kcm_port = free_port()?;
+        let mut kcm = Command::new(tool("kube-controller-manager")?);
+        kcm.args([
+            &format!("--kubeconfig={}", cluster.kubeconfig.display()),
+            &format!("--authentication-kubeconfig={}", cluster.kubeconfig.display()),
+            &format!("--authorization-kubeconfig={}", cluster.kubeconfig.display()),
+            "--controllers=garbagecollector,daemonset,serviceaccount,serviceaccount-token",
+            &format!("--service-account-private-key-file={}", sa_key.display()),
+            &format!("--root-ca-file={}", ca.display()),
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            &format!("--secure-port={kcm_port}"),
+            "--concurrent-daemonset-syncs=4",
+            "--v=0",
+        ]);
+        cluster.launch("kube-controller-manager", kcm)?;
+        cluster.wait_until("kube-controller-manager", Duration::from_secs(60), || {
+            TcpStream::connect(("127.0.0.1", kcm_port)).is_ok()
+        })?;
+        Ok(cluster)
+    }
+
+    fn launch(&self, name: &str, mut cmd: Command) -> Result<()> {
+        let log = File::create(self.dir.join(format!("{name}.log")))?;
+        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        let child = spawn(cmd).with_context(|| format!("starting {name}"))?;
+        CLEANUP.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((child.id(), PathBuf::new()));
+        self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((name.to_owned(), child));
+        Ok(())
+    }
+
+    /// Polls `ready` until it holds, failing early (with the log tail) if `name` exited.
+    fn wait_until(&self, name: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if let Some(status) = self.exited(name) {
+                bail!("{name} exited with {status} during startup:\n{}", self.log_tail(name, 40));
+            }
+            if Instant::now() > deadline {
+                bail!("{name} not ready after {timeout:?}:\n{}", self.log_tail(name, 40));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn exited(&self, name: &str) -> Option<std::process::ExitStatus> {
+        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        procs.iter_mut().find(|(n, _)| n == name).and_then(|(_, c)| c.try_wait().ok().flatten())
+    }
+
+    /// The last `lines` lines of a component's log.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        let Ok(f) = File::open(self.dir.join(format!("{name}.log"))) else { return String::new() };
+        let all: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// A client for the admin user.
+    pub async fn client(&self) -> Result<kube::Client> {
+        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Runs the pinned kubectl against this cluster.
+    pub fn kubectl(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new(tool("kubectl")?)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .output()
+            .map_err(|e| anyhow!("running kubectl: {e}"))
+    }
+
+    fn stop(&self) {
+        let mut procs = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Reverse start order: controllers first, etcd last.
+        while let Some((_, mut child)) = procs.pop() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A plain HTTP/1.0 GET on 127.0.0.1 that succeeds on a 200 answer.
+fn http_get_ok(port: u16, path: &str) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200")
+}

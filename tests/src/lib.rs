@@ -1,0 +1,346 @@
+//! Test harness for sked: a real control plane ([`cluster::TestCluster`]) and helpers for the
+//! integration suites in `tests/tests/`.
+
+pub mod cluster;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use sked_controller::config::ControllerFlags;
+use sked_controller::{Scheduler, SchedulerSpec};
+use tokio::sync::{Mutex, MutexGuard, oneshot};
+
+pub use cluster::TestCluster;
+
+/// How long a test waits for any one condition.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The cluster shared by every test of one test binary (started on first use).
+pub fn shared_cluster() -> Result<&'static TestCluster> {
+    static CLUSTER: OnceLock<std::result::Result<TestCluster, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            // Started on a plain thread: the caller may be inside an async runtime.
+            std::thread::spawn(|| TestCluster::start().map_err(|e| format!("{e:#}")))
+                .join()
+                .unwrap_or_else(|_| Err("starting the test cluster panicked".into()))
+        })
+        .as_ref()
+        .map_err(|e| anyhow!("test cluster failed to start: {e}"))
+}
+
+/// Tests of one binary share the cluster and the cluster-scoped Scheduler and Node objects,
+/// so they take turns.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Polls `check` until it returns `Some`, or fails with `what` after [`DEADLINE`].
+pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("timed out after {DEADLINE:?} waiting for {what} (last error: {last_err:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One test's view: the cluster, an admin client, and a running controller.
+pub struct Fixture {
+    pub cluster: &'static TestCluster,
+    pub client: Client,
+    pub namespace: String,
+    stop: Option<oneshot::Sender<()>>,
+    controller: Option<tokio::task::JoinHandle<()>>,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Fixture {
+    /// Takes this binary's turn on the cluster, clears Schedulers and Nodes left by earlier
+    /// tests, installs the CRD and starts a controller with default flags.
+    pub async fn start() -> Result<Self> {
+        Self::start_with(ControllerFlags::default()).await
+    }
+
+    pub async fn start_with(mut flags: ControllerFlags) -> Result<Self> {
+        let turn = SERIAL.lock().await;
+        let cluster = shared_cluster()?;
+        let client = cluster.client().await?;
+        install_crds(&client).await?;
+        clear(&client).await?;
+        let namespace = flags.workload_namespace.clone();
+        ensure_namespace(&client, &namespace).await?;
+        // Fast retries keep failure tests short; the backoff itself is unit-tested.
+        flags.reconcile_retry_base_delay = Duration::from_millis(200);
+        flags.reconcile_rate_limit_qps = 100.0;
+        flags.reconcile_rate_limit_burst = 100;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let controller_client = client.clone();
+        let controller = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) = sked_controller::reconcile::run(controller_client, flags, "test".into(), shutdown).await {
+                eprintln!("controller stopped with error: {e}");
+            }
+        });
+        Ok(Self { cluster, client, namespace, stop: Some(stop), controller: Some(controller), _turn: turn })
+    }
+
+    /// Stops the controller and waits for it to drain.
+    pub async fn stop_controller(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.controller.take() {
+            let _ = tokio::time::timeout(DEADLINE, handle).await;
+        }
+    }
+
+    pub fn schedulers(&self) -> Api<Scheduler> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn daemonsets(&self) -> Api<DaemonSet> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// Creates a Scheduler.
+    pub async fn create_scheduler(&self, name: &str, spec: SchedulerSpec) -> Result<Scheduler> {
+        let s = Scheduler::new(name, spec);
+        self.schedulers().create(&PostParams::default(), &s).await.with_context(|| format!("creating Scheduler {name}"))
+    }
+
+    /// Creates a Ready Node with labels (see [`create_ready_node`]).
+    pub async fn create_node(&self, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
+        create_ready_node(&self.client, name, labels).await
+    }
+
+    /// Replaces a Node's labels.
+    pub async fn relabel_node(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+        let mut node = self.nodes().get(name).await?;
+        node.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        node.metadata.managed_fields = None;
+        self.nodes().replace(name, &PostParams::default(), &node).await?;
+        Ok(())
+    }
+
+    /// Waits until the Scheduler's status satisfies `pred`, returning it.
+    pub async fn wait_scheduler(&self, name: &str, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
+        let api = self.schedulers();
+        wait_for(&format!("Scheduler {name}: {what}"), || {
+            let api = api.clone();
+            let pred = &pred;
+            async move { Ok(api.get_opt(name).await?.filter(|s| pred(s))) }
+        })
+        .await
+    }
+
+    /// Waits until the DaemonSet exists and satisfies `pred`.
+    pub async fn wait_daemonset(&self, name: &str, what: &str, pred: impl Fn(&DaemonSet) -> bool) -> Result<DaemonSet> {
+        let api = self.daemonsets();
+        wait_for(&format!("DaemonSet {name}: {what}"), || {
+            let api = api.clone();
+            let pred = &pred;
+            async move { Ok(api.get_opt(name).await?.filter(|d| pred(d))) }
+        })
+        .await
+    }
+
+    /// Waits until the DaemonSet is gone.
+    pub async fn wait_daemonset_gone(&self, name: &str) -> Result<()> {
+        let api = self.daemonsets();
+        wait_for(&format!("DaemonSet {name} to be deleted"), || {
+            let api = api.clone();
+            async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
+        })
+        .await
+    }
+
+    /// Plays the kubelet for a DaemonSet's pods: marks every pod of `scheduler` Running and
+    /// Ready. Returns how many pods it marked.
+    pub async fn mark_pods_ready(&self, scheduler: &str) -> Result<usize> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let list = pods.list(&ListParams::default().labels(&format!("name={scheduler}"))).await?;
+        let now = jiff::Timestamp::now().to_string();
+        for pod in &list.items {
+            let status = json!({
+                "status": {
+                    "phase": "Running",
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                    ],
+                }
+            });
+            pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
+        }
+        Ok(list.items.len())
+    }
+
+    /// How many times each (type, reason) event was recorded for a Scheduler, counting the
+    /// repeats an events.k8s.io series folds into one object.
+    pub async fn scheduler_events(&self, name: &str) -> Result<BTreeMap<(String, String), i32>> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        let mut counts = BTreeMap::new();
+        for e in events.list(&ListParams::default()).await?.items {
+            let about_it = e
+                .regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some("Scheduler") && r.name.as_deref() == Some(name));
+            if about_it {
+                let n = e.series.as_ref().map_or(1, |s| s.count);
+                *counts.entry((e.type_.unwrap_or_default(), e.reason.unwrap_or_default())).or_insert(0) += n;
+            }
+        }
+        Ok(counts)
+    }
+}
+
+/// Builds the expected event counts for [`Fixture::scheduler_events`].
+pub fn event_counts(expected: &[(&str, &str, i32)]) -> BTreeMap<(String, String), i32> {
+    expected.iter().map(|(t, r, n)| ((t.to_string(), r.to_string()), *n)).collect()
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.controller.take() {
+            handle.abort();
+        }
+    }
+}
+
+/// A condition of a Scheduler's status.
+pub fn condition<'a>(
+    s: &'a Scheduler,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    s.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether a condition has the given status and reason.
+pub fn has_condition(s: &Scheduler, type_: &str, status: &str, reason: &str) -> bool {
+    condition(s, type_).is_some_and(|c| c.status == status && c.reason == reason)
+}
+
+/// Applies the committed CRDs (server-side) and waits until they are established.
+pub async fn install_crds(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let dir = cluster::workspace_root().join("crds");
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let name = crd.name_any();
+        crds.patch(&name, &PatchParams::apply("sked-tests").force(), &Patch::Apply(&crd))
+            .await
+            .with_context(|| format!("applying {}", path.display()))?;
+        tokio::time::timeout(DEADLINE, await_condition(crds.clone(), &name, conditions::is_crd_established()))
+            .await
+            .map_err(|_| anyhow!("CRD {name} not established"))??;
+    }
+    Ok(())
+}
+
+/// Deletes every Scheduler and Node and waits until they are gone.
+pub async fn clear(client: &Client) -> Result<()> {
+    let schedulers: Api<Scheduler> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    schedulers.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    nodes.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    wait_for("Schedulers and Nodes of earlier tests to be gone", || {
+        let (schedulers, nodes) = (schedulers.clone(), nodes.clone());
+        async move {
+            let s = schedulers.list(&ListParams::default()).await?.items.len();
+            let n = nodes.list(&ListParams::default()).await?.items.len();
+            Ok((s == 0 && n == 0).then_some(()))
+        }
+    })
+    .await
+}
+
+/// Creates a Node and plays its kubelet's first moves: reports it Ready and lifts the
+/// `node.kubernetes.io/not-ready` taint the API server puts on every new Node (there is no
+/// kubelet here, and no node lifecycle controller to do it).
+pub async fn create_ready_node(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "labels": labels },
+    }))?;
+    nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating Node {name}"))?;
+    let now = jiff::Timestamp::now().to_string();
+    let ready = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sked test kubelet",
+        "lastHeartbeatTime": now, "lastTransitionTime": now,
+    }]}});
+    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready)).await?;
+    let untainted = json!({"spec": {"taints": null}});
+    Ok(nodes.patch(name, &PatchParams::default(), &Patch::Merge(&untainted)).await?)
+}
+
+/// Creates a namespace if it does not exist.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))?;
+    namespaces.patch(name, &PatchParams::apply("sked-tests"), &Patch::Apply(&ns)).await?;
+    Ok(())
+}
+
+/// A Scheduler spec with just an image.
+pub fn spec(image: &str) -> SchedulerSpec {
+    SchedulerSpec { sched: image.into(), ..SchedulerSpec::default() }
+}
+
+/// A Scheduler spec with an image and a node selector.
+pub fn spec_on(image: &str, selector: &[(&str, &str)]) -> SchedulerSpec {
+    SchedulerSpec {
+        sched: image.into(),
+        node_selector: selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..SchedulerSpec::default()
+    }
+}
+
+/// Waits until the wall clock is in a later second than `t`, so the next object created gets
+/// a strictly later `creationTimestamp` (the API server stores whole seconds).
+pub async fn next_second_after(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Result<()> {
+    let created = t.0.as_second();
+    wait_for("the clock to pass the creation second", || async move {
+        Ok((jiff::Timestamp::now().as_second() > created).then_some(()))
+    })
+    .await
+}
