@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
-# kube-controller-manager, kubectl) from the Go module proxy with the local Go
+# kube-controller-manager, kube-scheduler, kubectl) from the Go module proxy with the local Go
 # toolchain, the way envtest ships downloaded binaries. Each tool set is built
 # once into a per-user cache keyed by its version; later runs (from any clone)
 # only link it. Prints the directory that holds the binaries.
@@ -20,12 +20,16 @@ log() { echo "build-tools: $*" >&2; }
 command -v go >/dev/null || { log "Go is required to build the test binaries (install golang >= 1.26)"; exit 1; }
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
-# build_set NAME VERSION MODFILE_BODY PACKAGES... : builds into $cache/NAME-VERSION.
+# build_set NAME VERSION MODFILE_BODY PACKAGES... : builds into $cache/NAME-VERSION, unless
+# every package's binary is already there.
 build_set() {
   local name=$1 version=$2 gomod=$3
   shift 3
-  local out=$cache/$name-$version
-  if [[ -f $out/.complete ]]; then
+  local out=$cache/$name-$version missing=0 pkg
+  for pkg in "$@"; do
+    [[ -x $out/${pkg##*/} ]] || missing=1
+  done
+  if ((missing == 0)); then
     return 0
   fi
   log "building $name $version (first run only; cached in $out)"
@@ -35,7 +39,6 @@ build_set() {
   printf '%s\n' "$gomod" >"$work/go.mod"
   mkdir -p "$out"
   (cd "$work" && go build -mod=mod -trimpath -ldflags "-s -w $LDFLAGS" -o "$out/" "$@")
-  touch "$out/.complete"
 }
 
 # Kubernetes: a wrapper module that requires k8s.io/kubernetes and replaces every
@@ -61,7 +64,8 @@ require k8s.io/kubernetes $KUBERNETES_VERSION
 
 replace (
 $replaces
-)" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+)" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 
 # etcd: etcdmain behind a two-line main package.
 LDFLAGS=""
@@ -77,17 +81,17 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-if [[ ! -f $cache/etcd-$ETCD_VERSION/.complete ]]; then
+if [[ ! -x $cache/etcd-$ETCD_VERSION/etcd ]]; then
   log "building etcd $ETCD_VERSION (first run only)"
   printf 'module sked.local/tools/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$etcd_src/go.mod"
   mkdir -p "$cache/etcd-$ETCD_VERSION"
-  (cd "$etcd_src" && go build -mod=mod -trimpath -ldflags "-s -w" -o "$cache/etcd-$ETCD_VERSION/etcd" .)
-  touch "$cache/etcd-$ETCD_VERSION/.complete"
+  (cd "$etcd_src" && go build -mod=mod -trimpath -ldflags "-s -w" -o "$cache/etcd-$ETCD_VERSION/etcd.tmp" .)
+  mv "$cache/etcd-$ETCD_VERSION/etcd.tmp" "$cache/etcd-$ETCD_VERSION/etcd"
 fi
 rm -rf "$etcd_src"
 
 mkdir -p "$bin_dir"
-for tool in kube-apiserver kube-controller-manager kubectl; do
+for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/$tool" "$bin_dir/$tool"
 done
 ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin_dir/etcd"

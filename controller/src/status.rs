@@ -192,8 +192,11 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         conditions,
     };
 
+    // A rollout state carried over while the DaemonSet controller catches up is not news;
+    // a conflict or a refused spec is.
     let key = state_key(&status);
-    let event = (key.is_some() && key != state_key(obs.previous)).then(|| {
+    let known = rollout_state.is_some() || degraded;
+    let event = (known && key.is_some() && key != state_key(obs.previous)).then(|| {
         if degraded {
             EventSpec { kind: EventKind::Warning, reason: degraded_reason.clone(), message: degraded_message.clone() }
         } else {
@@ -443,6 +446,23 @@ mod tests {
         assert!(cond_opt(&out.status, "Ready").is_none());
         let out = run.step(Some(&ds(1, 1, 0, 0, 0)), &p);
         assert_eq!(reasons(&out.event), Some((EventKind::Normal, "NoNodesScheduled")));
+    }
+
+    #[test]
+    fn leaving_a_conflict_waits_for_the_daemonset_controller_before_recording() {
+        let lost = Placement { lost: BTreeMap::from([("n1".into(), "w".into())]), ..Default::default() };
+        let mut run = Run::new();
+        let out = run.step(None, &lost);
+        assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SchedulerConflict")));
+        // The winner is gone; the new DaemonSet is not observed yet: no stale NoNodesScheduled.
+        let owned = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let mut fresh = ds(1, 0, 0, 0, 0);
+        fresh.status = None;
+        let out = run.step(Some(&fresh), &owned);
+        assert_eq!(out.event, None);
+        assert_eq!(cond(&out.status, "Degraded").status, "False");
+        let out = run.step(Some(&ds(1, 1, 1, 1, 0)), &owned);
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "RolloutInProgress")));
     }
 
     #[test]

@@ -51,12 +51,19 @@ pub fn desired_daemonset(
     let affinity = (!lost_nodes.is_empty()).then(|| Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                // The API server allows one value per metadata.name requirement; requirements
+                // of a term are ANDed, so one NotIn per lost node excludes them all.
                 node_selector_terms: vec![NodeSelectorTerm {
-                    match_fields: Some(vec![NodeSelectorRequirement {
-                        key: "metadata.name".to_owned(),
-                        operator: "NotIn".to_owned(),
-                        values: Some(lost_nodes.to_vec()),
-                    }]),
+                    match_fields: Some(
+                        lost_nodes
+                            .iter()
+                            .map(|node| NodeSelectorRequirement {
+                                key: "metadata.name".to_owned(),
+                                operator: "NotIn".to_owned(),
+                                values: Some(vec![node.clone()]),
+                            })
+                            .collect(),
+                    ),
                     ..NodeSelectorTerm::default()
                 }],
             }),
@@ -212,10 +219,11 @@ mod tests {
             .as_ref()
             .unwrap()
             .node_selector_terms;
-        assert_eq!(terms.len(), 1);
-        let field = &terms[0].match_fields.as_ref().unwrap()[0];
-        assert_eq!((field.key.as_str(), field.operator.as_str()), ("metadata.name", "NotIn"));
-        assert_eq!(field.values.as_ref().unwrap(), &lost);
+        assert_eq!(terms.len(), 1, "one term: its requirements are ANDed");
+        let fields = terms[0].match_fields.as_ref().unwrap();
+        assert!(fields.iter().all(|f| f.key == "metadata.name" && f.operator == "NotIn"));
+        let excluded: Vec<&[String]> = fields.iter().map(|f| f.values.as_deref().unwrap()).collect();
+        assert_eq!(excluded, [&lost[..1], &lost[1..]], "one value per requirement");
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! A real control plane on 127.0.0.1: etcd, kube-apiserver and kube-controller-manager
-//! (garbage collector, DaemonSet and ServiceAccount controllers), with random free ports and a
-//! temporary directory, the envtest way but with controllers running.
+//! A real control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager (garbage
+//! collector, DaemonSet and ServiceAccount controllers) and kube-scheduler, with random free
+//! ports and a temporary directory: the envtest way, but with controllers running.
 //!
 //! Every process is started from one long-lived thread with `PR_SET_PDEATHSIG`, so the kernel
 //! kills them when the test process exits for any reason; [`TestCluster`]'s `Drop` and an
@@ -278,8 +278,25 @@ impl TestCluster {
             "--v=0",
         ]);
         cluster.launch("kube-controller-manager", kcm)?;
+
+        // kube-scheduler binds pods to nodes, so the DaemonSet controller sees them per node.
+        let sched_port = free_port()?;
+        let mut scheduler = Command::new(tool("kube-scheduler")?);
+        scheduler.args([
+            &format!("--kubeconfig={}", cluster.kubeconfig.display()),
+            &format!("--authentication-kubeconfig={}", cluster.kubeconfig.display()),
+            &format!("--authorization-kubeconfig={}", cluster.kubeconfig.display()),
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            &format!("--secure-port={sched_port}"),
+            "--v=0",
+        ]);
+        cluster.launch("kube-scheduler", scheduler)?;
         cluster.wait_until("kube-controller-manager", Duration::from_secs(60), || {
             TcpStream::connect(("127.0.0.1", kcm_port)).is_ok()
+        })?;
+        cluster.wait_until("kube-scheduler", Duration::from_secs(60), || {
+            TcpStream::connect(("127.0.0.1", sched_port)).is_ok()
         })?;
         Ok(cluster)
     }

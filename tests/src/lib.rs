@@ -44,6 +44,16 @@ pub fn shared_cluster() -> Result<&'static TestCluster> {
 /// so they take turns.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
+/// Sends controller logs (text, info) to the test's captured output, shown when a test fails.
+pub fn init_test_logging() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("sked_controller=info,warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    });
+}
+
 /// Polls `check` until it returns `Some`, or fails with `what` after [`DEADLINE`].
 pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> Result<T>
 where
@@ -84,6 +94,7 @@ impl Fixture {
 
     pub async fn start_with(mut flags: ControllerFlags) -> Result<Self> {
         let turn = SERIAL.lock().await;
+        init_test_logging();
         let cluster = shared_cluster()?;
         let client = cluster.client().await?;
         install_crds(&client).await?;
@@ -94,6 +105,7 @@ impl Fixture {
         flags.reconcile_retry_base_delay = Duration::from_millis(200);
         flags.reconcile_rate_limit_qps = 100.0;
         flags.reconcile_rate_limit_burst = 100;
+        tokio::spawn(finish_pod_deletions(client.clone(), namespace.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
         let controller_client = client.clone();
         let controller = tokio::spawn(async move {
@@ -152,12 +164,23 @@ impl Fixture {
     /// Waits until the Scheduler's status satisfies `pred`, returning it.
     pub async fn wait_scheduler(&self, name: &str, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
         let api = self.schedulers();
-        wait_for(&format!("Scheduler {name}: {what}"), || {
+        let last = std::sync::Mutex::new(None);
+        let result = wait_for(&format!("Scheduler {name}: {what}"), || {
             let api = api.clone();
-            let pred = &pred;
-            async move { Ok(api.get_opt(name).await?.filter(|s| pred(s))) }
+            let (pred, last) = (&pred, &last);
+            async move {
+                let s = api.get_opt(name).await?;
+                let found = s.as_ref().filter(|s| pred(s)).cloned();
+                *last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = s.and_then(|s| s.status);
+                Ok(found)
+            }
         })
-        .await
+        .await;
+        result.map_err(|e| {
+            let last = last.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let status = serde_json::to_string_pretty(&last).unwrap_or_default();
+            e.context(format!("last status of Scheduler {name}: {status}"))
+        })
     }
 
     /// Waits until the DaemonSet exists and satisfies `pred`.
@@ -291,7 +314,8 @@ pub async fn clear(client: &Client) -> Result<()> {
     .await
 }
 
-/// Creates a Node and plays its kubelet's first moves: reports it Ready and lifts the
+/// Creates a Node and plays its kubelet's first moves: reports it Ready with some capacity
+/// (so kube-scheduler places pods on it) and lifts the
 /// `node.kubernetes.io/not-ready` taint the API server puts on every new Node (there is no
 /// kubelet here, and no node lifecycle controller to do it).
 pub async fn create_ready_node(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
@@ -303,13 +327,34 @@ pub async fn create_ready_node(client: &Client, name: &str, labels: &[(&str, &st
     }))?;
     nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating Node {name}"))?;
     let now = jiff::Timestamp::now().to_string();
-    let ready = json!({"status": {"conditions": [{
-        "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sked test kubelet",
-        "lastHeartbeatTime": now, "lastTransitionTime": now,
-    }]}});
+    let resources = json!({"cpu": "8", "memory": "16Gi", "pods": "110"});
+    let ready = json!({"status": {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sked test kubelet",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }],
+    }});
     nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready)).await?;
     let untainted = json!({"spec": {"taints": null}});
     Ok(nodes.patch(name, &PatchParams::default(), &Patch::Merge(&untainted)).await?)
+}
+
+/// Plays the kubelet's last move: a pod being deleted is gone once its kubelet confirms, so
+/// pods marked for deletion are removed at once (there is no kubelet to do it).
+pub async fn finish_pod_deletions(client: Client, namespace: String) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let mut stream = watcher(pods.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    while let Some(Ok(pod)) = stream.next().await {
+        if pod.metadata.deletion_timestamp.is_some() {
+            let _ = pods
+                .delete(&pod.name_any(), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                .await;
+        }
+    }
 }
 
 /// Creates a namespace if it does not exist.
