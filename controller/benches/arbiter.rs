@@ -69,7 +69,7 @@ fn main() {
         arb.replace_schedulers(claims.clone());
         arb
     });
-    println!("Arbiter initial load (nodes, then Schedulers one by one): {build:?}");
+    println!("Arbiter initial load (relist of every Node, then of every Scheduler): {build:?}");
 
     let mut arb = Arbiter::new();
     arb.replace_nodes(nodes.clone());

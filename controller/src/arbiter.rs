@@ -170,17 +170,23 @@ impl Arbiter {
         changed
     }
 
-    /// Replaces the whole Scheduler set (after a watch relist); returns what changed.
+    /// Replaces the whole Scheduler set (after a watch relist) with one recompute; returns what
+    /// changed.
     pub fn replace_schedulers(&mut self, claims: Vec<Claim>) -> Changed {
-        let keep: BTreeSet<&str> = claims.iter().map(|c| c.name.as_str()).collect();
-        let gone: Vec<String> = self.claims.keys().filter(|n| !keep.contains(n.as_str())).cloned().collect();
+        let keep: BTreeSet<String> = claims.iter().map(|c| c.name.clone()).collect();
+        self.claims.retain(|name, _| keep.contains(name));
         let mut changed = Changed::new();
-        for name in gone {
-            changed.extend(self.remove_scheduler(&name));
-        }
         for claim in claims {
-            changed.extend(self.upsert_scheduler(claim));
+            if let Some(old) = self.claims.get(&claim.name)
+                && ((old.uid == claim.uid && old.generation > claim.generation) || *old == claim)
+            {
+                continue;
+            }
+            changed.insert(claim.name.clone());
+            self.claims.insert(claim.name.clone(), claim);
         }
+        self.recompute_all(&mut changed);
+        changed.retain(|name| self.claims.contains_key(name));
         changed
     }
 
@@ -452,6 +458,14 @@ mod tests {
                 prop_assert_eq!(&arb.assignment(), &after);
                 assert_changed_covers(&before, &after, &changed)?;
             }
+
+            // A relist with the same Schedulers changes nothing; a relist of a subset equals
+            // a recompute of that subset.
+            prop_assert!(arb.replace_schedulers(claims2.clone()).is_empty());
+            let subset: Vec<Claim> = claims2.iter().step_by(2).cloned().collect();
+            let mut relisted = build(&claims2, &nodes2);
+            relisted.replace_schedulers(subset.clone());
+            prop_assert_eq!(relisted.assignment(), assign(&subset, &nodes2));
 
             // Remove one Scheduler.
             if !claims2.is_empty() {

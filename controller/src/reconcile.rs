@@ -77,12 +77,27 @@ pub struct Context {
     arbiter: Arc<Mutex<Arbiter>>,
     recorder: Recorder,
     limiter: TokenBucket,
-    /// The status this controller last wrote, per Scheduler uid: newer than a lagging cache.
-    written: Arc<Mutex<HashMap<String, SchedulerStatus>>>,
+    memo: Arc<Memo>,
     /// Consecutive failures per Scheduler, for the retry delay.
     failures: Mutex<HashMap<String, u32>>,
+}
+
+/// What the controller remembers of its own writes, dropped when a Scheduler is deleted.
+#[derive(Default)]
+struct Memo {
+    /// The status last written, per Scheduler uid: newer than a cache that may lag behind.
+    written: Mutex<HashMap<String, SchedulerStatus>>,
     /// Generation of the DaemonSet last applied, per Scheduler (to log real changes at info).
     applied: Mutex<HashMap<String, i64>>,
+}
+
+impl Memo {
+    fn forget(&self, scheduler: &Scheduler) {
+        if let Some(uid) = scheduler.uid() {
+            lock(&self.written).remove(&uid);
+        }
+        lock(&self.applied).remove(&scheduler.name_any());
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,7 +122,7 @@ pub async fn run(
     wait_for_crd(&client).await?;
 
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
-    let written = Arc::new(Mutex::new(HashMap::new()));
+    let memo = Arc::new(Memo::default());
     let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Scheduler>>();
     let (sched_ready_tx, mut sched_ready) = watch::channel(false);
     let (node_ready_tx, mut node_ready) = watch::channel(false);
@@ -115,7 +130,7 @@ pub async fn run(
         tokio::spawn(index_schedulers(
             Api::all(client.clone()),
             arbiter.clone(),
-            written.clone(),
+            memo.clone(),
             trigger_tx.clone(),
             sched_ready_tx,
         )),
@@ -142,9 +157,8 @@ pub async fn run(
         client: client.clone(),
         flags: flags.clone(),
         arbiter,
-        written,
+        memo,
         failures: Mutex::default(),
-        applied: Mutex::default(),
     });
 
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
@@ -213,7 +227,7 @@ fn trigger(tx: &UnboundedSender<ObjectRef<Scheduler>>, changed: Changed) {
 async fn index_schedulers(
     api: Api<Scheduler>,
     arbiter: Arc<Mutex<Arbiter>>,
-    written: Arc<Mutex<HashMap<String, SchedulerStatus>>>,
+    memo: Arc<Memo>,
     tx: UnboundedSender<ObjectRef<Scheduler>>,
     ready: watch::Sender<bool>,
 ) {
@@ -236,9 +250,7 @@ async fn index_schedulers(
             }
             Ok(Event::Apply(s)) => lock(&arbiter).upsert_scheduler(claim_of(&s)),
             Ok(Event::Delete(s)) => {
-                if let Some(uid) = s.uid() {
-                    lock(&written).remove(&uid);
-                }
+                memo.forget(&s);
                 lock(&arbiter).remove_scheduler(&s.name_any())
             }
             Err(e) => {
@@ -329,7 +341,7 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
             Ok(applied) => {
                 let generation = applied.metadata.generation.unwrap_or(0);
-                let previous = lock(&ctx.applied).insert(name.clone(), generation);
+                let previous = lock(&ctx.memo.applied).insert(name.clone(), generation);
                 if previous != Some(generation) {
                     info!(daemonset = %format!("{namespace}/{name}"), image = %image, lost_nodes = placement.lost.len(), "applied DaemonSet");
                 }
@@ -356,12 +368,12 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(source) => return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name, source }),
         }
-        lock(&ctx.applied).remove(&name);
+        lock(&ctx.memo.applied).remove(&name);
         None
     };
 
     let uid = scheduler.uid().unwrap_or_default();
-    let previous = lock(&ctx.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
+    let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
     let outcome = status::compute(&Observed {
         generation,
         previous: &previous,
@@ -386,7 +398,7 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
             .await;
             return Err(Error::WriteStatus { name, source });
         }
-        lock(&ctx.written).insert(uid, outcome.status.clone());
+        lock(&ctx.memo.written).insert(uid, outcome.status.clone());
     } else {
         debug!("reconciled; nothing changed");
     }

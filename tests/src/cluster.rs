@@ -261,6 +261,18 @@ impl TestCluster {
         };
         cluster.wait_until("kube-apiserver", Duration::from_secs(90), kubectl_ready)?;
 
+        // The CRDs go in before kube-controller-manager starts: its garbage collector learns
+        // about new resource types only through discovery every 30 seconds.
+        let crds = workspace_root().join("crds");
+        let out = Command::new(tool("kubectl")?)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .args(["apply", "--server-side", "--field-manager=sked-tests", "-f"])
+            .arg(&crds)
+            .output()?;
+        if !out.status.success() {
+            bail!("installing {}: {}", crds.display(), String::from_utf8_lossy(&out.stderr));
+        }
+
         // kube-controller-manager: only what sked's behaviour depends on.
         let kcm_port = free_port()?;
         let mut kcm = Command::new(tool("kube-controller-manager")?);
