@@ -154,10 +154,17 @@ impl Fixture {
 
     /// Replaces a Node's labels.
     pub async fn relabel_node(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
-        let mut node = self.nodes().get(name).await?;
-        node.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-        node.metadata.managed_fields = None;
-        self.nodes().replace(name, &PostParams::default(), &node).await?;
+        // A merge patch (no resourceVersion to conflict on): old keys set to null, new ones set.
+        let node = self.nodes().get(name).await?;
+        let mut patch = serde_json::Map::new();
+        for key in node.labels().keys() {
+            patch.insert(key.clone(), serde_json::Value::Null);
+        }
+        for (k, v) in labels {
+            patch.insert(k.to_string(), json!(v));
+        }
+        let body = json!({"metadata": {"labels": patch}});
+        self.nodes().patch(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
         Ok(())
     }
 

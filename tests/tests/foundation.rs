@@ -89,15 +89,16 @@ async fn spec_change_rolls_the_daemonset_and_advances_observed_generation() -> R
 async fn a_hand_edit_of_the_daemonset_is_reverted() -> Result<()> {
     let fx = Fixture::start().await?;
     fx.create_scheduler("guarded", spec(IMAGE)).await?;
-    let mut ds = fx.wait_daemonset("guarded", "created", |_| true).await?;
+    let ds = fx.wait_daemonset("guarded", "created", |_| true).await?;
 
-    // What `kubectl edit` does: a full update under another field manager.
-    let pod = ds.spec.template.spec.as_mut().expect("pod spec");
-    pod.containers[0].image = Some("docker.io/evil/miner:latest".into());
-    ds.metadata.managed_fields = None;
-    fx.daemonsets()
-        .replace("guarded", &PostParams { field_manager: Some("kubectl-edit".into()), ..Default::default() }, &ds)
-        .await?;
+    // What `kubectl set image` sends: a strategic-merge patch under another field manager.
+    let edit = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "scx", "image": "docker.io/evil/miner:latest"}
+    ]}}}});
+    let by_hand = PatchParams { field_manager: Some("kubectl-edit".into()), ..Default::default() };
+    let edited = fx.daemonsets().patch("guarded", &by_hand, &Patch::Strategic(&edit)).await?;
+    assert_eq!(scx_image(&edited).as_deref(), Some("docker.io/evil/miner:latest"));
+    assert!(edited.metadata.generation > ds.metadata.generation, "the edit landed");
 
     fx.wait_daemonset("guarded", "image reverted", |d| scx_image(d).as_deref() == Some(IMAGE)).await?;
     Ok(())
