@@ -5,7 +5,10 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all build tools crds test test-unit test-integration lint fmt demo clean
+.PHONY: all build tools crds test test-unit test-integration coverage coverage-gate lint actionlint fmt demo clean
+
+COVERAGE_THRESHOLD ?= 40
+COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
 
 all: build
 
@@ -32,10 +35,24 @@ test-unit:
 test-integration: tools
 	$(CARGO) test -p sked-tests
 
-## lint: formatting and clippy, warnings are errors.
-lint:
+## coverage: run every test instrumented (cargo-llvm-cov), write an lcov report and fail
+## when total line coverage is below COVERAGE_THRESHOLD (default 40).
+coverage: tools
+	@mkdir -p $(dir $(COVERAGE_REPORT))
+	$(CARGO) llvm-cov --workspace --lcov --output-path $(COVERAGE_REPORT)
+	@hack/coverage-gate.sh $(COVERAGE_REPORT) $(COVERAGE_THRESHOLD)
+
+## coverage-gate: check an existing report against COVERAGE_THRESHOLD without re-running tests.
+coverage-gate:
+	@hack/coverage-gate.sh $(COVERAGE_REPORT) $(COVERAGE_THRESHOLD)
+
+## lint: formatting, clippy (warnings are errors) and actionlint on the workflows.
+lint: actionlint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+actionlint: tools
+	$(TOOLS_BIN)/actionlint .github/workflows/*.yml
 
 fmt:
 	$(CARGO) fmt --all
@@ -47,4 +64,4 @@ demo: tools
 
 clean:
 	$(CARGO) clean
-	rm -rf .tools
+	rm -rf .tools coverage

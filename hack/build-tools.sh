@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl) from the Go module proxy with the local Go
+# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint) from the Go module proxy with the local Go
 # toolchain, the way envtest ships downloaded binaries. Each tool set is built
 # once into a per-user cache keyed by its version; later runs (from any clone)
 # only link it. Prints the directory that holds the binaries.
@@ -11,6 +11,8 @@ set -euo pipefail
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.37.2}
 # etcd: the release kube-apiserver's own client module is pinned to.
 ETCD_VERSION=${ETCD_VERSION:-v3.7.0}
+HELM_VERSION=${HELM_VERSION:-v4.3.2}
+ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir=${1:-$root/.tools/bin}
@@ -90,9 +92,31 @@ if [[ ! -x $cache/etcd-$ETCD_VERSION/etcd ]]; then
 fi
 rm -rf "$etcd_src"
 
+# go_tool NAME VERSION MODULE PACKAGE [LDFLAGS]: builds a tool whose module needs no replace
+# directives from a one-line wrapper module, into $cache/NAME-VERSION/NAME.
+go_tool() {
+  local name=$1 version=$2 module=$3 package=$4 ldflags=${5:-}
+  local out=$cache/$name-$version
+  [[ -x $out/$name ]] && return 0
+  log "building $name $version (first run only)"
+  local src
+  src=$(mktemp -d)
+  printf 'module sked.local/tools/%s\n\ngo 1.26.0\n\nrequire %s %s\n' "$name" "$module" "$version" >"$src/go.mod"
+  mkdir -p "$out"
+  (cd "$src" && go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$out/$name.tmp" "$package")
+  mv "$out/$name.tmp" "$out/$name"
+  rm -rf "$src"
+}
+go_tool helm "$HELM_VERSION" helm.sh/helm/v4 helm.sh/helm/v4/cmd/helm \
+  "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
+go_tool actionlint "$ACTIONLINT_VERSION" github.com/rhysd/actionlint github.com/rhysd/actionlint/cmd/actionlint \
+  "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
+
 mkdir -p "$bin_dir"
 for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/$tool" "$bin_dir/$tool"
 done
 ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin_dir/etcd"
+ln -sf "$cache/helm-$HELM_VERSION/helm" "$bin_dir/helm"
+ln -sf "$cache/actionlint-$ACTIONLINT_VERSION/actionlint" "$bin_dir/actionlint"
 echo "$bin_dir"

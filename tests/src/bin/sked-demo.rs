@@ -65,9 +65,10 @@ async fn main() -> Result<()> {
         print!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
     println!(
-        "\nThe demo cluster is running. In another shell:\n  export KUBECONFIG={}\n  kubectl get schedulers\n\
+        "\nThe demo cluster is running. In another shell:\n  export KUBECONFIG={}\n  export PATH={}:$PATH\n  kubectl get schedulers\n\
          Controller log: {}\nPress Ctrl-C to stop and clean up.",
         cluster.kubeconfig.display(),
+        cluster::tools_dir().display(),
         cluster.dir.join("sked-controller.log").display()
     );
     tokio::signal::ctrl_c().await?;
