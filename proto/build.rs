@@ -1,0 +1,9 @@
+//! Compiles agent.proto with protox (pure Rust, no protoc needed).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "sked/agent/v1/agent.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let descriptors = protox::compile([proto], ["."])?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(descriptors)?;
+    Ok(())
+}
