@@ -2,16 +2,12 @@
 //! and `err` (plus the structured fields of the event and of its enclosing spans), or
 //! human-readable text.
 
-use std::io::Write;
-
-use serde_json::{Map, Value};
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber, span};
+use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+
+pub use sked_logging::{JsonLayer, error_chain, level_name, logger_name};
 
 use crate::config::{LogFlags, LogFormat, LogLevel};
 
@@ -42,170 +38,9 @@ pub fn init(flags: &LogFlags) {
     let _ = result;
 }
 
-/// Renders a tracing level with the reference's severity names.
-pub fn level_name(level: &Level) -> &'static str {
-    match *level {
-        Level::ERROR => "ERROR",
-        Level::WARN => "WARN",
-        Level::INFO => "INFO",
-        Level::DEBUG => "DEBUG",
-        Level::TRACE => "DEBUG-4",
-    }
-}
-
-/// Turns a tracing target (`sked_controller::reconcile`) into a slash-separated logger name
-/// (`sked-controller/reconcile`).
-pub fn logger_name(target: &str) -> String {
-    target.replace("::", "/").replace('_', "-")
-}
-
-/// A layer writing one JSON object per event.
-pub struct JsonLayer<W> {
-    make_writer: W,
-}
-
-impl<W> JsonLayer<W> {
-    pub fn new(make_writer: W) -> Self {
-        Self { make_writer }
-    }
-}
-
-/// Span fields, stored in the span's extensions.
-struct SpanFields(Map<String, Value>);
-
-impl<S, W, O> Layer<S> for JsonLayer<W>
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    W: Fn() -> O + 'static,
-    O: Write,
-{
-    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
-        let mut fields = FieldMap::default();
-        attrs.record(&mut fields);
-        if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(SpanFields(fields.0));
-        }
-    }
-
-    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id) {
-            let mut ext = span.extensions_mut();
-            if let Some(SpanFields(map)) = ext.get_mut::<SpanFields>() {
-                let mut fields = FieldMap(std::mem::take(map));
-                values.record(&mut fields);
-                *map = fields.0;
-            }
-        }
-    }
-
-    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let mut out = Map::new();
-        out.insert("time".into(), Value::String(jiff::Timestamp::now().to_string()));
-        out.insert("level".into(), Value::String(level_name(event.metadata().level()).into()));
-        out.insert("msg".into(), Value::String(String::new()));
-        out.insert("logger".into(), Value::String(logger_name(event.metadata().target())));
-        if let Some(scope) = ctx.event_scope(event) {
-            for span in scope.from_root() {
-                if let Some(SpanFields(map)) = span.extensions().get::<SpanFields>() {
-                    out.extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
-                }
-            }
-        }
-        let mut fields = FieldMap::default();
-        event.record(&mut fields);
-        for (k, v) in fields.0 {
-            let key = if k == "message" { "msg".to_owned() } else { k };
-            out.insert(key, v);
-        }
-        let mut line = Value::Object(out).to_string();
-        line.push('\n');
-        let _ = (self.make_writer)().write_all(line.as_bytes());
-    }
-}
-
-#[derive(Default)]
-struct FieldMap(Map<String, Value>);
-
-impl Visit for FieldMap {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().into(), Value::String(format!("{value:?}")));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().into(), Value::String(value.into()));
-    }
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().into(), Value::from(value));
-    }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().into(), Value::from(value));
-    }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(field.name().into(), Value::from(value));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.0.insert(field.name().into(), Value::from(value));
-    }
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.0.insert(field.name().into(), Value::String(error_chain(value)));
-    }
-}
-
-/// An error and its sources, joined with `: `.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        let text = e.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        source = e.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn json_lines_carry_the_contract_fields() {
-        let buf = Buf::default();
-        let writer = buf.clone();
-        let subscriber = tracing_subscriber::registry().with(JsonLayer::new(move || writer.clone()));
-        tracing::subscriber::with_default(subscriber, || {
-            let span =
-                tracing::info_span!("reconcile", controller = "scheduler", scheduler = "rusty", reconcileID = "r1");
-            let _g = span.enter();
-            let err = std::io::Error::other("boom");
-            tracing::error!(target: "sked_controller::reconcile", err = &err as &dyn std::error::Error, "reconcile failed");
-        });
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        let v: Value = serde_json::from_str(text.trim()).unwrap();
-        assert_eq!(v["level"], "ERROR");
-        assert_eq!(v["msg"], "reconcile failed");
-        assert_eq!(v["logger"], "sked-controller/reconcile");
-        assert_eq!(v["err"], "boom");
-        assert_eq!(v["scheduler"], "rusty");
-        assert_eq!(v["reconcileID"], "r1");
-        let time = v["time"].as_str().unwrap();
-        assert!(time.parse::<jiff::Timestamp>().is_ok(), "{time} is RFC 3339");
-    }
 
     #[test]
     fn verbosity_maps_to_levels() {

@@ -1,6 +1,127 @@
-//! sked-agent: reports the kernel's sched_ext state for one node. Until the agent lands it only
-//! prints its version.
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-fn main() {
-    println!("sked-agent {}", env!("CARGO_PKG_VERSION"));
+use clap::{ArgAction, Parser, ValueEnum};
+use sked_agent::metrics::Metrics;
+use sked_agent::observe::Observer;
+use sked_agent::report::{self, Identity, ReporterConfig};
+use tokio::sync::watch;
+use tracing::{error, info};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Reports whether the kernel runs this pod's sched_ext scheduler.
+#[derive(Debug, Parser)]
+#[command(name = "sked-agent", version, about)]
+struct Cli {
+    /// Node this agent runs on (downward API: spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Pod this agent runs in (downward API: metadata.name).
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pod_name: String,
+    /// Name of the Scheduler resource this pod runs.
+    #[arg(long, env = "SKED_SCHEDULER")]
+    scheduler: String,
+    /// Ops name the scheduler registers (prefix match); empty: check the link's owner instead.
+    #[arg(long, env = "SKED_EXPECTED_OPS")]
+    expected_ops: Option<String>,
+    #[arg(long, default_value = "/sys")]
+    sysfs_root: PathBuf,
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Re-read the kernel state this often, uevents or not.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    poll_interval: Duration,
+    /// Listen for kernel uevents (effective in the host's network namespace).
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    uevents: bool,
+    /// Controller reports endpoint, e.g. https://sked-reports.sked-system.svc:8443. Unset: no
+    /// reporting, only /readyz and /metrics.
+    #[arg(long, env = "SKED_CONTROLLER_ADDRESS")]
+    controller_address: Option<String>,
+    #[arg(long, default_value = "/var/run/sked/ca/ca.crt")]
+    ca_file: PathBuf,
+    #[arg(long, default_value = "/var/run/sked/token/token")]
+    token_file: PathBuf,
+    /// TLS name of the controller, when it differs from the address's host.
+    #[arg(long)]
+    server_name: Option<String>,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    heartbeat_interval: Duration,
+    /// Address of /readyz, /healthz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:9464")]
+    listen_address: SocketAddr,
+    #[arg(long, value_enum, default_value_t = LogFormat::Json)]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("sked_agent=info,warn"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = match cli.log_format {
+        LogFormat::Json => registry.with(sked_logging::JsonLayer::new(std::io::stderr)).try_init(),
+        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init(),
+    };
+
+    let observer = Observer {
+        sysfs_root: cli.sysfs_root.clone(),
+        proc_root: cli.proc_root.clone(),
+        expected_ops: cli.expected_ops.clone().filter(|s| !s.is_empty()),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let first = observer.observe();
+    metrics.observe(&first);
+    info!(node = %cli.node_name, scheduler = %cli.scheduler, verdict = first.verdict.as_str(), reason = %first.reason, "sked-agent started");
+    let (tx, rx) = watch::channel(first);
+
+    tokio::spawn(observer.run(tx, metrics.clone(), cli.poll_interval, cli.uevents));
+    if let Some(address) = cli.controller_address.clone() {
+        let cfg = ReporterConfig {
+            address,
+            ca_file: cli.ca_file.clone(),
+            token_file: cli.token_file.clone(),
+            server_name: cli.server_name.clone(),
+            heartbeat: cli.heartbeat_interval,
+        };
+        let id = Identity { node: cli.node_name.clone(), pod: cli.pod_name.clone(), scheduler: cli.scheduler.clone() };
+        tokio::spawn(report::run(cfg, id, rx.clone(), metrics.clone()));
+    }
+
+    let listener = match tokio::net::TcpListener::bind(cli.listen_address).await {
+        Ok(l) => l,
+        Err(e) => {
+            error!(err = %e, address = %cli.listen_address, "cannot listen for /readyz and /metrics: choose another --listen-address");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shutdown = async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+    };
+    let app = sked_agent::http::router(rx, metrics);
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+        error!(err = %e, "HTTP server failed");
+        return ExitCode::FAILURE;
+    }
+    info!("sked-agent stopped");
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,40 @@
+//! `/readyz` (200 only when this pod's scheduler is attached), `/healthz` and `/metrics`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::observe::Observation;
+use crate::verdict::Verdict;
+
+#[derive(Clone)]
+struct AppState {
+    rx: watch::Receiver<Observation>,
+    metrics: Arc<Metrics>,
+}
+
+pub fn router(rx: watch::Receiver<Observation>, metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/readyz", get(readyz))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics_text))
+        .with_state(AppState { rx, metrics })
+}
+
+async fn readyz(State(s): State<AppState>) -> (StatusCode, String) {
+    let o = s.rx.borrow().clone();
+    let code = if o.verdict == Verdict::Attached { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, format!("{}: {}\n", o.verdict.as_str(), o.reason))
+}
+
+async fn metrics_text(State(s): State<AppState>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        s.metrics.encode(),
+    )
+}

@@ -1,0 +1,16 @@
+//! sked-agent: reports, for one node, whether the kernel runs this pod's sched_ext scheduler.
+//!
+//! - [`sysfs`] reads `/sys/kernel/sched_ext` (root directory injectable);
+//! - [`owner`] finds which process holds the scheduler's BPF link;
+//! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
+//! - [`uevent`] parses kernel uevents; [`observe`] re-reads on each one and polls as a fallback;
+//! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`.
+
+pub mod http;
+pub mod metrics;
+pub mod observe;
+pub mod owner;
+pub mod report;
+pub mod sysfs;
+pub mod uevent;
+pub mod verdict;

@@ -1,0 +1,135 @@
+//! Watching the kernel: read on every sched_ext uevent, and poll as a fallback.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::metrics::Metrics;
+use crate::owner::{self, Owner};
+use crate::sysfs::{self, KernelRead, SchedState};
+use crate::uevent;
+use crate::verdict::{self, Verdict};
+
+/// One look at the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub read: KernelRead,
+    pub verdict: Verdict,
+    pub reason: String,
+}
+
+impl Observation {
+    pub fn state_name(&self) -> &str {
+        if self.read.supported { self.read.state.as_str() } else { "unsupported" }
+    }
+
+    /// Whether `other` differs in anything but counters (which change all the time).
+    pub fn differs_from(&self, other: &Observation) -> bool {
+        self.verdict != other.verdict
+            || self.read.state != other.read.state
+            || self.read.ops != other.read.ops
+            || self.read.enable_seq != other.read.enable_seq
+            || self.reason != other.reason
+    }
+}
+
+/// Where to look, and what this pod expects.
+#[derive(Clone, Debug)]
+pub struct Observer {
+    pub sysfs_root: PathBuf,
+    pub proc_root: PathBuf,
+    pub expected_ops: Option<String>,
+}
+
+impl Observer {
+    pub fn observe(&self) -> Observation {
+        let read = sysfs::read(&self.sysfs_root);
+        let owner = if read.supported && read.state == SchedState::Enabled {
+            let maps = owner::sched_ext_map_ids(&self.proc_root);
+            if let Err(why) = &maps {
+                debug!(reason = %why, "checking link holders without the BPF map type");
+            }
+            owner::find(&self.proc_root, std::process::id(), maps.as_ref().ok())
+        } else {
+            Owner::NotOurs
+        };
+        let (verdict, reason) = verdict::decide(&read, self.expected_ops.as_deref(), &owner);
+        Observation { read, verdict, reason }
+    }
+
+    /// Observes until `shutdown`, publishing changes on `tx`. Uses kernel uevents when the
+    /// socket can be opened (it only receives them in the host's network namespace) and polls
+    /// every `poll` in any case.
+    pub async fn run(self, tx: watch::Sender<Observation>, metrics: Arc<Metrics>, poll: Duration, uevents: bool) {
+        let socket = if uevents {
+            // SAFETY: the AsyncFd owns the OwnedFd, which stays open and unchanged until it drops.
+            let registered = uevent::subscribe()
+                .and_then(|fd| unsafe { AsyncFd::register(fd) }.map_err(|e| std::io::Error::other(e.to_string())));
+            match registered {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    warn!(err = %e, "cannot subscribe to kernel uevents; polling only");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let trigger = match &socket {
+                Some(fd) => tokio::select! {
+                    _ = tick.tick() => "poll",
+                    ready = fd.readable() => {
+                        match ready {
+                            Ok(mut guard) => {
+                                let relevant = drain_uevents(guard.get_inner());
+                                guard.clear_ready();
+                                if !relevant { continue; }
+                                "uevent"
+                            }
+                            Err(_) => "poll",
+                        }
+                    }
+                },
+                None => {
+                    tick.tick().await;
+                    "poll"
+                }
+            };
+            let o = self.observe();
+            metrics.observe(&o);
+            let changed = tx.send_if_modified(|current| {
+                let differs = o.differs_from(current);
+                *current = o.clone();
+                differs
+            });
+            if changed {
+                info!(trigger, verdict = o.verdict.as_str(), state = o.state_name(), ops = o.read.ops.as_deref().unwrap_or(""), reason = %o.reason, "kernel state changed");
+            }
+        }
+    }
+}
+
+/// Reads every pending datagram; true when one was a sched_ext event.
+fn drain_uevents(fd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut relevant = false;
+    let mut buf = [0u8; 8192];
+    loop {
+        // SAFETY: recv into a stack buffer of the given length on a non-blocking socket.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return relevant;
+        }
+        let len = usize::try_from(n).unwrap_or(0).min(buf.len());
+        if uevent::parse(&buf[..len]).is_some_and(|e| e.is_sched_ext()) {
+            relevant = true;
+        }
+    }
+}

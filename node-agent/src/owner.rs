@@ -1,0 +1,166 @@
+//! Who attached the running sched_ext scheduler: a process of this pod, or someone else.
+//!
+//! The pod shares one process namespace, so the agent sees the scheduler container's processes
+//! under /proc. A process that attached a sched_ext scheduler holds a BPF link of type
+//! `struct_ops` (its fdinfo shows `link_type: struct_ops` and the `map_id` of the ops map). With
+//! CAP_BPF (or CAP_SYS_ADMIN) the agent also lists the kernel's struct_ops maps with libbpf and
+//! keeps only those whose vmlinux value type is `sched_ext_ops`, so another kind of struct_ops
+//! (a TCP congestion control, say) is not mistaken for a scheduler.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::Path;
+
+/// Ownership of the attached scheduler, as far as this pod can see.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A process in this pod holds the sched_ext struct_ops link.
+    Ours { pid: u32, comm: String },
+    /// Every process of the pod was inspected and none holds it.
+    NotOurs,
+    /// The pod's processes could not be inspected.
+    Unknown(String),
+}
+
+/// Ids of the kernel's struct_ops maps whose value type is `sched_ext_ops`, or why they cannot
+/// be listed.
+pub fn sched_ext_map_ids(proc_root: &Path) -> Result<HashSet<u32>, String> {
+    let status = fs::read_to_string(proc_root.join("self/status")).map_err(|e| format!("reading capabilities: {e}"))?;
+    if !has_bpf_capability(&status) {
+        return Err("the agent lacks CAP_BPF and CAP_SYS_ADMIN, so it cannot list BPF maps".into());
+    }
+    let btf = libbpf_rs::btf::Btf::from_vmlinux().map_err(|e| format!("loading vmlinux BTF: {e}"))?;
+    let mut ids = HashSet::new();
+    for info in libbpf_rs::query::MapInfoIter::default() {
+        if info.ty != libbpf_rs::MapType::StructOps {
+            continue;
+        }
+        let value_type = btf
+            .type_by_id::<libbpf_rs::btf::BtfType<'_>>(libbpf_rs::btf::TypeId::from(info.btf_vmlinux_value_type_id))
+            .and_then(|t| t.name().map(|n| n.to_string_lossy().into_owned()));
+        if value_type.as_deref() == Some("bpf_struct_ops_sched_ext_ops") {
+            ids.insert(info.id);
+        }
+    }
+    Ok(ids)
+}
+
+/// Whether a `/proc/<pid>/status` text shows CAP_BPF (39) or CAP_SYS_ADMIN (21) effective.
+pub fn has_bpf_capability(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 39) != 0 || caps & (1 << 21) != 0)
+}
+
+/// Finds a process under `proc_root` (other than `self_pid`) holding a struct_ops link; when
+/// `sched_ext_maps` is known, the link's map must be one of them.
+pub fn find(proc_root: &Path, self_pid: u32, sched_ext_maps: Option<&HashSet<u32>>) -> Owner {
+    let Ok(entries) = fs::read_dir(proc_root) else {
+        return Owner::Unknown(format!("cannot list {}", proc_root.display()));
+    };
+    let mut unreadable = None;
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if pid == self_pid {
+            continue;
+        }
+        let fdinfo = entry.path().join("fdinfo");
+        let files = match fs::read_dir(&fdinfo) {
+            Ok(files) => files,
+            Err(e) => {
+                // A process that exited meanwhile is fine; one we may not inspect is not.
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    unreadable.get_or_insert_with(|| format!("cannot read {}: {e}", fdinfo.display()));
+                }
+                continue;
+            }
+        };
+        for file in files.flatten() {
+            let Ok(text) = fs::read_to_string(file.path()) else { continue };
+            if let Some(map_id) = struct_ops_link(&text)
+                && sched_ext_maps.is_none_or(|ids| map_id.is_some_and(|id| ids.contains(&id)))
+            {
+                let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default().trim().to_owned();
+                return Owner::Ours { pid, comm };
+            }
+        }
+    }
+    match unreadable {
+        Some(why) => Owner::Unknown(why),
+        None => Owner::NotOurs,
+    }
+}
+
+/// If an fdinfo text describes a struct_ops BPF link, its map id (when shown).
+pub fn struct_ops_link(fdinfo: &str) -> Option<Option<u32>> {
+    let mut is_struct_ops = false;
+    let mut map_id = None;
+    for line in fdinfo.lines() {
+        let Some((key, value)) = line.split_once(':') else { continue };
+        match key.trim() {
+            "link_type" => is_struct_ops = value.trim() == "struct_ops",
+            "map_id" => map_id = value.trim().parse().ok(),
+            _ => {}
+        }
+    }
+    is_struct_ops.then_some(map_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINK: &str =
+        "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nlink_type:\tstruct_ops\nlink_id:\t3\nmap_id:\t12\n";
+    const FILE: &str = "pos:\t0\nflags:\t0100000\nmnt_id:\t22\nino:\t77\n";
+
+    fn proc_tree(procs: &[(u32, &str, &[&str])]) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        for (pid, comm, fds) in procs {
+            let dir = tmp.path().join(pid.to_string());
+            fs::create_dir_all(dir.join("fdinfo")).unwrap();
+            fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+            for (i, fd) in fds.iter().enumerate() {
+                fs::write(dir.join("fdinfo").join(i.to_string()), fd).unwrap();
+            }
+        }
+        tmp
+    }
+
+    #[test]
+    fn parses_struct_ops_links_only() {
+        assert_eq!(struct_ops_link(LINK), Some(Some(12)));
+        assert_eq!(struct_ops_link(FILE), None);
+        assert_eq!(struct_ops_link("link_type:\tstruct_ops\n"), Some(None));
+        assert_eq!(struct_ops_link("link_type:\ttracing\nmap_id:\t3\n"), None);
+    }
+
+    #[test]
+    fn the_pod_s_scheduler_process_owns_the_link() {
+        let tree = proc_tree(&[(1, "pause", &[FILE]), (7, "scx_rusty", &[FILE, LINK]), (9, "sked-agent", &[LINK])]);
+        // pid 9 is the agent itself and is skipped.
+        assert_eq!(find(tree.path(), 9, None), Owner::Ours { pid: 7, comm: "scx_rusty".into() });
+        assert_eq!(find(tree.path(), 9, Some(&HashSet::from([12]))), Owner::Ours { pid: 7, comm: "scx_rusty".into() });
+        // A struct_ops link of another kind (map 99 is not sched_ext_ops) does not count.
+        let tree = proc_tree(&[(7, "tcp_cc_loader", &[&LINK.replace("map_id:\t12", "map_id:\t99")])]);
+        assert_eq!(find(tree.path(), 1, Some(&HashSet::from([12]))), Owner::NotOurs);
+    }
+
+    #[test]
+    fn no_holder_in_the_pod_is_not_ours() {
+        let tree = proc_tree(&[(1, "pause", &[FILE]), (7, "sh", &[])]);
+        assert_eq!(find(tree.path(), 99, None), Owner::NotOurs);
+        assert!(matches!(find(Path::new("/nonexistent/proc"), 1, None), Owner::Unknown(_)));
+    }
+
+    #[test]
+    fn capabilities_come_from_capeff() {
+        assert!(has_bpf_capability("Name:\tx\nCapEff:\t000001ffffffffff\n"));
+        assert!(has_bpf_capability("CapEff:\t0000008000000000\n"), "CAP_BPF");
+        assert!(has_bpf_capability("CapEff:\t0000000000200000\n"), "CAP_SYS_ADMIN");
+        assert!(!has_bpf_capability("CapEff:\t0000000000000000\n"));
+        assert!(!has_bpf_capability("garbage"));
+    }
+}

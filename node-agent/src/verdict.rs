@@ -1,0 +1,147 @@
+//! What the agent concludes from a kernel read: is this pod's scheduler the one running?
+
+use crate::owner::Owner;
+use crate::sysfs::{KernelRead, SchedState};
+
+/// The verdict, mirrored on the wire by `sked.agent.v1.Verdict`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    Attached,
+    NotAttached,
+    ForeignScheduler,
+    KernelUnsupported,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Attached => "Attached",
+            Self::NotAttached => "NotAttached",
+            Self::ForeignScheduler => "ForeignScheduler",
+            Self::KernelUnsupported => "KernelUnsupported",
+        }
+    }
+
+    pub fn to_proto(self) -> sked_proto::Verdict {
+        match self {
+            Self::Attached => sked_proto::Verdict::Attached,
+            Self::NotAttached => sked_proto::Verdict::NotAttached,
+            Self::ForeignScheduler => sked_proto::Verdict::ForeignScheduler,
+            Self::KernelUnsupported => sked_proto::Verdict::KernelUnsupported,
+        }
+    }
+}
+
+/// Decides the verdict and says why.
+///
+/// Attached: sched_ext is enabled and the attached ops belong to this pod's scheduler process,
+/// or match `expected_ops` (a prefix: scx schedulers append their version and target).
+/// ForeignScheduler: enabled, but neither is true. NotAttached: nothing enabled (or still
+/// enabling/disabling), or ownership cannot be checked and no `expected_ops` was given.
+pub fn decide(read: &KernelRead, expected_ops: Option<&str>, owner: &Owner) -> (Verdict, String) {
+    if !read.supported {
+        return (
+            Verdict::KernelUnsupported,
+            "no /sys/kernel/sched_ext: this kernel is built without sched_ext (CONFIG_SCHED_CLASS_EXT)".into(),
+        );
+    }
+    match &read.state {
+        SchedState::Enabled => {}
+        SchedState::Disabled => return (Verdict::NotAttached, "no sched_ext scheduler is enabled".into()),
+        SchedState::Enabling | SchedState::Disabling => {
+            return (Verdict::NotAttached, format!("sched_ext is {}", read.state.as_str()));
+        }
+        SchedState::Other(s) => return (Verdict::NotAttached, format!("unknown sched_ext state {s:?}")),
+        SchedState::Unreadable => {
+            let why = read.problems.first().map_or("unreadable", String::as_str);
+            return (Verdict::NotAttached, format!("cannot read sched_ext state: {why}"));
+        }
+    }
+    let ops = read.ops.as_deref().unwrap_or("");
+    let expected = expected_ops.filter(|e| !e.is_empty());
+    let matches_expected = expected.is_some_and(|e| !ops.is_empty() && ops.starts_with(e));
+    match (owner, expected) {
+        (Owner::Ours { pid, comm }, _) => {
+            (Verdict::Attached, format!("kernel runs ops {ops:?}, attached by {comm} (pid {pid}) in this pod"))
+        }
+        (_, Some(e)) if matches_expected => {
+            (Verdict::Attached, format!("kernel runs ops {ops:?}, which matches expectedOps {e:?}"))
+        }
+        (Owner::NotOurs, Some(e)) | (Owner::Unknown(_), Some(e)) => (
+            Verdict::ForeignScheduler,
+            format!("kernel runs ops {ops:?}, not this pod's scheduler (expectedOps {e:?})"),
+        ),
+        (Owner::NotOurs, None) => {
+            (Verdict::ForeignScheduler, format!("kernel runs ops {ops:?}, attached by a process outside this pod"))
+        }
+        (Owner::Unknown(why), None) => (
+            Verdict::NotAttached,
+            format!(
+                "kernel runs ops {ops:?} but its owner cannot be checked ({why}): set spec.expectedOps, or give the agent CAP_BPF and CAP_SYS_PTRACE"
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sysfs::fixture;
+
+    fn kernel(state: &str, ops: Option<&str>) -> KernelRead {
+        let tmp = tempfile::tempdir().unwrap();
+        fixture::write(tmp.path(), state, ops, 1).unwrap();
+        crate::sysfs::read(tmp.path())
+    }
+
+    fn ours() -> Owner {
+        Owner::Ours { pid: 42, comm: "scx_rusty".into() }
+    }
+
+    #[test]
+    fn unsupported_kernel() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (v, why) = decide(&crate::sysfs::read(tmp.path()), None, &Owner::NotOurs);
+        assert_eq!(v, Verdict::KernelUnsupported);
+        assert!(why.contains("CONFIG_SCHED_CLASS_EXT"));
+    }
+
+    #[test]
+    fn disabled_and_transitional_states_are_not_attached() {
+        for state in ["disabled", "enabling", "disabling"] {
+            let (v, why) = decide(&kernel(state, None), Some("rusty"), &ours());
+            assert_eq!(v, Verdict::NotAttached, "{state}");
+            assert!(why.contains(if state == "disabled" { "no sched_ext" } else { state }), "{why}");
+        }
+    }
+
+    #[test]
+    fn owned_by_this_pod_is_attached() {
+        let (v, why) = decide(&kernel("enabled", Some("rusty_1.0.0_x86_64")), None, &ours());
+        assert_eq!(v, Verdict::Attached);
+        assert!(why.contains("pid 42"), "{why}");
+    }
+
+    #[test]
+    fn expected_ops_match_by_prefix() {
+        let k = kernel("enabled", Some("bpfland_1.1.4_x86_64_unknown_linux_gnu"));
+        assert_eq!(decide(&k, Some("bpfland"), &Owner::NotOurs).0, Verdict::Attached);
+        assert_eq!(decide(&k, Some("bpfland"), &Owner::Unknown("EPERM".into())).0, Verdict::Attached);
+        let (v, why) = decide(&k, Some("lavd"), &Owner::NotOurs);
+        assert_eq!(v, Verdict::ForeignScheduler);
+        assert!(why.contains("bpfland") && why.contains("lavd"), "{why}");
+    }
+
+    #[test]
+    fn someone_else_s_scheduler_is_foreign() {
+        let k = kernel("enabled", Some("started_by_hand"));
+        assert_eq!(decide(&k, None, &Owner::NotOurs).0, Verdict::ForeignScheduler);
+    }
+
+    #[test]
+    fn unknown_owner_without_expectation_is_not_claimed() {
+        let (v, why) = decide(&kernel("enabled", Some("x")), None, &Owner::Unknown("no CAP_BPF".into()));
+        assert_eq!(v, Verdict::NotAttached);
+        assert!(why.contains("spec.expectedOps"), "{why}");
+    }
+}
