@@ -156,6 +156,12 @@ pub mod reason {
     pub const STATUS_UPDATE_FAILED: &str = "StatusUpdateFailed";
     /// Degraded=False.
     pub const AS_EXPECTED: &str = "AsExpected";
+    // KernelAttached condition and kernel events.
+    pub const KERNEL_ATTACHED: &str = "KernelAttached";
+    pub const NOT_ATTACHED: &str = "NotAttached";
+    pub const FOREIGN_SCHEDULER: &str = "ForeignScheduler";
+    pub const KERNEL_UNSUPPORTED: &str = "KernelUnsupported";
+    pub const REPORT_STALE: &str = "ReportStale";
 }
 
 /// A label map: at most 16 entries (which bounds the CEL key check's cost), values that are

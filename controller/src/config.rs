@@ -1,5 +1,7 @@
 //! Command-line flags of `sked-controller`.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -52,6 +54,40 @@ pub struct ControllerFlags {
     /// Longest delay between retries of a failed reconcile.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub reconcile_retry_max_delay: Duration,
+
+    /// Address of the gRPC reports server agents stream to.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    pub reports_bind_address: SocketAddr,
+
+    /// TLS certificate (PEM) of the reports server. Without it and --reports-key-file, the
+    /// server is off and KernelAttached reports no node.
+    #[arg(long, requires = "reports_key_file")]
+    pub reports_cert_file: Option<PathBuf>,
+
+    /// TLS private key (PEM) of the reports server.
+    #[arg(long, requires = "reports_cert_file")]
+    pub reports_key_file: Option<PathBuf>,
+
+    /// A node whose agent has not reported for this long counts as ReportStale.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub report_stale_after: Duration,
+
+    /// Service account of the agent pods; only its tokens may report.
+    #[arg(long, default_value = "sked-agent")]
+    pub agent_service_account: String,
+
+    /// Image of the agent sidecar.
+    #[arg(long, default_value = concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION")))]
+    pub agent_image: String,
+
+    /// Address agents dial to reach the reports server.
+    #[arg(long, default_value = "https://sked-reports.sked-system.svc:8443")]
+    pub reports_address: String,
+
+    /// ConfigMap in the workload namespace holding `ca.crt`, the CA agents trust for the
+    /// reports server.
+    #[arg(long, default_value = "sked-reports-ca")]
+    pub reports_ca_configmap: String,
 }
 
 impl Default for ControllerFlags {
@@ -64,6 +100,14 @@ impl Default for ControllerFlags {
             reconcile_rate_limit_burst: 10,
             reconcile_retry_base_delay: Duration::from_secs(1),
             reconcile_retry_max_delay: Duration::from_secs(300),
+            reports_bind_address: SocketAddr::from(([0, 0, 0, 0], 8443)),
+            reports_cert_file: None,
+            reports_key_file: None,
+            report_stale_after: Duration::from_secs(30),
+            agent_service_account: "sked-agent".into(),
+            agent_image: concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION")).into(),
+            reports_address: "https://sked-reports.sked-system.svc:8443".into(),
+            reports_ca_configmap: "sked-reports-ca".into(),
         }
     }
 }
@@ -147,6 +191,13 @@ mod tests {
         assert_eq!(cli.log.log_format, LogFormat::Json);
         assert_eq!(cli.log.log_level, None);
         assert_eq!(cli.log.log_verbosity, None);
+    }
+
+    #[test]
+    fn reports_tls_needs_both_files() {
+        assert!(parse(&["--reports-cert-file=/c.pem"]).is_err());
+        assert!(parse(&["--reports-cert-file=/c.pem", "--reports-key-file=/k.pem"]).is_ok());
+        assert_eq!(parse(&[]).unwrap().controller.report_stale_after, Duration::from_secs(30));
     }
 
     #[test]

@@ -29,9 +29,11 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::api::{Scheduler, SchedulerStatus, reason};
 use crate::arbiter::{Arbiter, Changed, Claim};
 use crate::config::ControllerFlags;
+use crate::kernel::{self, KernelTable};
 use crate::pacing::{TokenBucket, retry_delay};
+use crate::reports::{ReportStats, ReportsService};
 use crate::status::{self, EventKind, EventSpec, Observed};
-use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
+use crate::workload::{self, AgentSettings, FIELD_MANAGER, WorkloadSettings};
 
 /// Errors that stop the controller from starting.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -80,6 +82,9 @@ pub struct Context {
     memo: Arc<Memo>,
     /// Consecutive failures per Scheduler, for the retry delay.
     failures: Mutex<HashMap<String, u32>>,
+    /// Latest kernel report per node.
+    pub kernel: Arc<KernelTable>,
+    pub report_stats: Arc<ReportStats>,
 }
 
 /// What the controller remembers of its own writes, dropped when a Scheduler is deleted.
@@ -119,6 +124,16 @@ pub async fn run(
     instance: String,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), BoxError> {
+    // One shutdown signal, fanned out to every server and the controller.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
     wait_for_crd(&client).await?;
 
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
@@ -134,7 +149,7 @@ pub async fn run(
             trigger_tx.clone(),
             sched_ready_tx,
         )),
-        tokio::spawn(index_nodes(Api::all(client.clone()), arbiter.clone(), trigger_tx, node_ready_tx)),
+        tokio::spawn(index_nodes(Api::all(client.clone()), arbiter.clone(), trigger_tx.clone(), node_ready_tx)),
     ];
     // Arbitrate only once every Scheduler and Node is known: a partial view could hand a node
     // to the wrong Scheduler and roll its pods for nothing.
@@ -146,6 +161,40 @@ pub async fn run(
     };
     info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
 
+    let kernel_table = Arc::new(KernelTable::default());
+    let report_stats = Arc::new(ReportStats::default());
+    let reports_task = match (&flags.reports_cert_file, &flags.reports_key_file) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &std::path::PathBuf, what: &str| {
+                std::fs::read(p).map_err(|e| format!("reading the reports server {what} {}: {e}", p.display()))
+            };
+            let (cert, key) = (read(cert, "certificate")?, read(key, "key")?);
+            let service = ReportsService::new(
+                client.clone(),
+                &flags.workload_namespace,
+                &flags.agent_service_account,
+                kernel_table.clone(),
+                flags.report_stale_after,
+                trigger_tx.clone(),
+                report_stats.clone(),
+            );
+            let address = flags.reports_bind_address;
+            info!(%address, "serving agent reports");
+            let stop = stopped(stop_rx.clone());
+            Some(tokio::spawn(async move {
+                if let Err(e) = crate::reports::serve(service, address, cert, key, stop).await {
+                    error!(err = %sked_logging::error_chain(&e), %address, "reports server failed");
+                }
+            }))
+        }
+        _ => {
+            warn!(
+                "no --reports-cert-file/--reports-key-file: the reports server is off and no node can be shown as kernel-attached"
+            );
+            None
+        }
+    };
+
     let ctx = Arc::new(Context {
         limiter: TokenBucket::new(
             flags.reconcile_rate_limit_qps,
@@ -153,12 +202,22 @@ pub async fn run(
             tokio::time::Instant::now(),
         ),
         recorder: Recorder::new(client.clone(), Reporter { controller: "sked".into(), instance: Some(instance) }),
-        settings: WorkloadSettings { namespace: flags.workload_namespace.clone() },
+        settings: WorkloadSettings {
+            namespace: flags.workload_namespace.clone(),
+            agent: AgentSettings {
+                image: flags.agent_image.clone(),
+                service_account: flags.agent_service_account.clone(),
+                reports_address: flags.reports_address.clone(),
+                ca_configmap: flags.reports_ca_configmap.clone(),
+            },
+        },
         client: client.clone(),
         flags: flags.clone(),
         arbiter,
         memo,
         failures: Mutex::default(),
+        kernel: kernel_table,
+        report_stats,
     });
 
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
@@ -169,12 +228,15 @@ pub async fn run(
         .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
         .reconcile_on(trigger_rx)
         .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
     for task in index_tasks {
         task.abort();
+    }
+    if let Some(task) = reports_task {
+        let _ = task.await;
     }
     info!("controller stopped");
     Ok(())
@@ -372,6 +434,15 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         None
     };
 
+    let desired = daemonset.as_ref().and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
+    let kernel = kernel::summarize(
+        &name,
+        &placement.owned,
+        desired,
+        &ctx.kernel.snapshot(),
+        std::time::Instant::now(),
+        ctx.flags.report_stale_after,
+    );
     let uid = scheduler.uid().unwrap_or_default();
     let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
     let outcome = status::compute(&Observed {
@@ -381,6 +452,7 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         placement: &placement,
         image: &image,
         spec_error: spec_error.as_deref(),
+        kernel: &kernel,
         now: Time(jiff::Timestamp::now()),
     });
 
@@ -402,11 +474,15 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
     } else {
         debug!("reconciled; nothing changed");
     }
-    if let Some(event) = &outcome.event {
+    for event in outcome.event.iter().chain(&outcome.kernel_event) {
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
-    Ok(Action::await_change())
+    // Look again when the freshest report would turn stale; everything else is a watch event.
+    Ok(match kernel.recheck_in {
+        Some(after) => Action::requeue(after + Duration::from_millis(100)),
+        None => Action::await_change(),
+    })
 }
 
 async fn write_status(ctx: &Context, scheduler: &Scheduler, status: &SchedulerStatus) -> Result<(), kube::Error> {

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{SchedulerStatus, condition, reason};
 use crate::arbiter::Placement;
+use crate::kernel::KernelSummary;
 
 /// At most this many winner names are listed in a conflict message.
 const MAX_WINNERS_LISTED: usize = 3;
@@ -36,6 +37,8 @@ pub struct Observed<'a> {
     pub image: &'a str,
     /// Why the API server refused the DaemonSet built from this spec, if it did.
     pub spec_error: Option<&'a str>,
+    /// What the agents report of the kernels of this Scheduler's nodes.
+    pub kernel: &'a KernelSummary,
     pub now: Time,
 }
 
@@ -54,11 +57,14 @@ pub struct EventSpec {
     pub message: String,
 }
 
-/// The new status and, on a change of state, the event to record once it is saved.
+/// The new status and, on a change of state, the events to record once it is saved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
     pub status: SchedulerStatus,
+    /// Rollout and health (Ready/Degraded) state change.
     pub event: Option<EventSpec>,
+    /// KernelAttached state change.
+    pub kernel_event: Option<EventSpec>,
 }
 
 /// Rollout facts read off a DaemonSet.
@@ -172,14 +178,14 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         generation,
         &obs.now,
     ));
-    // Conditions this module does not own (KernelAttached) are carried over untouched.
-    conditions.extend(
-        prev.iter()
-            .filter(|c| ![condition::READY, condition::PROGRESSING, condition::DEGRADED].contains(&c.type_.as_str()))
-            .cloned(),
-    );
+    let k = obs.kernel;
+    conditions.push(condition(prev, condition::KERNEL_ATTACHED, k.is_true, k.reason, &k.message, generation, &obs.now));
+    // Conditions this module does not own are carried over untouched.
+    const OWNED: [&str; 4] =
+        [condition::READY, condition::PROGRESSING, condition::DEGRADED, condition::KERNEL_ATTACHED];
+    conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
 
-    let kernel_attached = obs.previous.kernel_attached.min(rollout.desired);
+    let kernel_attached = k.attached.min(rollout.desired);
     let status = SchedulerStatus {
         observed_generation: generation,
         resolved_image: Some(obs.image.to_owned()),
@@ -204,7 +210,20 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             EventSpec { kind: EventKind::Normal, reason: r.to_owned(), message: msg }
         }
     });
-    Outcome { status, event }
+
+    // Kernel events: on a change of the KernelAttached reason, once there is something to say
+    // (not for the first "nothing scheduled yet").
+    let prev_kernel = find(prev, condition::KERNEL_ATTACHED).map(|c| c.reason.as_str());
+    let first_and_idle = prev_kernel.is_none() && k.reason == reason::NOT_ATTACHED;
+    let kernel_event = (prev_kernel != Some(k.reason) && !first_and_idle).then(|| EventSpec {
+        kind: match k.reason {
+            reason::KERNEL_ATTACHED | reason::NOT_ATTACHED => EventKind::Normal,
+            _ => EventKind::Warning,
+        },
+        reason: k.reason.to_owned(),
+        message: k.message.clone(),
+    });
+    Outcome { status, event, kernel_event }
 }
 
 /// The rollout state of an observed DaemonSet: its reason and message.
@@ -331,11 +350,27 @@ mod tests {
         previous: SchedulerStatus,
         generation: i64,
         clock: i64,
+        kernel: KernelSummary,
+    }
+
+    fn kernel(attached: i32, desired: i32, reason: &'static str) -> KernelSummary {
+        KernelSummary {
+            attached,
+            is_true: reason == "KernelAttached",
+            reason,
+            message: format!("{attached} of {desired}"),
+            recheck_in: None,
+        }
     }
 
     impl Run {
         fn new() -> Self {
-            Self { previous: SchedulerStatus::default(), generation: 1, clock: 1000 }
+            Self {
+                previous: SchedulerStatus::default(),
+                generation: 1,
+                clock: 1000,
+                kernel: kernel(0, 0, "NotAttached"),
+            }
         }
 
         fn step(&mut self, daemonset: Option<&DaemonSet>, placement: &Placement) -> Outcome {
@@ -347,6 +382,7 @@ mod tests {
                 placement,
                 image: "x/y:z",
                 spec_error: None,
+                kernel: &self.kernel,
                 now: time(self.clock),
             });
             self.previous = out.status.clone();
@@ -552,6 +588,7 @@ mod tests {
             placement: &p,
             image: "x/y",
             spec_error: Some("spec.template.spec.containers[0].resources.limits: Invalid value"),
+            kernel: &kernel(0, 1, "NotAttached"),
             now: time(5),
         });
         assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SpecInvalid")));
@@ -561,20 +598,49 @@ mod tests {
     }
 
     #[test]
+    fn kernel_truth_gives_the_count_the_condition_and_its_own_events() {
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        let mut run = Run::new();
+        run.kernel = kernel(0, 2, "NotAttached");
+        let out = run.step(Some(&ds(1, 1, 2, 2, 0)), &p);
+        assert_eq!(out.kernel_event, None, "nothing to say before anything attached");
+        assert_eq!(out.status.kernel_attached_summary.as_deref(), Some("0/2"));
+        assert_eq!(cond(&out.status, "KernelAttached").status, "False");
+
+        run.kernel = kernel(1, 2, "NotAttached");
+        let out = run.step(Some(&ds(1, 1, 2, 2, 1)), &p);
+        assert_eq!(out.kernel_event, None, "a count change is not a state change");
+        assert_eq!(out.status.kernel_attached_summary.as_deref(), Some("1/2"));
+
+        run.kernel = kernel(2, 2, "KernelAttached");
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        let ev = out.kernel_event.as_ref().map(|e| (e.kind, e.reason.as_str()));
+        assert_eq!(ev, Some((EventKind::Normal, "KernelAttached")));
+        assert_eq!(cond(&out.status, "KernelAttached").status, "True");
+        assert_eq!(out.status.kernel_attached, 2);
+
+        run.kernel = kernel(1, 2, "ForeignScheduler");
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        let ev = out.kernel_event.as_ref().map(|e| (e.kind, e.reason.as_str()));
+        assert_eq!(ev, Some((EventKind::Warning, "ForeignScheduler")));
+        // The count never exceeds the desired nodes.
+        run.kernel = kernel(5, 2, "KernelAttached");
+        assert_eq!(run.step(Some(&ds(1, 1, 2, 2, 2)), &p).status.kernel_attached, 2);
+    }
+
+    #[test]
     fn foreign_conditions_are_carried_over() {
         let mut run = Run::new();
         run.previous.conditions.push(Condition {
-            type_: "KernelAttached".into(),
+            type_: "ExampleFromAnotherTool".into(),
             status: "True".into(),
-            reason: "KernelAttached".into(),
-            message: "1/1".into(),
+            reason: "Because".into(),
+            message: "".into(),
             observed_generation: Some(1),
             last_transition_time: time(1),
         });
-        run.previous.kernel_attached = 1;
         let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
         let out = run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
-        assert!(out.status.conditions.iter().any(|c| c.type_ == "KernelAttached"));
-        assert_eq!(out.status.kernel_attached_summary.as_deref(), Some("1/1"));
+        assert!(out.status.conditions.iter().any(|c| c.type_ == "ExampleFromAnotherTool"));
     }
 }

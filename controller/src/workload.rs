@@ -8,10 +8,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec,
-    PodTemplateSpec, SecurityContext,
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
 use crate::api::Scheduler;
@@ -25,12 +28,41 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "sked";
 /// Name of the container that runs the scheduler binary.
 pub const SCHEDULER_CONTAINER: &str = "scx";
+/// Name of the agent sidecar.
+pub const AGENT_CONTAINER: &str = "agent";
+/// Port of the agent's /readyz and /metrics.
+pub const AGENT_PORT: i32 = 9464;
+/// Audience of the agent's projected token (what the reports server checks).
+pub const REPORTS_AUDIENCE: &str = "sked-reports";
 
 /// Controller settings that shape every DaemonSet.
 #[derive(Clone, Debug)]
 pub struct WorkloadSettings {
     /// Namespace of the DaemonSets.
     pub namespace: String,
+    pub agent: AgentSettings,
+}
+
+/// How the agent sidecar runs.
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    pub image: String,
+    pub service_account: String,
+    /// Address the agent dials, e.g. `https://sked-reports.sked-system.svc:8443`.
+    pub reports_address: String,
+    /// ConfigMap with `ca.crt` for the reports server.
+    pub ca_configmap: String,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        Self {
+            image: concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION")).into(),
+            service_account: "sked-agent".into(),
+            reports_address: "https://sked-reports.sked-system.svc:8443".into(),
+            ca_configmap: "sked-reports-ca".into(),
+        }
+    }
 }
 
 /// Builds the DaemonSet for `scheduler`, running `image`, kept off `lost_nodes` (nodes an older
@@ -83,7 +115,9 @@ pub fn desired_daemonset(
     };
 
     let pod = PodSpec {
-        containers: vec![scx],
+        containers: vec![scx, agent_container(&name, spec.expected_ops.as_deref(), &settings.agent)],
+        volumes: Some(agent_volumes(&settings.agent)),
+        service_account_name: Some(settings.agent.service_account.clone()),
         node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
         affinity,
         tolerations: non_empty(spec.tolerations.clone()),
@@ -91,7 +125,8 @@ pub fn desired_daemonset(
         priority_class_name: spec.priority_class_name.clone(),
         // The agent finds the scheduler process through the shared process namespace.
         share_process_namespace: Some(true),
-        // The scheduler binary needs no API access; the agent gets its own projected token.
+        // Nothing in the pod talks to the API server; the agent's token is projected for the
+        // reports audience only.
         automount_service_account_token: Some(false),
         ..PodSpec::default()
     };
@@ -123,6 +158,104 @@ pub fn desired_daemonset(
     })
 }
 
+/// The agent sidecar: reads the node's sched_ext state, serves /readyz (Ready only when this
+/// pod's scheduler is attached, so a rolling update advances only on real attachment) and
+/// streams reports to the controller.
+fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSettings) -> Container {
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector { field_path: path.to_owned(), ..ObjectFieldSelector::default() }),
+        ..EnvVarSource::default()
+    };
+    let mut env = vec![
+        EnvVar { name: "NODE_NAME".into(), value_from: Some(field("spec.nodeName")), ..EnvVar::default() },
+        EnvVar { name: "POD_NAME".into(), value_from: Some(field("metadata.name")), ..EnvVar::default() },
+        EnvVar { name: "SKED_SCHEDULER".into(), value: Some(scheduler.to_owned()), ..EnvVar::default() },
+        EnvVar {
+            name: "SKED_CONTROLLER_ADDRESS".into(),
+            value: Some(agent.reports_address.clone()),
+            ..EnvVar::default()
+        },
+    ];
+    if let Some(ops) = expected_ops {
+        env.push(EnvVar { name: "SKED_EXPECTED_OPS".into(), value: Some(ops.to_owned()), ..EnvVar::default() });
+    }
+    Container {
+        name: AGENT_CONTAINER.to_owned(),
+        image: Some(agent.image.clone()),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("agent".into()),
+            container_port: AGENT_PORT,
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/readyz".into()),
+                port: IntOrString::Int(AGENT_PORT),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(2),
+            failure_threshold: Some(1),
+            ..Probe::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "reports-token".into(),
+                mount_path: "/var/run/sked/token".into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "reports-ca".into(),
+                mount_path: "/var/run/sked/ca".into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        // Reading another container's /proc/<pid>/fdinfo and listing BPF maps need these.
+        security_context: Some(SecurityContext {
+            run_as_user: Some(0),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                add: Some(vec!["BPF".into(), "PERFMON".into(), "SYS_ADMIN".into(), "SYS_PTRACE".into()]),
+                drop: Some(vec!["ALL".into()]),
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
+
+fn agent_volumes(agent: &AgentSettings) -> Vec<Volume> {
+    vec![
+        Volume {
+            name: "reports-token".into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some(REPORTS_AUDIENCE.into()),
+                        expiration_seconds: Some(3600),
+                        path: "token".into(),
+                        ..ServiceAccountTokenProjection::default()
+                    }),
+                    ..VolumeProjection::default()
+                }]),
+                ..ProjectedVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "reports-ca".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: agent.ca_configmap.clone(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    ]
+}
+
 /// The Scheduler lacks the uid or name an owner reference needs (it was never stored).
 #[derive(Debug, thiserror::Error)]
 #[error("Scheduler {0:?} has no uid yet: it must be read from the API server before it can own a DaemonSet")]
@@ -149,7 +282,7 @@ mod tests {
     }
 
     fn settings() -> WorkloadSettings {
-        WorkloadSettings { namespace: "sked-system".into() }
+        WorkloadSettings { namespace: "sked-system".into(), agent: AgentSettings::default() }
     }
 
     fn pod(ds: &DaemonSet) -> &PodSpec {
@@ -187,6 +320,31 @@ mod tests {
         assert_eq!(scx.env.as_ref().unwrap()[0].name, "RUST_LOG");
         assert_eq!(scx.security_context.as_ref().unwrap().privileged, Some(true));
         assert!(pod.affinity.is_none(), "no lost nodes, no affinity");
+
+        // The agent sidecar: identity from the downward API, readiness on /readyz, a token for
+        // the reports audience only.
+        let agent = &pod.containers[1];
+        assert_eq!(agent.name, "agent");
+        let env: Vec<&str> = agent.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(env, ["NODE_NAME", "POD_NAME", "SKED_SCHEDULER", "SKED_CONTROLLER_ADDRESS"]);
+        let probe = agent.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(probe.path.as_deref(), Some("/readyz"));
+        assert_eq!(pod.service_account_name.as_deref(), Some("sked-agent"));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let token = pod.volumes.as_ref().unwrap()[0].projected.as_ref().unwrap().sources.as_ref().unwrap()[0]
+            .service_account_token
+            .as_ref()
+            .unwrap();
+        assert_eq!(token.audience.as_deref(), Some("sked-reports"));
+    }
+
+    #[test]
+    fn expected_ops_reach_the_agent() {
+        let s =
+            scheduler(SchedulerSpec { sched: "x/y".into(), expected_ops: Some("rusty".into()), ..Default::default() });
+        let ds = desired_daemonset(&s, "x/y", &[], &settings()).unwrap();
+        let env = pod(&ds).containers[1].env.clone().unwrap();
+        assert!(env.iter().any(|e| e.name == "SKED_EXPECTED_OPS" && e.value.as_deref() == Some("rusty")));
     }
 
     #[test]

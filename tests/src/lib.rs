@@ -101,6 +101,7 @@ impl Fixture {
         clear(&client).await?;
         let namespace = flags.workload_namespace.clone();
         ensure_namespace(&client, &namespace).await?;
+        ensure_service_account(&client, &namespace, &flags.agent_service_account).await?;
         // Fast retries keep failure tests short; the backoff itself is unit-tested.
         flags.reconcile_retry_base_delay = Duration::from_millis(200);
         flags.reconcile_rate_limit_qps = 100.0;
@@ -362,6 +363,15 @@ pub async fn finish_pod_deletions(client: Client, namespace: String) {
                 .await;
         }
     }
+}
+
+/// Creates a ServiceAccount if it does not exist (the chart creates the agent's).
+pub async fn ensure_service_account(client: &Client, namespace: &str, name: &str) -> Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}))?;
+    api.patch(name, &PatchParams::apply("sked-tests"), &Patch::Apply(&sa)).await?;
+    Ok(())
 }
 
 /// Creates a namespace if it does not exist.

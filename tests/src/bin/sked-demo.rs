@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use kube::Api;
 use sked_controller::Scheduler;
-use sked_tests::{TestCluster, cluster, create_ready_node, ensure_namespace, install_crds, wait_for};
+use sked_tests::{
+    TestCluster, cluster, create_ready_node, ensure_namespace, ensure_service_account, install_crds, wait_for,
+};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -16,6 +18,7 @@ async fn main() -> Result<()> {
     let client = cluster.client().await?;
     install_crds(&client).await?;
     ensure_namespace(&client, "sked-system").await?;
+    ensure_service_account(&client, "sked-system", "sked-agent").await?;
 
     // Two Nodes stand in for machines (there is no kubelet in the demo).
     for name in ["demo-node-1", "demo-node-2"] {

@@ -1,0 +1,219 @@
+//! The gRPC service agents stream their kernel reports to.
+//!
+//! A stream is accepted only when the caller's bearer token, checked with a TokenReview for the
+//! `sked-reports` audience, belongs to the agent service account and is bound to a pod on the
+//! node being reported. Anything else is refused, logged and counted.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client};
+use sked_proto::v1::reports_server::{Reports, ReportsServer};
+use sked_proto::{Ack, Report};
+use tokio::sync::mpsc;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use crate::api::Scheduler;
+use crate::kernel::{KernelTable, NodeReport, NodeVerdict};
+
+/// Audience agents' projected tokens are issued for.
+pub const AUDIENCE: &str = "sked-reports";
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
+
+/// Counters of the reports server.
+#[derive(Debug, Default)]
+pub struct ReportStats {
+    pub accepted_streams: AtomicU64,
+    pub refused_streams: AtomicU64,
+    pub open_streams: AtomicU64,
+    pub reports: AtomicU64,
+}
+
+/// The reports service (cheap to clone: the state is shared).
+#[derive(Clone)]
+pub struct ReportsService(Arc<Inner>);
+
+/// State of the reports service.
+pub struct Inner {
+    client: Client,
+    /// `system:serviceaccount:<namespace>:<agent service account>`.
+    agent_user: String,
+    agent_namespace: String,
+    table: Arc<KernelTable>,
+    stale_after: Duration,
+    triggers: UnboundedSender<ObjectRef<Scheduler>>,
+    pub stats: Arc<ReportStats>,
+}
+
+impl ReportsService {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        agent_namespace: &str,
+        agent_service_account: &str,
+        table: Arc<KernelTable>,
+        stale_after: Duration,
+        triggers: UnboundedSender<ObjectRef<Scheduler>>,
+        stats: Arc<ReportStats>,
+    ) -> Self {
+        Self(Arc::new(Inner {
+            client,
+            agent_user: format!("system:serviceaccount:{agent_namespace}:{agent_service_account}"),
+            agent_namespace: agent_namespace.to_owned(),
+            table,
+            stale_after,
+            triggers,
+            stats,
+        }))
+    }
+}
+
+impl Inner {
+    fn refuse(&self, status: Status) -> Status {
+        self.stats.refused_streams.fetch_add(1, Ordering::Relaxed);
+        warn!(code = ?status.code(), err = %status.message(), "refused a report stream");
+        status
+    }
+
+    /// Checks the token and returns the node its pod runs on.
+    async fn authenticate(&self, token: &str) -> Result<String, Status> {
+        let review = TokenReview {
+            metadata: Default::default(),
+            spec: TokenReviewSpec { token: token.to_owned(), audiences: Some(vec![AUDIENCE.to_owned()]) },
+            status: None,
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot check the token with the API server: {e}")))?;
+        let status = reviewed.status.unwrap_or_default();
+        if !status.authenticated.unwrap_or(false) {
+            let why = status.error.unwrap_or_else(|| "not authenticated".into());
+            return Err(self.refuse(Status::unauthenticated(format!(
+                "the API server refused the token for audience {AUDIENCE}: {why}"
+            ))));
+        }
+        let user = status.user.unwrap_or_default();
+        let username = user.username.unwrap_or_default();
+        if username != self.agent_user {
+            return Err(self.refuse(Status::permission_denied(format!(
+                "token belongs to {username}, not to the agent service account {}",
+                self.agent_user
+            ))));
+        }
+        let extra = user.extra.unwrap_or_default();
+        let first = |k: &str| extra.get(k).and_then(|v| v.first()).cloned();
+        if let Some(node) = first(NODE_NAME_EXTRA) {
+            return Ok(node);
+        }
+        // Older API servers bind the token to the pod only: look the pod up.
+        let (Some(pod_name), Some(pod_uid)) = (first(POD_NAME_EXTRA), first(POD_UID_EXTRA)) else {
+            return Err(self.refuse(Status::permission_denied("token is not bound to a pod: use the projected token")));
+        };
+        let pod = Api::<Pod>::namespaced(self.client.clone(), &self.agent_namespace)
+            .get_opt(&pod_name)
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot look up pod {pod_name}: {e}")))?
+            .filter(|p| p.metadata.uid.as_deref() == Some(pod_uid.as_str()));
+        match pod.and_then(|p| p.spec).and_then(|s| s.node_name) {
+            Some(node) => Ok(node),
+            None => Err(self.refuse(Status::permission_denied(format!(
+                "the pod {pod_name} the token is bound to is gone or not on a node"
+            )))),
+        }
+    }
+}
+
+type AckStream = Pin<Box<dyn Stream<Item = Result<Ack, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Reports for ReportsService {
+    type StreamStream = AckStream;
+
+    async fn stream(&self, request: Request<Streaming<Report>>) -> Result<Response<AckStream>, Status> {
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_owned)
+            .ok_or_else(|| self.0.refuse(Status::unauthenticated("missing bearer token")))?;
+        let node = self.0.authenticate(&token).await?;
+        self.0.stats.accepted_streams.fetch_add(1, Ordering::Relaxed);
+        info!(node = %node, "report stream accepted");
+
+        let mut inbound = request.into_inner();
+        let (tx, mut rx) = mpsc::channel::<Result<Ack, Status>>(16);
+        let service = Arc::clone(&self.0);
+        tokio::spawn(async move {
+            service.stats.open_streams.fetch_add(1, Ordering::Relaxed);
+            loop {
+                let report = match inbound.message().await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(e) => {
+                        debug!(node = %node, err = %e, "report stream ended");
+                        break;
+                    }
+                };
+                if report.node != node {
+                    let status = service.refuse(Status::permission_denied(format!(
+                        "this token is bound to a pod on node {node}; it cannot report for node {}",
+                        report.node
+                    )));
+                    let _ = tx.send(Err(status)).await;
+                    break;
+                }
+                service.stats.reports.fetch_add(1, Ordering::Relaxed);
+                let sequence = report.sequence;
+                let entry = NodeReport {
+                    scheduler: report.scheduler.clone(),
+                    pod: report.pod.clone(),
+                    verdict: NodeVerdict::from_proto(report.verdict),
+                    reason: report.reason.clone(),
+                    ops: report.kernel.as_ref().map(|k| k.ops.clone()).unwrap_or_default(),
+                    received: Instant::now(),
+                };
+                for scheduler in service.table.record(&node, entry, service.stale_after) {
+                    debug!(node = %node, scheduler = %scheduler, verdict = ?NodeVerdict::from_proto(report.verdict), "kernel view changed");
+                    let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
+                }
+                if tx.send(Ok(Ack { sequence })).await.is_err() {
+                    break;
+                }
+            }
+            service.stats.open_streams.fetch_sub(1, Ordering::Relaxed);
+        });
+        let acks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        Ok(Response::new(Box::pin(acks)))
+    }
+}
+
+/// Serves the reports service over TLS until `shutdown` resolves.
+pub async fn serve(
+    service: ReportsService,
+    address: SocketAddr,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    Server::builder()
+        .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem)))?
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(ReportsServer::new(service))
+        .serve_with_shutdown(address, shutdown)
+        .await
+}
