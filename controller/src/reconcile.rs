@@ -124,6 +124,17 @@ pub async fn run(
     instance: String,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), BoxError> {
+    run_with_stats(client, flags, instance, shutdown, Arc::default()).await
+}
+
+/// [`run`], counting the reports server's accepted and refused streams in `report_stats`.
+pub async fn run_with_stats(
+    client: Client,
+    flags: ControllerFlags,
+    instance: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    report_stats: Arc<ReportStats>,
+) -> Result<(), BoxError> {
     // One shutdown signal, fanned out to every server and the controller.
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -162,7 +173,6 @@ pub async fn run(
     info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
 
     let kernel_table = Arc::new(KernelTable::default());
-    let report_stats = Arc::new(ReportStats::default());
     let reports_task = match (&flags.reports_cert_file, &flags.reports_key_file) {
         (Some(cert), Some(key)) => {
             let read = |p: &std::path::PathBuf, what: &str| {

@@ -1,6 +1,7 @@
 //! Test harness for sked: a real control plane ([`cluster::TestCluster`]) and helpers for the
 //! integration suites in `tests/tests/`.
 
+pub mod agents;
 pub mod cluster;
 
 use std::collections::BTreeMap;
@@ -80,6 +81,8 @@ pub struct Fixture {
     pub cluster: &'static TestCluster,
     pub client: Client,
     pub namespace: String,
+    /// Streams the controller's reports server accepted and refused.
+    pub report_stats: std::sync::Arc<sked_controller::reports::ReportStats>,
     stop: Option<oneshot::Sender<()>>,
     controller: Option<tokio::task::JoinHandle<()>>,
     _turn: MutexGuard<'static, ()>,
@@ -109,15 +112,27 @@ impl Fixture {
         tokio::spawn(finish_pod_deletions(client.clone(), namespace.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
         let controller_client = client.clone();
+        let report_stats = std::sync::Arc::new(sked_controller::reports::ReportStats::default());
+        let stats = report_stats.clone();
         let controller = tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stopped.await;
             };
-            if let Err(e) = sked_controller::reconcile::run(controller_client, flags, "test".into(), shutdown).await {
+            let run =
+                sked_controller::reconcile::run_with_stats(controller_client, flags, "test".into(), shutdown, stats);
+            if let Err(e) = run.await {
                 eprintln!("controller stopped with error: {e}");
             }
         });
-        Ok(Self { cluster, client, namespace, stop: Some(stop), controller: Some(controller), _turn: turn })
+        Ok(Self {
+            cluster,
+            client,
+            namespace,
+            report_stats,
+            stop: Some(stop),
+            controller: Some(controller),
+            _turn: turn,
+        })
     }
 
     /// Stops the controller and waits for it to drain.

@@ -1,0 +1,211 @@
+//! Running real `sked-agent` processes against fake sysfs roots, with tokens the API server
+//! issues for the agent service account bound to the DaemonSet's own pods.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::PostParams;
+use kube::{Api, Client, ResourceExt};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+
+use crate::cluster::free_port;
+
+/// TLS material of a reports server: a CA and a serving certificate for localhost.
+pub struct ReportsTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ReportsTls {
+    pub fn generate(dir: &Path) -> Result<Self> {
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.distinguished_name.push(DnType::CommonName, "sked-reports-test-ca");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca, &ca_key);
+        let key = KeyPair::generate()?;
+        let mut server = CertificateParams::new(vec!["localhost".to_string()])?;
+        server.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse()?));
+        let cert = server.signed_by(&key, &issuer)?;
+        let out = Self { ca: dir.join("reports-ca.crt"), cert: dir.join("reports.crt"), key: dir.join("reports.key") };
+        std::fs::write(&out.ca, ca_cert.pem())?;
+        std::fs::write(&out.cert, cert.pem())?;
+        std::fs::write(&out.key, key.serialize_pem())?;
+        Ok(out)
+    }
+}
+
+/// The `sked-agent` binary of this workspace, built on first use into the same target
+/// directory as the test (so coverage runs instrument it too).
+pub fn agent_binary() -> Result<PathBuf> {
+    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(path) = std::env::var("SKED_AGENT_BIN") {
+            return Ok(PathBuf::from(path));
+        }
+        // <target>/debug/deps/<test binary>
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let profile_dir = exe.parent().and_then(Path::parent).ok_or("unexpected test binary location")?;
+        let target_dir = profile_dir.parent().ok_or("unexpected test binary location")?;
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "sked-agent", "--bin", "sked-agent"])
+            .env("CARGO_TARGET_DIR", target_dir)
+            .current_dir(crate::cluster::workspace_root())
+            .status()
+            .map_err(|e| format!("running cargo build -p sked-agent: {e}"))?;
+        if !status.success() {
+            return Err("cargo build -p sked-agent failed".into());
+        }
+        Ok(profile_dir.join("sked-agent"))
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+/// A token for `service_account`, audience `sked-reports`, bound to `pod` when given.
+pub async fn bound_token(client: &Client, namespace: &str, service_account: &str, pod: Option<&Pod>) -> Result<String> {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        metadata: Default::default(),
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec!["sked-reports".into()]),
+            bound_object_ref: pod.map(|pod| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name_any()),
+                uid: pod.uid(),
+            }),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        status: None,
+    };
+    let issued = api
+        .create_token_request(service_account, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token for {service_account}"))?;
+    issued.status.and_then(|s| s.token).ok_or_else(|| anyhow!("TokenRequest returned no token"))
+}
+
+/// A running agent process; killed when dropped.
+pub struct AgentProcess {
+    child: Child,
+    pub node: String,
+    pub sysfs: PathBuf,
+    pub http: SocketAddr,
+    pub log: PathBuf,
+}
+
+/// What an agent needs to run.
+pub struct AgentSpec<'a> {
+    pub dir: &'a Path,
+    pub node: &'a str,
+    pub pod: &'a str,
+    pub scheduler: &'a str,
+    pub expected_ops: Option<&'a str>,
+    pub controller: &'a str,
+    pub ca: &'a Path,
+    pub token: &'a str,
+}
+
+impl AgentProcess {
+    pub fn start(spec: &AgentSpec<'_>) -> Result<Self> {
+        let dir = spec.dir.join(format!("agent-{}", spec.node));
+        let sysfs = dir.join("sys");
+        let proc_root = dir.join("proc");
+        std::fs::create_dir_all(&proc_root)?;
+        // A restarted agent finds the kernel as its predecessor left it.
+        if !sysfs.exists() {
+            sked_agent::sysfs::fixture::write(&sysfs, "disabled", None, 0)?;
+        }
+        let token = dir.join("token");
+        std::fs::write(&token, spec.token)?;
+        let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let log = dir.join("agent.log");
+        let mut cmd = Command::new(agent_binary()?);
+        cmd.args(["--node-name", spec.node, "--pod-name", spec.pod, "--scheduler", spec.scheduler])
+            .arg("--sysfs-root")
+            .arg(&sysfs)
+            .arg("--proc-root")
+            .arg(&proc_root)
+            .args(["--poll-interval", "200ms", "--uevents=false", "--heartbeat-interval", "1s"])
+            .args(["--controller-address", spec.controller])
+            .arg("--ca-file")
+            .arg(spec.ca)
+            .arg("--token-file")
+            .arg(&token)
+            .args(["--listen-address", &http.to_string(), "--log-format", "text"])
+            .env_remove("SKED_EXPECTED_OPS")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(dir.join("agent.err"))?);
+        if let Some(ops) = spec.expected_ops {
+            cmd.args(["--expected-ops", ops]);
+        }
+        let child = cmd.spawn().context("starting sked-agent")?;
+        Ok(Self { child, node: spec.node.to_owned(), sysfs, http, log })
+    }
+
+    /// Makes the fake kernel show `state` with `ops` attached (or none).
+    pub fn set_kernel(&self, state: &str, ops: Option<&str>, enable_seq: u64) -> Result<()> {
+        sked_agent::sysfs::fixture::write(&self.sysfs, state, ops, enable_seq)?;
+        Ok(())
+    }
+
+    /// GETs a path of the agent's HTTP server: (status code, body).
+    pub fn get(&self, path: &str) -> Result<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.http)?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| anyhow!("no HTTP status in {text:?}"))?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        Ok((code, body))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log.with_file_name("agent.err")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Fails with the agent's log when it exited.
+pub fn ensure_running(agent: &mut AgentProcess) -> Result<()> {
+    if !agent.running() {
+        bail!("agent for {} exited:\n{}", agent.node, agent.stderr_tail());
+    }
+    Ok(())
+}

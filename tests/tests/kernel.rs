@@ -1,0 +1,245 @@
+//! Kernel truth end to end against the real API server: agent processes on fake sysfs roots
+//! report over TLS with tokens bound to the DaemonSet's pods; the controller folds their
+//! verdicts into KERNEL-ATTACHED and the KernelAttached condition.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::ListParams;
+use sked_controller::config::ControllerFlags;
+use sked_controller::{Scheduler, SchedulerSpec};
+use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token, ensure_running};
+use sked_tests::cluster::free_port;
+use sked_tests::{Fixture, condition, has_condition, spec_on, wait_for};
+
+const IMAGE: &str = "ghcr.io/schedkit/scx_rusty:v1";
+const STALE_AFTER: Duration = Duration::from_secs(3);
+
+struct Setup {
+    fx: Fixture,
+    name: String,
+    tls: ReportsTls,
+    controller: String,
+    dir: tempfile::TempDir,
+    /// Pod of the Scheduler's DaemonSet on each node.
+    pods: BTreeMap<String, Pod>,
+}
+
+/// A controller with its reports server, two Nodes, a Scheduler with `expectedOps: rusty`,
+/// and its DaemonSet's pods bound to the nodes.
+async fn setup(name: &str) -> Result<Setup> {
+    let dir = tempfile::tempdir()?;
+    let tls = ReportsTls::generate(dir.path())?;
+    let port = free_port()?;
+    let flags = ControllerFlags {
+        reports_bind_address: ([127, 0, 0, 1], port).into(),
+        reports_cert_file: Some(tls.cert.clone()),
+        reports_key_file: Some(tls.key.clone()),
+        report_stale_after: STALE_AFTER,
+        ..ControllerFlags::default()
+    };
+    let fx = Fixture::start_with(flags).await?;
+    for n in ["k-1", "k-2"] {
+        fx.create_node(n, &[("pool", "k")]).await?;
+    }
+    let spec = SchedulerSpec { expected_ops: Some("rusty".into()), ..spec_on(IMAGE, &[("pool", "k")]) };
+    fx.create_scheduler(name, spec).await?;
+    let pods_api: kube::Api<Pod> = kube::Api::namespaced(fx.client.clone(), &fx.namespace);
+    let pods = wait_for("the DaemonSet's pods bound to both nodes", || {
+        let pods_api = pods_api.clone();
+        async move {
+            let list = pods_api.list(&ListParams::default().labels(&format!("name={name}"))).await?;
+            let bound: BTreeMap<String, Pod> = list
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+                .collect();
+            Ok((bound.len() == 2).then_some(bound))
+        }
+    })
+    .await?;
+    Ok(Setup { fx, name: name.to_owned(), tls, controller: format!("https://localhost:{port}"), dir, pods })
+}
+
+impl Setup {
+    async fn agent(&self, node: &str) -> Result<AgentProcess> {
+        let pod = &self.pods[node];
+        let token = bound_token(&self.fx.client, &self.fx.namespace, "sked-agent", Some(pod)).await?;
+        AgentProcess::start(&AgentSpec {
+            dir: self.dir.path(),
+            node,
+            pod: &pod.name_any(),
+            scheduler: &self.name,
+            expected_ops: Some("rusty"),
+            controller: &self.controller,
+            ca: &self.tls.ca,
+            token: &token,
+        })
+    }
+
+    async fn wait_kernel(&self, what: &str, attached: i32, reason: &str) -> Result<Scheduler> {
+        self.fx
+            .wait_scheduler(&self.name, what, |s| {
+                s.status.as_ref().is_some_and(|st| st.kernel_attached == attached)
+                    && condition(s, "KernelAttached").is_some_and(|c| c.reason == reason)
+            })
+            .await
+    }
+}
+
+#[tokio::test]
+async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
+    let s = setup("flips").await?;
+    let mut a1 = s.agent("k-1").await?;
+    let mut a2 = s.agent("k-2").await?;
+
+    let sched = s.wait_kernel("nothing attached", 0, "NotAttached").await?;
+    assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("0/2"));
+    ensure_running(&mut a1)?;
+    ensure_running(&mut a2)?;
+
+    // k-1 attaches: 1/2. Measure how long the status takes (polling agents, for the note).
+    let flipped = Instant::now();
+    a1.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 1)?;
+    let sched = s.wait_kernel("k-1 attached", 1, "NotAttached").await?;
+    eprintln!("measured: state change -> status update (polling 200ms): {:?}", flipped.elapsed());
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert!(msg.starts_with("1 of 2") && msg.contains("k-2"), "{msg}");
+    assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("1/2"));
+
+    // Both attached: KernelAttached=True, 2/2.
+    a2.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 1)?;
+    let sched = s.wait_kernel("both attached", 2, "KernelAttached").await?;
+    assert!(has_condition(&sched, "KernelAttached", "True", "KernelAttached"));
+
+    // The agents say so on /readyz and /metrics.
+    let (code, body) = a1.get("/readyz")?;
+    assert_eq!(code, 200, "{body}");
+    let (code, metrics) = a1.get("/metrics")?;
+    assert_eq!(code, 200);
+    for line in [
+        "sked_agent_attached 1",
+        "sked_agent_sched_ext_state{state=\"enabled\"} 1",
+        "sked_agent_verdict{verdict=\"Attached\"} 1",
+        "sked_agent_sched_ext_enable_seq 1",
+        "sked_agent_sched_ext_events{event=\"SCX_EV_REFILL_SLICE_DFL\"} 42",
+        "sked_agent_report_stream_connected 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
+    assert!(metrics.contains("sked_agent_reports_sent_total"), "{metrics}");
+
+    // k-2 detaches: back to 1/2 NotAttached, and its /readyz fails.
+    a2.set_kernel("disabled", None, 1)?;
+    let sched = s.wait_kernel("k-2 detached", 1, "NotAttached").await?;
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert!(msg.contains("k-2: no sched_ext scheduler is enabled"), "{msg}");
+    let (code, body) = a2.get("/readyz")?;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("NotAttached"), "{body}");
+
+    // Events: one per kernel state change.
+    let events = s.fx.scheduler_events("flips").await?;
+    assert_eq!(events.get(&("Normal".into(), "KernelAttached".into())), Some(&1), "{events:?}");
+    assert_eq!(events.get(&("Normal".into(), "NotAttached".into())), Some(&1), "{events:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_foreign_scheduler_and_a_silent_agent_are_reported() -> Result<()> {
+    let s = setup("foreign").await?;
+    let a1 = s.agent("k-1").await?;
+    let mut a2 = s.agent("k-2").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    s.wait_kernel("both attached", 2, "KernelAttached").await?;
+
+    // Someone starts another scheduler by hand on k-2.
+    a2.set_kernel("enabled", Some("lavd_1.0.0"), 2)?;
+    let sched = s.wait_kernel("foreign on k-2", 1, "ForeignScheduler").await?;
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert!(msg.contains("k-2") && msg.contains("lavd_1.0.0"), "{msg}");
+    let events = s.fx.scheduler_events("foreign").await?;
+    assert_eq!(events.get(&("Warning".into(), "ForeignScheduler".into())), Some(&1), "{events:?}");
+
+    // k-2's agent stops: after the stale limit its node is ReportStale.
+    a2.set_kernel("enabled", Some("rusty_1.0.0"), 3)?;
+    s.wait_kernel("k-2 attached again", 2, "KernelAttached").await?;
+    a2.stop();
+    let sched = s.wait_kernel("k-2 stale", 1, "ReportStale").await?;
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert!(msg.contains("k-2: no report for"), "{msg}");
+
+    // It comes back: the first heartbeat clears the staleness.
+    let _a2 = s.agent("k-2").await?;
+    s.wait_kernel("k-2 back", 2, "KernelAttached").await?;
+    drop(a1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()> {
+    use sked_proto::v1::reports_client::ReportsClient;
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+    let s = setup("guarded-reports").await?;
+    let ca = std::fs::read(&s.tls.ca)?;
+    let stream = |token: String, node: &str| {
+        let ca = ca.clone();
+        let address = s.controller.clone();
+        let node = node.to_owned();
+        async move {
+            let channel = Endpoint::from_shared(address)?
+                .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?
+                .connect()
+                .await?;
+            let report =
+                sked_proto::Report { node, scheduler: "guarded-reports".into(), sequence: 1, ..Default::default() };
+            let mut req = tonic::Request::new(futures::stream::iter(vec![report]));
+            req.metadata_mut().insert("authorization", format!("Bearer {token}").parse()?);
+            let result: Result<Option<sked_proto::Ack>, tonic::Status> = async {
+                let mut acks = ReportsClient::new(channel).stream(req).await?.into_inner();
+                acks.message().await
+            }
+            .await;
+            anyhow::Ok(result)
+        }
+    };
+
+    // The right token, for its own node: accepted.
+    let good = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(&s.pods["k-1"])).await?;
+    let ack = stream(good.clone(), "k-1").await?.map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    assert_eq!(ack.map(|a| a.sequence), Some(1));
+
+    // The right token, reporting for another node: refused.
+    let err = stream(good, "k-2").await?.expect_err("a report for another node is refused");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    assert!(err.message().contains("cannot report for node k-2"), "{err}");
+
+    // A token of another service account (for the right audience): refused.
+    sked_tests::ensure_service_account(&s.fx.client, &s.fx.namespace, "intruder").await?;
+    let other = bound_token(&s.fx.client, &s.fx.namespace, "intruder", None).await?;
+    let err = stream(other, "k-1").await?.expect_err("another service account is refused");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    assert!(err.message().contains("not to the agent service account"), "{err}");
+
+    // The agent's own service account, but not bound to a pod: refused.
+    let unbound = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", None).await?;
+    let err = stream(unbound, "k-1").await?.expect_err("an unbound token is refused");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    assert!(err.message().contains("not bound to a pod"), "{err}");
+
+    // Garbage: refused.
+    let err = stream("not-a-token".into(), "k-1").await?.expect_err("garbage is refused");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err}");
+
+    let stats = &s.fx.report_stats;
+    assert_eq!(stats.accepted_streams.load(Ordering::Relaxed), 2, "the other-node stream was accepted, then cut");
+    assert_eq!(stats.refused_streams.load(Ordering::Relaxed), 4);
+    Ok(())
+}
