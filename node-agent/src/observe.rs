@@ -48,7 +48,14 @@ pub struct Observer {
 impl Observer {
     pub fn observe(&self) -> Observation {
         let read = sysfs::read(&self.sysfs_root);
-        let owner = if read.supported && read.state == SchedState::Enabled {
+        let expected_matches = match (&self.expected_ops, &read.ops) {
+            (Some(e), Some(ops)) => !e.is_empty() && ops.starts_with(e.as_str()),
+            _ => false,
+        };
+        let owner = if expected_matches {
+            // The ops name already decides; no need to walk /proc every poll.
+            Owner::Unknown("not checked: the ops match expectedOps".into())
+        } else if read.supported && read.state == SchedState::Enabled {
             let maps = owner::sched_ext_map_ids(&self.proc_root);
             if let Err(why) = &maps {
                 debug!(reason = %why, "checking link holders without the BPF map type");

@@ -29,20 +29,25 @@ pub fn sched_ext_map_ids(proc_root: &Path) -> Result<HashSet<u32>, String> {
     if !has_bpf_capability(&status) {
         return Err("the agent lacks CAP_BPF and CAP_SYS_ADMIN, so it cannot list BPF maps".into());
     }
-    let btf = libbpf_rs::btf::Btf::from_vmlinux().map_err(|e| format!("loading vmlinux BTF: {e}"))?;
-    let mut ids = HashSet::new();
-    for info in libbpf_rs::query::MapInfoIter::default() {
-        if info.ty != libbpf_rs::MapType::StructOps {
-            continue;
-        }
-        let value_type = btf
-            .type_by_id::<libbpf_rs::btf::BtfType<'_>>(libbpf_rs::btf::TypeId::from(info.btf_vmlinux_value_type_id))
-            .and_then(|t| t.name().map(|n| n.to_string_lossy().into_owned()));
-        if value_type.as_deref() == Some("bpf_struct_ops_sched_ext_ops") {
-            ids.insert(info.id);
-        }
-    }
-    Ok(ids)
+    let value_type = sched_ext_value_type()?;
+    Ok(libbpf_rs::query::MapInfoIter::default()
+        .filter(|info| info.ty == libbpf_rs::MapType::StructOps && info.btf_vmlinux_value_type_id == value_type)
+        .map(|info| info.id)
+        .collect())
+}
+
+/// The vmlinux BTF type id of `bpf_struct_ops_sched_ext_ops`, looked up once (parsing the
+/// kernel's BTF takes milliseconds; the id does not change while the kernel runs).
+fn sched_ext_value_type() -> Result<u32, String> {
+    static TYPE_ID: std::sync::OnceLock<Result<u32, String>> = std::sync::OnceLock::new();
+    TYPE_ID
+        .get_or_init(|| {
+            let btf = libbpf_rs::btf::Btf::from_vmlinux().map_err(|e| format!("loading vmlinux BTF: {e}"))?;
+            btf.type_by_name::<libbpf_rs::btf::BtfType<'_>>("bpf_struct_ops_sched_ext_ops")
+                .map(|t| u32::from(t.type_id()))
+                .ok_or_else(|| "this kernel's BTF has no bpf_struct_ops_sched_ext_ops".to_owned())
+        })
+        .clone()
 }
 
 /// Whether a `/proc/<pid>/status` text shows CAP_BPF (39) or CAP_SYS_ADMIN (21) effective.

@@ -1,16 +1,22 @@
-//! `make demo`: a local control plane, the CRD, the controller, two demo Nodes and an example
-//! Scheduler; prints `kubectl get schedulers` and the DaemonSet, then runs until Ctrl-C.
+//! `make demo`: a local control plane, the CRD, the controller with its reports server, two
+//! demo Nodes with an agent each (on a fake sysfs root), and an example Scheduler; prints
+//! `kubectl get schedulers` and the DaemonSet, then runs until Ctrl-C.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use kube::Api;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
 use sked_controller::Scheduler;
+use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token};
 use sked_tests::{
     TestCluster, cluster, create_ready_node, ensure_namespace, ensure_service_account, install_crds, wait_for,
 };
+
+const NODES: [&str; 2] = ["demo-node-1", "demo-node-2"];
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -21,7 +27,7 @@ async fn main() -> Result<()> {
     ensure_service_account(&client, "sked-system", "sked-agent").await?;
 
     // Two Nodes stand in for machines (there is no kubelet in the demo).
-    for name in ["demo-node-1", "demo-node-2"] {
+    for name in NODES {
         create_ready_node(&client, name, &[("schedkit.io/pool", "batch")]).await?;
     }
 
@@ -33,10 +39,16 @@ async fn main() -> Result<()> {
     if !controller_bin.exists() {
         bail!("{} not found: build it with `cargo build -p sked-controller`", controller_bin.display());
     }
+    let tls = ReportsTls::generate(&cluster.dir)?;
+    let reports_port = cluster::free_port()?;
     let log = std::fs::File::create(cluster.dir.join("sked-controller.log"))?;
     let mut controller = Command::new(&controller_bin)
         .env("KUBECONFIG", &cluster.kubeconfig)
-        .args(["--log-format=json"])
+        .args(["--log-format=json", &format!("--reports-bind-address=127.0.0.1:{reports_port}")])
+        .arg("--reports-cert-file")
+        .arg(&tls.cert)
+        .arg("--reports-key-file")
+        .arg(&tls.key)
         .stdout(log.try_clone()?)
         .stderr(log)
         .stdin(Stdio::null())
@@ -50,34 +62,79 @@ async fn main() -> Result<()> {
         bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    // An agent per node, with a token bound to that node's scheduler pod. The fake kernel of
+    // demo-node-1 runs scx_rusty; demo-node-2's has no scheduler attached.
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), "sked-system");
+    let pods = wait_for("the scheduler pods to be bound to the demo nodes", || {
+        let pods_api = pods_api.clone();
+        async move {
+            let list = pods_api.list(&ListParams::default().labels("name=scx-rusty")).await?;
+            let bound: BTreeMap<String, Pod> =
+                list.items.into_iter().filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p))).collect();
+            Ok((bound.len() == NODES.len()).then_some(bound))
+        }
+    })
+    .await?;
+    let mut agents = Vec::new();
+    for node in NODES {
+        let pod = &pods[node];
+        let token = bound_token(&client, "sked-system", "sked-agent", Some(pod)).await?;
+        let agent = AgentProcess::start(&AgentSpec {
+            dir: &cluster.dir,
+            node,
+            pod: &pod.name_any(),
+            scheduler: "scx-rusty",
+            expected_ops: Some("rusty"),
+            controller: &format!("https://localhost:{reports_port}"),
+            ca: &tls.ca,
+            token: &token,
+        })?;
+        agents.push(agent);
+    }
+    agents[0].set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 1)?;
+
     let schedulers: Api<Scheduler> = Api::all(client.clone());
     wait_for("the example Scheduler's status", || {
         let schedulers = schedulers.clone();
         async move {
-            Ok(schedulers
-                .get_opt("scx-rusty")
-                .await?
-                .filter(|s| s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 2)))
+            Ok(schedulers.get_opt("scx-rusty").await?.filter(|s| {
+                s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 2 && st.kernel_attached == 1)
+            }))
         }
     })
     .await?;
 
-    for args in [vec!["get", "schedulers"], vec!["get", "daemonset", "-n", "sked-system", "-o", "wide"]] {
+    for args in [
+        vec!["get", "schedulers"],
+        vec!["get", "daemonset", "-n", "sked-system", "-o", "wide"],
+        vec![
+            "get",
+            "scheduler",
+            "scx-rusty",
+            "-o",
+            "jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{\"\\n\"}{end}",
+        ],
+    ] {
         println!("\n$ kubectl {}", args.join(" "));
         let out = cluster.kubectl(&args)?;
         print!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
+    let second = agents[1].sysfs.join("kernel/sched_ext");
     println!(
         "\nThe demo cluster is running. In another shell:\n  export KUBECONFIG={}\n  export PATH={}:$PATH\n  kubectl get schedulers\n\
-         Controller log: {}\nPress Ctrl-C to stop and clean up.",
+         Attach the scheduler on demo-node-2's fake kernel and watch KERNEL-ATTACHED reach 2/2:\n  \
+         mkdir -p {second}/root && echo rusty_1.0.0 > {second}/root/ops && echo enabled > {second}/state\n\
+         Agent metrics: curl http://{}/metrics\nController log: {}\nPress Ctrl-C to stop and clean up.",
         cluster.kubeconfig.display(),
         cluster::tools_dir().display(),
-        cluster.dir.join("sked-controller.log").display()
+        agents[1].http,
+        cluster.dir.join("sked-controller.log").display(),
+        second = second.display(),
     );
     tokio::signal::ctrl_c().await?;
+    drop(agents);
     let _ = controller.kill();
     let _ = controller.wait();
     drop(cluster);
-    tokio::time::sleep(Duration::from_millis(10)).await;
     Ok(())
 }
