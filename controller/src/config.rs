@@ -55,6 +55,30 @@ pub struct ControllerFlags {
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub reconcile_retry_max_delay: Duration,
 
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: SocketAddr,
+
+    /// Elect a leader on a Lease; only the leader reconciles and writes status.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "sked-system")]
+    pub leader_election_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "sked-controller")]
+    pub leader_election_id: String,
+
+    /// How long a leader's lease stays valid without renewal; a standby takes over after it.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// The leader renews this long before its lease would expire.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub leader_election_renew_grace: Duration,
+
     /// Address of the gRPC reports server agents stream to.
     #[arg(long, default_value = "0.0.0.0:8443")]
     pub reports_bind_address: SocketAddr,
@@ -100,6 +124,12 @@ impl Default for ControllerFlags {
             reconcile_rate_limit_burst: 10,
             reconcile_retry_base_delay: Duration::from_secs(1),
             reconcile_retry_max_delay: Duration::from_secs(300),
+            metrics_bind_address: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            leader_elect: true,
+            leader_election_namespace: "sked-system".into(),
+            leader_election_id: "sked-controller".into(),
+            leader_election_lease_duration: Duration::from_secs(15),
+            leader_election_renew_grace: Duration::from_secs(5),
             reports_bind_address: SocketAddr::from(([0, 0, 0, 0], 8443)),
             reports_cert_file: None,
             reports_key_file: None,

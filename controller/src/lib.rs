@@ -12,6 +12,8 @@ pub mod config;
 pub mod crd;
 pub mod image;
 pub mod kernel;
+pub mod leader;
+pub mod metrics;
 pub mod pacing;
 pub mod reconcile;
 pub mod reports;

@@ -85,6 +85,16 @@ pub struct Context {
     /// Latest kernel report per node.
     pub kernel: Arc<KernelTable>,
     pub report_stats: Arc<ReportStats>,
+    /// Whether this replica leads; every write checks it.
+    leader: watch::Receiver<bool>,
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Context {
+    /// Writes are allowed only while this replica holds the leader lease.
+    fn leading(&self) -> bool {
+        *self.leader.borrow()
+    }
 }
 
 /// What the controller remembers of its own writes, dropped when a Scheduler is deleted.
@@ -145,6 +155,17 @@ pub async fn run_with_stats(
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let metrics = Arc::new(crate::metrics::Metrics::new(report_stats.clone()));
+    let (ready_tx, ready_rx) = watch::channel(false);
+    {
+        let (metrics, address, stop) = (metrics.clone(), flags.metrics_bind_address, stopped(stop_rx.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(address, metrics, ready_rx, stop).await {
+                error!(err = %e, %address, "metrics and health server failed: choose another --metrics-bind-address");
+            }
+        });
+    }
+
     wait_for_crd(&client).await?;
 
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
@@ -157,6 +178,7 @@ pub async fn run_with_stats(
             Api::all(client.clone()),
             arbiter.clone(),
             memo.clone(),
+            metrics.clone(),
             trigger_tx.clone(),
             sched_ready_tx,
         )),
@@ -171,7 +193,30 @@ pub async fn run_with_stats(
         (arbiter.schedulers().count(), arbiter.nodes().count())
     };
     info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
+    let _ = ready_tx.send(true);
 
+    // Reconcile only while leading. Each term gets a fresh Controller; triggers from the
+    // indexes and the reports server go to the current term, if any.
+    let leadership = if flags.leader_elect {
+        let identity = format!("{}_{:x}", instance, jiff::Timestamp::now().as_nanosecond() as u64);
+        crate::leader::Leadership::elect(
+            client.clone(),
+            &flags.leader_election_namespace,
+            &flags.leader_election_id,
+            &identity,
+            flags.leader_election_lease_duration,
+            flags.leader_election_renew_grace,
+        )
+        .await
+        .map_err(|e| {
+            format!(
+                "starting leader election on Lease {}/{}: {e}",
+                flags.leader_election_namespace, flags.leader_election_id
+            )
+        })?
+    } else {
+        crate::leader::Leadership::always()
+    };
     let kernel_table = Arc::new(KernelTable::default());
     let reports_task = match (&flags.reports_cert_file, &flags.reports_key_file) {
         (Some(cert), Some(key)) => {
@@ -187,6 +232,7 @@ pub async fn run_with_stats(
                 flags.report_stale_after,
                 trigger_tx.clone(),
                 report_stats.clone(),
+                leadership.rx.clone(),
             );
             let address = flags.reports_bind_address;
             info!(%address, "serving agent reports");
@@ -228,20 +274,65 @@ pub async fn run_with_stats(
         failures: Mutex::default(),
         kernel: kernel_table,
         report_stats,
+        leader: leadership.rx.clone(),
+        metrics: metrics.clone(),
     });
 
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
-    let managed =
-        watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
-    Controller::new(Api::<Scheduler>::all(client), watcher::Config::default())
-        // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
-        .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
-        .reconcile_on(trigger_rx)
-        .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
-        .graceful_shutdown_on(stopped(stop_rx.clone()))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
+    let term: Arc<Mutex<Option<UnboundedSender<ObjectRef<Scheduler>>>>> = Arc::default();
+    let forward_term = term.clone();
+    let forwarder = tokio::spawn(async move {
+        let mut triggers = trigger_rx;
+        while let Some(target) = triggers.next().await {
+            if let Some(tx) = lock(&forward_term).as_ref() {
+                let _ = tx.unbounded_send(target);
+            }
+        }
+    });
+
+    loop {
+        let mut leader = leadership.rx.clone();
+        tokio::select! {
+            _ = leader.wait_for(|l| *l) => {}
+            () = stopped(stop_rx.clone()) => break,
+        }
+        if *stop_rx.borrow() {
+            break;
+        }
+        info!("leading: reconciling Schedulers");
+        metrics.set_leader(true);
+        label_own_pod(&client, true).await;
+        let (tx, rx) = unbounded::<ObjectRef<Scheduler>>();
+        *lock(&term) = Some(tx);
+        let mut lost = leadership.rx.clone();
+        let stop = stopped(stop_rx.clone());
+        let term_end = async move {
+            tokio::select! {
+                _ = lost.wait_for(|l| !*l) => {}
+                () = stop => {}
+            }
+        };
+        let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
+        let managed =
+            watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
+        Controller::new(Api::<Scheduler>::all(client.clone()), watcher::Config::default())
+            // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
+            .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
+            .reconcile_on(rx)
+            .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
+            .graceful_shutdown_on(term_end)
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|_| futures::future::ready(()))
+            .await;
+        *lock(&term) = None;
+        metrics.set_leader(false);
+        label_own_pod(&client, false).await;
+        if *stop_rx.borrow() {
+            break;
+        }
+        warn!("lost leadership: stopped reconciling and writing");
+    }
+    forwarder.abort();
+    leadership.release().await;
     for task in index_tasks {
         task.abort();
     }
@@ -250,6 +341,23 @@ pub async fn run_with_stats(
     }
     info!("controller stopped");
     Ok(())
+}
+
+/// Label on the leader's pod; the reports Service selects it so agents reach the leader.
+pub const LEADER_LABEL: &str = "sked.schedkit.io/leader";
+
+/// Marks (or unmarks) this replica's pod as the leader, when running in a pod (POD_NAME and
+/// POD_NAMESPACE set by the downward API).
+async fn label_own_pod(client: &Client, leading: bool) {
+    let (Ok(name), Ok(namespace)) = (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) else {
+        return;
+    };
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    let value = if leading { json!("true") } else { serde_json::Value::Null };
+    let patch = json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+    if let Err(e) = pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        warn!(err = %e, pod = %format!("{namespace}/{name}"), "could not update the leader label of this pod; agents may reach a standby and retry");
+    }
 }
 
 /// Waits until the Scheduler CRD is established, so the first watch does not fail.
@@ -300,6 +408,7 @@ async fn index_schedulers(
     api: Api<Scheduler>,
     arbiter: Arc<Mutex<Arbiter>>,
     memo: Arc<Memo>,
+    metrics: Arc<crate::metrics::Metrics>,
     tx: UnboundedSender<ObjectRef<Scheduler>>,
     ready: watch::Sender<bool>,
 ) {
@@ -323,6 +432,7 @@ async fn index_schedulers(
             Ok(Event::Apply(s)) => lock(&arbiter).upsert_scheduler(claim_of(&s)),
             Ok(Event::Delete(s)) => {
                 memo.forget(&s);
+                metrics.forget_scheduler(&s.name_any());
                 lock(&arbiter).remove_scheduler(&s.name_any())
             }
             Err(e) => {
@@ -377,11 +487,13 @@ async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Actio
     let name = scheduler.name_any();
     let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());
     let timeout = ctx.flags.reconcile_timeout;
+    let started = std::time::Instant::now();
     let result =
         match tokio::time::timeout(timeout, reconcile_scheduler(&scheduler, &ctx).instrument(span.clone())).await {
             Ok(result) => result,
             Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
         };
+    ctx.metrics.reconciled(started.elapsed(), result.as_ref().err().map(Error::metric_label));
     if result.is_ok() {
         lock(&ctx.failures).remove(&name);
     }
@@ -390,6 +502,10 @@ async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Actio
 
 async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Action, Error> {
     let name = scheduler.name_any();
+    if !ctx.leading() {
+        debug!("not leading; no writes");
+        return Ok(Action::await_change());
+    }
     let generation = scheduler.metadata.generation;
     let placement = {
         let arbiter = lock(&ctx.arbiter);
@@ -444,6 +560,7 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         None
     };
 
+    ctx.metrics.set_conflicting_nodes(&name, placement.lost.len());
     let desired = daemonset.as_ref().and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
     let kernel = kernel::summarize(
         &name,
@@ -466,6 +583,10 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         now: Time(jiff::Timestamp::now()),
     });
 
+    if !ctx.leading() {
+        // Leadership was lost during this reconcile: the new leader writes the status.
+        return Ok(Action::await_change());
+    }
     if outcome.status != previous {
         if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
             publish(

@@ -56,6 +56,9 @@ pub struct Inner {
     stale_after: Duration,
     triggers: UnboundedSender<ObjectRef<Scheduler>>,
     pub stats: Arc<ReportStats>,
+    /// Reports are taken only by the leader: the reports Service selects the leader's pod, and
+    /// a replica that loses leadership closes its streams so agents reconnect to the new one.
+    leader: tokio::sync::watch::Receiver<bool>,
 }
 
 impl ReportsService {
@@ -68,6 +71,7 @@ impl ReportsService {
         stale_after: Duration,
         triggers: UnboundedSender<ObjectRef<Scheduler>>,
         stats: Arc<ReportStats>,
+        leader: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         Self(Arc::new(Inner {
             client,
@@ -77,6 +81,7 @@ impl ReportsService {
             stale_after,
             triggers,
             stats,
+            leader,
         }))
     }
 }
@@ -144,6 +149,11 @@ impl Reports for ReportsService {
     type StreamStream = AckStream;
 
     async fn stream(&self, request: Request<Streaming<Report>>) -> Result<Response<AckStream>, Status> {
+        if !*self.0.leader.borrow() {
+            return Err(Status::unavailable(
+                "this controller replica is not the leader; reconnect to reach the leader",
+            ));
+        }
         let token = request
             .metadata()
             .get("authorization")
@@ -160,8 +170,18 @@ impl Reports for ReportsService {
         let service = Arc::clone(&self.0);
         tokio::spawn(async move {
             service.stats.open_streams.fetch_add(1, Ordering::Relaxed);
+            let lost = until_not_leading(service.leader.clone());
+            tokio::pin!(lost);
             loop {
-                let report = match inbound.message().await {
+                let next = tokio::select! {
+                    next = inbound.message() => next,
+                    () = &mut lost => {
+                        info!(node = %node, "lost leadership: closing the report stream");
+                        let _ = tx.send(Err(Status::unavailable("leadership moved to another replica; reconnect"))).await;
+                        break;
+                    }
+                };
+                let report = match next {
                     Ok(Some(r)) => r,
                     Ok(None) => break,
                     Err(e) => {
@@ -199,6 +219,16 @@ impl Reports for ReportsService {
         });
         let acks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         Ok(Response::new(Box::pin(acks)))
+    }
+}
+
+/// Resolves when `leader` turns false (or its sender is gone).
+async fn until_not_leading(mut leader: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let leading = *leader.borrow_and_update();
+        if !leading || leader.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -11,7 +11,8 @@ pub use sked_logging::{JsonLayer, error_chain, level_name, logger_name};
 
 use crate::config::{LogFlags, LogFormat, LogLevel};
 
-/// The most verbose level the flags enable.
+/// The most verbose level the flags enable. `debug!` lines are V(1) and `trace!` lines V(4):
+/// `--log-verbosity=1..3` enables the first, `--log-verbosity>=4` and `--log-level=debug` both.
 pub fn level_filter(flags: &LogFlags) -> LevelFilter {
     match (flags.log_level, flags.log_verbosity) {
         (Some(LogLevel::Error), _) => LevelFilter::ERROR,

@@ -11,14 +11,15 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-/// Renders a tracing level with the reference's severity names.
+/// Renders a tracing level with the reference's severity names: `debug!` is V(1), shown as
+/// `DEBUG+3` (slog level -1), and `trace!` is V(4), shown as `DEBUG` (slog level -4).
 pub fn level_name(level: &Level) -> &'static str {
     match *level {
         Level::ERROR => "ERROR",
         Level::WARN => "WARN",
         Level::INFO => "INFO",
-        Level::DEBUG => "DEBUG",
-        Level::TRACE => "DEBUG-4",
+        Level::DEBUG => "DEBUG+3",
+        Level::TRACE => "DEBUG",
     }
 }
 
@@ -175,5 +176,19 @@ mod tests {
         assert_eq!(v["reconcileID"], "r1");
         let time = v["time"].as_str().unwrap();
         assert!(time.parse::<jiff::Timestamp>().is_ok(), "{time} is RFC 3339");
+    }
+}
+
+#[cfg(test)]
+mod level_tests {
+    use super::*;
+
+    #[test]
+    fn levels_use_the_reference_names() {
+        assert_eq!(level_name(&Level::INFO), "INFO");
+        assert_eq!(level_name(&Level::ERROR), "ERROR");
+        assert_eq!(level_name(&Level::DEBUG), "DEBUG+3", "V(1)");
+        assert_eq!(level_name(&Level::TRACE), "DEBUG", "V(4)");
+        assert_eq!(logger_name("sked_controller::reconcile"), "sked-controller/reconcile");
     }
 }

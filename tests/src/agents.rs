@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -42,31 +41,42 @@ impl ReportsTls {
     }
 }
 
-/// The `sked-agent` binary of this workspace, built on first use into the same target
-/// directory as the test (so coverage runs instrument it too).
+/// The `sked-agent` binary of this workspace (see [`workspace_binary`]).
 pub fn agent_binary() -> Result<PathBuf> {
-    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(path) = std::env::var("SKED_AGENT_BIN") {
-            return Ok(PathBuf::from(path));
-        }
-        // <target>/debug/deps/<test binary>
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let profile_dir = exe.parent().and_then(Path::parent).ok_or("unexpected test binary location")?;
-        let target_dir = profile_dir.parent().ok_or("unexpected test binary location")?;
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "sked-agent", "--bin", "sked-agent"])
-            .env("CARGO_TARGET_DIR", target_dir)
-            .current_dir(crate::cluster::workspace_root())
-            .status()
-            .map_err(|e| format!("running cargo build -p sked-agent: {e}"))?;
-        if !status.success() {
-            return Err("cargo build -p sked-agent failed".into());
-        }
-        Ok(profile_dir.join("sked-agent"))
-    })
-    .clone()
-    .map_err(|e| anyhow!(e))
+    workspace_binary("sked-agent", "SKED_AGENT_BIN")
+}
+
+/// A binary of this workspace, built on first use into the same target directory as the
+/// running test or tool (so coverage runs instrument it too); `env` overrides the path.
+pub fn workspace_binary(name: &'static str, env: &str) -> Result<PathBuf> {
+    static BINS: std::sync::Mutex<Vec<(&'static str, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    if let Ok(path) = std::env::var(env) {
+        return Ok(PathBuf::from(path));
+    }
+    let mut built = BINS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, path)) = built.iter().find(|(n, _)| *n == name) {
+        return Ok(path.clone());
+    }
+    // <target>/debug/deps/<test binary>, or <target>/debug/<binary> for the demo.
+    let exe = std::env::current_exe()?;
+    let mut profile_dir = exe.parent().ok_or_else(|| anyhow!("unexpected binary location"))?;
+    if profile_dir.file_name().is_some_and(|n| n == "deps") {
+        profile_dir = profile_dir.parent().ok_or_else(|| anyhow!("unexpected binary location"))?;
+    }
+    let target_dir = profile_dir.parent().ok_or_else(|| anyhow!("unexpected binary location"))?;
+    let package = name;
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "-p", package, "--bin", name])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .current_dir(crate::cluster::workspace_root())
+        .status()
+        .with_context(|| format!("running cargo build -p {package}"))?;
+    if !status.success() {
+        bail!("cargo build -p {package} failed");
+    }
+    let path = profile_dir.join(name);
+    built.push((name, path.clone()));
+    Ok(path)
 }
 
 /// A token for `service_account`, audience `sked-reports`, bound to `pod` when given.

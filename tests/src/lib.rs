@@ -95,7 +95,16 @@ impl Fixture {
         Self::start_with(ControllerFlags::default()).await
     }
 
-    pub async fn start_with(mut flags: ControllerFlags) -> Result<Self> {
+    pub async fn start_with(flags: ControllerFlags) -> Result<Self> {
+        Self::start_inner(flags, true).await
+    }
+
+    /// The cluster, cleaned and prepared, but no controller: the test runs its own.
+    pub async fn without_controller() -> Result<Self> {
+        Self::start_inner(ControllerFlags::default(), false).await
+    }
+
+    async fn start_inner(mut flags: ControllerFlags, run_controller: bool) -> Result<Self> {
         let turn = SERIAL.lock().await;
         init_test_logging();
         let cluster = shared_cluster()?;
@@ -109,30 +118,32 @@ impl Fixture {
         flags.reconcile_retry_base_delay = Duration::from_millis(200);
         flags.reconcile_rate_limit_qps = 100.0;
         flags.reconcile_rate_limit_burst = 100;
+        // One in-process controller at a time: no election (the leader test runs processes).
+        flags.leader_elect = false;
+        flags.metrics_bind_address = ([127, 0, 0, 1], cluster::free_port()?).into();
         tokio::spawn(finish_pod_deletions(client.clone(), namespace.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
         let controller_client = client.clone();
         let report_stats = std::sync::Arc::new(sked_controller::reports::ReportStats::default());
         let stats = report_stats.clone();
-        let controller = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            let run =
-                sked_controller::reconcile::run_with_stats(controller_client, flags, "test".into(), shutdown, stats);
-            if let Err(e) = run.await {
-                eprintln!("controller stopped with error: {e}");
-            }
+        let controller = run_controller.then(|| {
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stopped.await;
+                };
+                let run = sked_controller::reconcile::run_with_stats(
+                    controller_client,
+                    flags,
+                    "test".into(),
+                    shutdown,
+                    stats,
+                );
+                if let Err(e) = run.await {
+                    eprintln!("controller stopped with error: {e}");
+                }
+            })
         });
-        Ok(Self {
-            cluster,
-            client,
-            namespace,
-            report_stats,
-            stop: Some(stop),
-            controller: Some(controller),
-            _turn: turn,
-        })
+        Ok(Self { cluster, client, namespace, report_stats, stop: Some(stop), controller, _turn: turn })
     }
 
     /// Stops the controller and waits for it to drain.

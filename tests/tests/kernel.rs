@@ -243,3 +243,86 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
     assert_eq!(stats.refused_streams.load(Ordering::Relaxed), 4);
     Ok(())
 }
+
+#[tokio::test]
+async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() -> Result<()> {
+    use sked_controller::kernel::KernelTable;
+    use sked_controller::reports::{ReportStats, ReportsService};
+    use std::sync::Arc;
+
+    let s = setup("leader-reports").await?;
+    // A second replica's reports server, whose leadership this test controls.
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    let (triggers, _keep) = futures::channel::mpsc::unbounded();
+    let stats = Arc::new(ReportStats::default());
+    let service = ReportsService::new(
+        s.fx.client.clone(),
+        &s.fx.namespace,
+        "sked-agent",
+        Arc::new(KernelTable::default()),
+        STALE_AFTER,
+        triggers,
+        stats.clone(),
+        leader_rx,
+    );
+    let port = free_port()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sked_controller::reports::serve(
+        service,
+        ([127, 0, 0, 1], port).into(),
+        std::fs::read(&s.tls.cert)?,
+        std::fs::read(&s.tls.key)?,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let pod = &s.pods["k-1"];
+    let token = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(pod)).await?;
+    let agent = AgentProcess::start(&AgentSpec {
+        dir: s.dir.path(),
+        node: "k-1",
+        pod: &pod.name_any(),
+        scheduler: &s.name,
+        expected_ops: Some("rusty"),
+        controller: &format!("https://localhost:{port}"),
+        ca: &s.tls.ca,
+        token: &token,
+    })?;
+    let metric = |name: &str| -> Result<i64> {
+        let (_, body) = agent.get("/metrics")?;
+        Ok(body.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(-1))
+    };
+
+    // A standby refuses streams: the agent keeps retrying, unconnected.
+    wait_for("the agent to be refused by the standby", || async {
+        Ok((metric("sked_agent_report_stream_failures_total ")? >= 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(metric("sked_agent_report_stream_connected ")?, 0);
+    assert_eq!(stats.accepted_streams.load(Ordering::Relaxed), 0);
+
+    // It becomes the leader: the agent connects.
+    leader_tx.send(true)?;
+    wait_for("the agent to connect to the leader", || async {
+        Ok((metric("sked_agent_report_stream_connected ")? == 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(stats.open_streams.load(Ordering::Relaxed), 1);
+
+    // It loses leadership: the stream is closed at once, and new ones are refused.
+    let failures = metric("sked_agent_report_stream_failures_total ")?;
+    leader_tx.send(false)?;
+    wait_for("the stream to be closed", || async {
+        Ok((stats.open_streams.load(Ordering::Relaxed) == 0 && metric("sked_agent_report_stream_connected ")? == 0)
+            .then_some(()))
+    })
+    .await?;
+    wait_for("the agent's reconnects to be refused", || async {
+        Ok((metric("sked_agent_report_stream_failures_total ")? > failures).then_some(()))
+    })
+    .await?;
+    assert_eq!(stats.accepted_streams.load(Ordering::Relaxed), 1);
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! Controller metrics (Prometheus text on `/metrics`) and health endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::reports::ReportStats;
+
+type Labels = Vec<(String, String)>;
+
+/// Every controller metric.
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<Labels, Counter>,
+    reconcile_errors: Family<Labels, Counter>,
+    reconcile_duration: Histogram,
+    conflicting_nodes: Family<Labels, Gauge>,
+    leader: Gauge,
+    agents_connected: Gauge,
+    report_streams_accepted: Gauge,
+    report_streams_refused: Gauge,
+    reports_received: Gauge,
+    report_stats: Arc<ReportStats>,
+}
+
+impl Metrics {
+    pub fn new(report_stats: Arc<ReportStats>) -> Self {
+        let mut registry = Registry::with_prefix("sked");
+        let reconciles = Family::<Labels, Counter>::default();
+        let reconcile_errors = Family::<Labels, Counter>::default();
+        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        let conflicting_nodes = Family::<Labels, Gauge>::default();
+        let leader = Gauge::default();
+        let agents_connected = Gauge::default();
+        let report_streams_accepted = Gauge::default();
+        let report_streams_refused = Gauge::default();
+        let reports_received = Gauge::default();
+        registry.register("reconciles", "Scheduler reconciles by result", reconciles.clone());
+        registry.register("reconcile_errors", "Failed reconciles by error kind", reconcile_errors.clone());
+        registry.register("reconcile_duration_seconds", "Time a reconcile took", reconcile_duration.clone());
+        registry.register(
+            "conflicting_nodes",
+            "Selected nodes a Scheduler lost to older ones",
+            conflicting_nodes.clone(),
+        );
+        registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        registry.register("agents_connected", "Agent report streams open on this replica", agents_connected.clone());
+        registry.register(
+            "report_streams_accepted",
+            "Agent report streams accepted since start",
+            report_streams_accepted.clone(),
+        );
+        registry.register(
+            "report_streams_refused",
+            "Agent report streams refused (bad token, wrong node) since start",
+            report_streams_refused.clone(),
+        );
+        registry.register("reports_received", "Agent reports received since start", reports_received.clone());
+        Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            conflicting_nodes,
+            leader,
+            agents_connected,
+            report_streams_accepted,
+            report_streams_refused,
+            reports_received,
+            report_stats,
+        }
+    }
+
+    /// Records one reconcile.
+    pub fn reconciled(&self, took: Duration, error: Option<&'static str>) {
+        self.reconcile_duration.observe(took.as_secs_f64());
+        let result = if error.is_some() { "error" } else { "success" };
+        self.reconciles.get_or_create(&vec![("result".into(), result.into())]).inc();
+        if let Some(kind) = error {
+            self.reconcile_errors.get_or_create(&vec![("error".into(), kind.into())]).inc();
+        }
+    }
+
+    pub fn set_conflicting_nodes(&self, scheduler: &str, nodes: usize) {
+        let labels = vec![("scheduler".into(), scheduler.to_owned())];
+        self.conflicting_nodes.get_or_create(&labels).set(i64::try_from(nodes).unwrap_or(i64::MAX));
+    }
+
+    pub fn forget_scheduler(&self, scheduler: &str) {
+        self.conflicting_nodes.remove(&vec![("scheduler".into(), scheduler.to_owned())]);
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let stats = &self.report_stats;
+        let get = |c: &std::sync::atomic::AtomicU64| i64::try_from(c.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+        self.agents_connected.set(get(&stats.open_streams));
+        self.report_streams_accepted.set(get(&stats.accepted_streams));
+        self.report_streams_refused.set(get(&stats.refused_streams));
+        self.reports_received.set(get(&stats.reports));
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    ready: watch::Receiver<bool>,
+}
+
+/// `/metrics`, `/healthz` (the process serves) and `/readyz` (the Scheduler and Node lists are
+/// loaded), until `shutdown`.
+pub async fn serve(
+    address: SocketAddr,
+    metrics: Arc<Metrics>,
+    ready: watch::Receiver<bool>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(|State(s): State<AppState>| async move { s.metrics.encode() }))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(s): State<AppState>| async move {
+                if *s.ready.borrow() {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "loading Schedulers and Nodes\n")
+                }
+            }),
+        )
+        .with_state(AppState { metrics, ready });
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}

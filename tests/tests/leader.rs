@@ -1,0 +1,151 @@
+//! Two `sked-controller` processes against the test cluster: one leads, the other stands by;
+//! killing the leader hands reconciling to the standby, and only the leader ever writes. The
+//! processes log JSON, which the test parses (field names and the reconcile identity).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use serde_json::Value;
+use sked_tests::agents::workspace_binary;
+use sked_tests::{Fixture, spec, wait_for};
+
+const LEASE: &str = "sked-controller-leader-test";
+
+struct ControllerProcess {
+    child: Child,
+    log: PathBuf,
+    metrics: u16,
+}
+
+impl ControllerProcess {
+    fn start(fx: &Fixture, dir: &Path, name: &str) -> Result<Self> {
+        let log = dir.join(format!("{name}.log"));
+        let metrics = sked_tests::cluster::free_port()?;
+        let child = Command::new(workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?)
+            .env("KUBECONFIG", &fx.cluster.kubeconfig)
+            .env("POD_NAME", name)
+            .args([
+                "--leader-election-id",
+                LEASE,
+                "--leader-election-lease-duration=4s",
+                "--leader-election-renew-grace=1s",
+                "--reconcile-rate-limit-qps=100",
+                &format!("--metrics-bind-address=127.0.0.1:{metrics}"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting sked-controller")?;
+        Ok(Self { child, log, metrics })
+    }
+
+    /// The body of GET /metrics.
+    fn scrape(&self) -> Result<String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    }
+
+    /// The JSON log lines so far.
+    fn lines(&self) -> Result<Vec<Value>> {
+        let text = std::fs::read_to_string(&self.log)?;
+        text.lines().map(|l| serde_json::from_str(l).with_context(|| format!("log line is not JSON: {l}"))).collect()
+    }
+
+    /// Lines that record a write (a DaemonSet applied, or a state change saved).
+    fn writes(&self) -> Result<Vec<Value>> {
+        Ok(self
+            .lines()?
+            .into_iter()
+            .filter(|v| matches!(v["msg"].as_str(), Some("applied DaemonSet" | "state changed")))
+            .collect())
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn holder(fx: &Fixture) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(fx.client.clone(), "sked-system");
+    Ok(leases.get_opt(LEASE).await?.and_then(|l| l.spec?.holder_identity))
+}
+
+#[tokio::test]
+async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    let dir = tempfile::tempdir()?;
+
+    let first = ControllerProcess::start(&fx, dir.path(), "controller-a")?;
+    wait_for("controller-a to hold the lease", || async {
+        Ok(holder(&fx).await?.filter(|h| h.starts_with("controller-a")))
+    })
+    .await?;
+    let mut first = first;
+    let second = ControllerProcess::start(&fx, dir.path(), "controller-b")?;
+
+    fx.create_scheduler("led-by-a", spec("ghcr.io/schedkit/scx_rusty:v1")).await?;
+    fx.wait_scheduler("led-by-a", "reconciled", |s| s.status.is_some()).await?;
+    wait_for("controller-b to have started", || async {
+        Ok(second.lines()?.iter().any(|l| l["msg"] == "campaigning for leadership").then_some(()))
+    })
+    .await?;
+
+    // Kill the leader without letting it release the lease.
+    first.child.kill()?;
+    let _ = first.child.wait();
+    let killed = Instant::now();
+    let writes_of_a = first.writes()?.len();
+
+    fx.create_scheduler("led-by-b", spec("ghcr.io/schedkit/scx_rusty:v1")).await?;
+    fx.wait_scheduler("led-by-b", "reconciled by the new leader", |s| s.status.is_some()).await?;
+    eprintln!("measured: leader killed -> new Scheduler reconciled by the standby: {:?}", killed.elapsed());
+    assert!(holder(&fx).await?.is_some_and(|h| h.starts_with("controller-b")));
+    let metrics = second.scrape()?;
+    assert!(metrics.lines().any(|l| l == "sked_leader 1"), "{metrics}");
+    assert!(metrics.contains("sked_reconciles_total{result=\"success\"}"), "{metrics}");
+    assert!(metrics.contains("sked_reconcile_duration_seconds_bucket"), "{metrics}");
+
+    // Only the leader of the moment wrote: a wrote led-by-a, b wrote nothing while a led.
+    assert!(writes_of_a > 0, "controller-a reconciled while leading");
+    let a_names: Vec<String> =
+        first.writes()?.iter().filter_map(|l| l["scheduler"].as_str().map(str::to_owned)).collect();
+    assert!(a_names.iter().all(|n| n == "led-by-a"), "{a_names:?}");
+    let b_lines = second.lines()?;
+    let b_leading = b_lines.iter().position(|l| l["msg"] == "leading: reconciling Schedulers").context("b leads")?;
+    let b_writes_before = b_lines[..b_leading]
+        .iter()
+        .filter(|v| matches!(v["msg"].as_str(), Some("applied DaemonSet" | "state changed")))
+        .count();
+    assert_eq!(b_writes_before, 0, "the standby wrote nothing before it led");
+    assert!(second.writes()?.iter().any(|l| l["scheduler"] == "led-by-b"));
+
+    // The log contract: every line has time, level, msg, logger; reconcile lines carry the
+    // controller, the Scheduler and a reconcileID; no-op reconciles stay below info.
+    for line in first.lines()?.iter().chain(b_lines.iter()) {
+        for field in ["time", "level", "msg", "logger"] {
+            assert!(line.get(field).is_some(), "missing {field} in {line}");
+        }
+        assert!(line["time"].as_str().is_some_and(|t| t.parse::<jiff::Timestamp>().is_ok()), "{line}");
+        assert!(["INFO", "WARN", "ERROR"].contains(&line["level"].as_str().unwrap_or_default()), "{line}");
+        assert_ne!(line["msg"], "reconciled; nothing changed", "no-op reconciles log below info");
+    }
+    for line in second.writes()? {
+        assert_eq!(line["controller"], "scheduler", "{line}");
+        assert!(line["reconcileID"].as_str().is_some_and(|id| !id.is_empty()), "{line}");
+        assert!(line["logger"].as_str().is_some_and(|l| l.contains('/')), "slash-separated logger: {line}");
+    }
+    drop(second);
+    Ok(())
+}
