@@ -24,6 +24,7 @@ tools:
 ## crds: regenerate crds/ from the Rust types.
 crds:
 	$(CARGO) run --quiet -p sked-controller -- crd > crds/sked.schedkit.io_schedulers.yaml
+	cp crds/sked.schedkit.io_schedulers.yaml charts/sked/crds/
 
 ## test: unit, property and integration tests (integration tests start a real control plane).
 test: tools

@@ -31,6 +31,11 @@ pub struct ControllerFlags {
     #[arg(long, default_value = "sked-system", env = "SKED_WORKLOAD_NAMESPACE")]
     pub workload_namespace: String,
 
+    /// Pod Security level the controller sets on the workload namespace (scheduler pods are
+    /// privileged). Empty: leave the namespace's labels alone.
+    #[arg(long, default_value = "privileged")]
+    pub workload_namespace_pod_security: String,
+
     /// Cap on a single reconcile; a reconcile past it is cancelled and retried.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub reconcile_timeout: Duration,
@@ -118,6 +123,7 @@ impl Default for ControllerFlags {
     fn default() -> Self {
         Self {
             workload_namespace: "sked-system".into(),
+            workload_namespace_pod_security: "privileged".into(),
             reconcile_timeout: Duration::from_secs(60),
             max_concurrent_reconciles: 2,
             reconcile_rate_limit_qps: 5.0,

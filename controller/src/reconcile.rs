@@ -167,6 +167,7 @@ pub async fn run_with_stats(
     }
 
     wait_for_crd(&client).await?;
+    ensure_workload_namespace(&client, &flags).await;
 
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
     let memo = Arc::new(Memo::default());
@@ -341,6 +342,32 @@ pub async fn run_with_stats(
     }
     info!("controller stopped");
     Ok(())
+}
+
+/// Creates the workload namespace if needed and sets its Pod Security labels, so the
+/// privileged scheduler pods are admitted however sked was installed.
+async fn ensure_workload_namespace(client: &Client, flags: &ControllerFlags) {
+    let level = flags.workload_namespace_pod_security.as_str();
+    if level.is_empty() {
+        return;
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": flags.workload_namespace,
+            "labels": {
+                "pod-security.kubernetes.io/enforce": level,
+                "pod-security.kubernetes.io/audit": level,
+                "pod-security.kubernetes.io/warn": level,
+            },
+        },
+    });
+    let params = PatchParams::apply(FIELD_MANAGER);
+    if let Err(e) = namespaces.patch(&flags.workload_namespace, &params, &Patch::Apply(&ns)).await {
+        warn!(err = %e, namespace = %flags.workload_namespace, "could not set the workload namespace's Pod Security labels; scheduler pods may be refused: label it pod-security.kubernetes.io/enforce={level}");
+    }
 }
 
 /// Label on the leader's pod; the reports Service selects it so agents reach the leader.

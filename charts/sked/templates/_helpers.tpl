@@ -1,0 +1,35 @@
+{{- define "sked.name" -}}sked{{- end -}}
+
+{{- define "sked.workloadNamespace" -}}
+{{- default .Release.Namespace .Values.workloadNamespace -}}
+{{- end -}}
+
+{{- define "sked.labels" -}}
+app.kubernetes.io/name: sked
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "sked.selectorLabels" -}}
+app.kubernetes.io/name: sked
+app.kubernetes.io/instance: {{ .Release.Name }}
+control-plane: controller-manager
+{{- end -}}
+
+{{- define "sked.controllerImage" -}}
+{{ .Values.controller.image.repository }}:{{ default .Chart.AppVersion .Values.controller.image.tag }}
+{{- end -}}
+
+{{- define "sked.agentImage" -}}
+{{ .Values.agent.image.repository }}:{{ default .Chart.AppVersion .Values.agent.image.tag }}
+{{- end -}}
+
+{{- define "sked.reportsSecret" -}}
+{{- if eq .Values.reports.tls.mode "existingSecret" -}}
+{{ required "reports.tls.existingSecret is required when reports.tls.mode=existingSecret" .Values.reports.tls.existingSecret }}
+{{- else -}}
+sked-reports-tls
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,167 @@
+//! The Helm chart: lint, rendered manifests accepted by the API server (server-side dry run),
+//! refusals of bad values, and a real `helm install` into the test cluster.
+
+use std::process::{Command, Output};
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::Api;
+use sked_tests::Fixture;
+use sked_tests::agents::ReportsTls;
+use sked_tests::cluster::{tools_dir, workspace_root};
+
+fn helm(fx: &Fixture, args: &[&str]) -> Result<Output> {
+    Command::new(tools_dir().join("helm"))
+        .env("KUBECONFIG", &fx.cluster.kubeconfig)
+        .env("HELM_CACHE_HOME", fx.cluster.dir.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", fx.cluster.dir.join("helm/config"))
+        .env("HELM_DATA_HOME", fx.cluster.dir.join("helm/data"))
+        .args(args)
+        .output()
+        .context("running helm")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Values for bring-your-own-secret mode (no cert-manager in the test cluster).
+fn own_secret_values(ca: &str) -> Vec<String> {
+    vec![
+        "--set".into(),
+        "reports.tls.mode=existingSecret".into(),
+        "--set".into(),
+        "reports.tls.existingSecret=sked-reports-tls".into(),
+        "--set-string".into(),
+        format!("reports.tls.caBundle={ca}"),
+    ]
+}
+
+#[tokio::test]
+async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    let chart = workspace_root().join("charts/sked");
+    let chart = chart.to_string_lossy();
+    let tls = ReportsTls::generate(&fx.cluster.dir)?;
+    let ca = std::fs::read_to_string(&tls.ca)?;
+    let values = own_secret_values(&ca);
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+
+    // helm lint, in both TLS modes.
+    let mut lint = vec!["lint", &*chart];
+    lint.extend(&values);
+    let out = helm(&fx, &lint)?;
+    assert!(out.status.success(), "{}", text(&out));
+    let out = helm(
+        &fx,
+        &["lint", &chart, "--set", "reports.tls.issuerRef.name=sked-ca", "--set-string", "reports.tls.caBundle=x"],
+    )?;
+    assert!(out.status.success(), "{}", text(&out));
+
+    // The rendered manifests pass the API server's validation (server-side dry run).
+    let ns = "sked-chart";
+    sked_tests::ensure_namespace(&fx.client, ns).await?;
+    let mut template = vec!["template", "sked", &*chart, "--namespace", ns, "--include-crds"];
+    template.extend(&values);
+    let out = helm(&fx, &template)?;
+    assert!(out.status.success(), "{}", text(&out));
+    let manifests = fx.cluster.dir.join("chart-manifests.yaml");
+    std::fs::write(&manifests, &out.stdout)?;
+    let out =
+        fx.cluster.kubectl(&["apply", "--dry-run=server", "--server-side", "-f", &manifests.to_string_lossy()])?;
+    assert!(out.status.success(), "server-side dry run refused the chart:\n{}", text(&out));
+
+    // With cert-manager, a Certificate for the reports Service is rendered.
+    let out = helm(
+        &fx,
+        &[
+            "template",
+            "sked",
+            &chart,
+            "--namespace",
+            ns,
+            "--set",
+            "reports.tls.issuerRef.name=sked-ca",
+            "--set-string",
+            "reports.tls.caBundle=x",
+        ],
+    )?;
+    let rendered = String::from_utf8_lossy(&out.stdout);
+    assert!(rendered.contains("kind: Certificate") && rendered.contains("sked-reports.sked-chart.svc"), "{rendered}");
+
+    // Bad values are refused with the reason.
+    for (args, why) in [
+        (vec!["--set", "controller.extraArgs={--zap-devel=true}"], "--zap-devel=true is no longer supported"),
+        (vec!["--set", "controller.logLevel=debug", "--set", "controller.logVerbosity=2"], "exclusive"),
+        (vec!["--set", "controller.replicas=0"], "replicas"),
+        (
+            vec!["--set", "reports.tls.mode=existingSecret", "--set-string", "reports.tls.caBundle=x"],
+            "existingSecret is required",
+        ),
+    ] {
+        let mut a = vec![
+            "template",
+            "sked",
+            &*chart,
+            "--set-string",
+            "reports.tls.caBundle=x",
+            "--set",
+            "reports.tls.issuerRef.name=ca",
+        ];
+        a.extend(args);
+        let out = helm(&fx, &a)?;
+        assert!(!out.status.success(), "{a:?} must be refused");
+        assert!(text(&out).contains(why), "{a:?}: {}", text(&out));
+    }
+
+    // A real install (own-secret mode): the controller's Deployment and everything around it.
+    let out = fx.cluster.kubectl(&[
+        "create",
+        "secret",
+        "tls",
+        "sked-reports-tls",
+        "-n",
+        ns,
+        &format!("--cert={}", tls.cert.display()),
+        &format!("--key={}", tls.key.display()),
+    ])?;
+    assert!(out.status.success(), "{}", text(&out));
+    let mut install = vec!["install", "sked", &*chart, "--namespace", ns];
+    install.extend(&values);
+    let out = helm(&fx, &install)?;
+    assert!(out.status.success(), "{}", text(&out));
+
+    let deployment = Api::<Deployment>::namespaced(fx.client.clone(), ns).get("sked-controller-manager").await?;
+    let spec = deployment.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.context("pod spec")?;
+    assert_eq!(pod.service_account_name.as_deref(), Some("sked-controller"));
+    assert_eq!(pod.security_context.as_ref().and_then(|s| s.run_as_non_root), Some(true));
+    let manager = &pod.containers[0];
+    let sc = manager.security_context.as_ref().context("container security context")?;
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert!(manager.resources.as_ref().and_then(|r| r.limits.as_ref()).is_some(), "limits are set");
+    let args = manager.args.clone().unwrap_or_default();
+    assert!(args.contains(&"--workload-namespace=sked-chart".to_string()), "{args:?}");
+    assert!(pod.affinity.and_then(|a| a.pod_anti_affinity).is_some(), "replicas prefer different nodes");
+
+    let reports = Api::<Service>::namespaced(fx.client.clone(), ns).get("sked-reports").await?;
+    let selector = reports.spec.and_then(|s| s.selector).unwrap_or_default();
+    assert_eq!(selector.get("sked.schedkit.io/leader").map(String::as_str), Some("true"), "routes to the leader");
+    let ca_map = Api::<ConfigMap>::namespaced(fx.client.clone(), ns).get("sked-reports-ca").await?;
+    assert_eq!(ca_map.data.unwrap_or_default().get("ca.crt"), Some(&ca));
+    Api::<ServiceAccount>::namespaced(fx.client.clone(), ns).get("sked-agent").await?;
+    let role = Api::<ClusterRole>::all(fx.client.clone()).get("sked-controller").await?;
+    let rules = role.rules.unwrap_or_default();
+    assert!(
+        rules.iter().any(|r| r.resources.as_deref().unwrap_or_default().contains(&"tokenreviews".to_string())),
+        "the controller may review agent tokens"
+    );
+    assert!(!rules.iter().any(|r| r.verbs.contains(&"*".to_string())), "no wildcard verbs: least privilege");
+
+    let out = helm(&fx, &["uninstall", "sked", "--namespace", ns, "--wait"])?;
+    assert!(out.status.success(), "{}", text(&out));
+    Ok(())
+}
