@@ -2,7 +2,7 @@
 //! writes status. The decisions themselves live in [`crate::arbiter`], [`crate::workload`] and
 //! [`crate::status`]; this module only moves data between them and the API server.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -430,7 +430,49 @@ fn trigger(tx: &UnboundedSender<ObjectRef<Scheduler>>, changed: Changed) {
     }
 }
 
-/// Feeds Scheduler changes into the arbiter and triggers every Scheduler whose placement moved.
+/// Drives the arbiter from one watch: a relist replaces the whole set at once, single events
+/// apply one by one; every Scheduler whose placement moved is triggered. `ready` turns true
+/// after the first full list.
+async fn feed_arbiter<K, S>(
+    what: &str,
+    events: S,
+    tx: UnboundedSender<ObjectRef<Scheduler>>,
+    ready: watch::Sender<bool>,
+    mut relisted: impl FnMut(Vec<K>) -> Changed,
+    mut applied: impl FnMut(K) -> Changed,
+    mut deleted: impl FnMut(K) -> Changed,
+) where
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>>,
+{
+    let mut relist: Vec<K> = Vec::new();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let changed = match event {
+            Ok(Event::Init) => {
+                relist.clear();
+                Changed::new()
+            }
+            Ok(Event::InitApply(obj)) => {
+                relist.push(obj);
+                Changed::new()
+            }
+            Ok(Event::InitDone) => {
+                let changed = relisted(std::mem::take(&mut relist));
+                let _ = ready.send(true);
+                changed
+            }
+            Ok(Event::Apply(obj)) => applied(obj),
+            Ok(Event::Delete(obj)) => deleted(obj),
+            Err(e) => {
+                warn!(err = %e, "{what} watch failed; retrying");
+                Changed::new()
+            }
+        };
+        trigger(&tx, changed);
+    }
+}
+
+/// Feeds Scheduler selectors and ages into the arbiter.
 async fn index_schedulers(
     api: Api<Scheduler>,
     arbiter: Arc<Mutex<Arbiter>>,
@@ -439,74 +481,45 @@ async fn index_schedulers(
     tx: UnboundedSender<ObjectRef<Scheduler>>,
     ready: watch::Sender<bool>,
 ) {
-    let mut relist: Vec<Claim> = Vec::new();
-    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        let changed = match event {
-            Ok(Event::Init) => {
-                relist.clear();
-                Changed::new()
-            }
-            Ok(Event::InitApply(s)) => {
-                relist.push(claim_of(&s));
-                Changed::new()
-            }
-            Ok(Event::InitDone) => {
-                let changed = lock(&arbiter).replace_schedulers(std::mem::take(&mut relist));
-                let _ = ready.send(true);
-                changed
-            }
-            Ok(Event::Apply(s)) => lock(&arbiter).upsert_scheduler(claim_of(&s)),
-            Ok(Event::Delete(s)) => {
-                memo.forget(&s);
-                metrics.forget_scheduler(&s.name_any());
-                lock(&arbiter).remove_scheduler(&s.name_any())
-            }
-            Err(e) => {
-                warn!(err = %e, "Scheduler watch failed; retrying");
-                Changed::new()
-            }
-        };
-        trigger(&tx, changed);
-    }
+    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    feed_arbiter(
+        "Scheduler",
+        events,
+        tx,
+        ready,
+        |all: Vec<Scheduler>| lock(&arbiter).replace_schedulers(all.iter().map(claim_of).collect()),
+        |s| lock(&arbiter).upsert_scheduler(claim_of(&s)),
+        |s| {
+            memo.forget(&s);
+            metrics.forget_scheduler(&s.name_any());
+            lock(&arbiter).remove_scheduler(&s.name_any())
+        },
+    )
+    .await;
 }
 
-/// Feeds Node label changes (metadata only) into the arbiter.
+/// Feeds Node labels (metadata only) into the arbiter.
 async fn index_nodes(
     api: Api<PartialObjectMeta<Node>>,
     arbiter: Arc<Mutex<Arbiter>>,
     tx: UnboundedSender<ObjectRef<Scheduler>>,
     ready: watch::Sender<bool>,
 ) {
-    let mut relist: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        let changed = match event {
-            Ok(Event::Init) => {
-                relist.clear();
-                Changed::new()
-            }
-            Ok(Event::InitApply(n)) => {
-                relist.insert(n.name_any(), n.metadata.labels.unwrap_or_default());
-                Changed::new()
-            }
-            Ok(Event::InitDone) => {
-                let changed = lock(&arbiter).replace_nodes(std::mem::take(&mut relist));
-                let _ = ready.send(true);
-                changed
-            }
-            Ok(Event::Apply(n)) => {
-                let name = n.name_any();
-                lock(&arbiter).upsert_node(&name, n.metadata.labels.unwrap_or_default())
-            }
-            Ok(Event::Delete(n)) => lock(&arbiter).remove_node(&n.name_any()),
-            Err(e) => {
-                warn!(err = %e, "Node watch failed; retrying");
-                Changed::new()
-            }
-        };
-        trigger(&tx, changed);
-    }
+    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let labels = |n: PartialObjectMeta<Node>| (n.name_any(), n.metadata.labels.unwrap_or_default());
+    feed_arbiter(
+        "Node",
+        events,
+        tx,
+        ready,
+        |all| lock(&arbiter).replace_nodes(all.into_iter().map(labels).collect()),
+        |n| {
+            let (name, l) = labels(n);
+            lock(&arbiter).upsert_node(&name, l)
+        },
+        |n| lock(&arbiter).remove_node(&n.name_any()),
+    )
+    .await;
 }
 
 async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Action, Error> {
