@@ -85,7 +85,8 @@ impl Setup {
     async fn wait_kernel(&self, what: &str, attached: i32, reason: &str) -> Result<Scheduler> {
         self.fx
             .wait_scheduler(&self.name, what, |s| {
-                s.status.as_ref().is_some_and(|st| st.kernel_attached == attached)
+                // Both nodes scheduled: the DaemonSet controller has reported.
+                s.status.as_ref().is_some_and(|st| st.kernel_attached == attached && st.desired_number_scheduled == 2)
                     && condition(s, "KernelAttached").is_some_and(|c| c.reason == reason)
             })
             .await
