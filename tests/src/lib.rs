@@ -279,6 +279,39 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Waits until the Scheduler's recorded events are exactly `expected` (events are published
+    /// right after the status they describe is saved), failing with the last counts seen.
+    pub async fn wait_events(&self, name: &str, expected: &[(&str, &str, i32)]) -> Result<()> {
+        let expected = event_counts(expected);
+        let last = std::sync::Mutex::new(BTreeMap::new());
+        let result = wait_for(&format!("events of Scheduler {name}"), || {
+            let (expected, last) = (&expected, &last);
+            async move {
+                let seen = self.scheduler_events(name).await?;
+                let done = seen == *expected;
+                *last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = seen;
+                Ok(done.then_some(()))
+            }
+        })
+        .await;
+        result.map_err(|e| {
+            let last = last.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            e.context(format!("expected {expected:?}, last seen {last:?}"))
+        })
+    }
+
+    /// Waits until the Scheduler has recorded (type, reason) exactly `count` times.
+    pub async fn wait_event(&self, name: &str, type_: &str, reason: &str, count: i32) -> Result<()> {
+        let key = (type_.to_owned(), reason.to_owned());
+        wait_for(&format!("{count} {type_} {reason} event(s) of Scheduler {name}"), || {
+            let key = &key;
+            async move { Ok((self.scheduler_events(name).await?.get(key) == Some(&count)).then_some(())) }
+        })
+        .await
+    }
+}
+
 /// Builds the expected event counts for [`Fixture::scheduler_events`].
 pub fn event_counts(expected: &[(&str, &str, i32)]) -> BTreeMap<(String, String), i32> {
     expected.iter().map(|(t, r, n)| ((t.to_string(), r.to_string()), *n)).collect()

@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
-use sked_tests::{Fixture, event_counts, has_condition, next_second_after, spec, spec_on};
+use sked_tests::{Fixture, has_condition, next_second_after, spec, spec_on};
 
 const IMAGE: &str = "ghcr.io/schedkit/scx_rusty:v1";
 
@@ -105,8 +105,7 @@ async fn partial_conflict_excludes_lost_nodes_and_keeps_the_rest() -> Result<()>
     .await?;
 
     // Warnings while degraded, and pod-count or readiness changes record nothing more.
-    let events = fx.scheduler_events("batch").await?;
-    assert_eq!(events, event_counts(&[("Warning", "SchedulerConflict", 1)]), "{events:?}");
+    fx.wait_events("batch", &[("Warning", "SchedulerConflict", 1)]).await?;
     Ok(())
 }
 
@@ -161,16 +160,11 @@ async fn deleting_the_winner_hands_its_nodes_to_the_loser() -> Result<()> {
     fx.mark_pods_ready("loser").await?;
     fx.wait_scheduler("loser", "Ready", |s| has_condition(s, "Ready", "True", "DaemonSetReady")).await?;
     // Warning while in conflict, Normal on recovery, nothing repeated.
-    let events = fx.scheduler_events("loser").await?;
-    assert_eq!(
-        events,
-        event_counts(&[
-            ("Warning", "SchedulerConflict", 1),
-            ("Normal", "RolloutInProgress", 1),
-            ("Normal", "DaemonSetReady", 1),
-        ]),
-        "{events:?}"
-    );
+    fx.wait_events(
+        "loser",
+        &[("Warning", "SchedulerConflict", 1), ("Normal", "RolloutInProgress", 1), ("Normal", "DaemonSetReady", 1)],
+    )
+    .await?;
     Ok(())
 }
 
@@ -248,8 +242,7 @@ async fn unavailable_pods_after_readiness_are_reported_and_recovery_is_normal() 
 
     fx.mark_pods_ready("flaky").await?;
     fx.wait_scheduler("flaky", "recovered", |s| has_condition(s, "Ready", "True", "DaemonSetReady")).await?;
-    let events = fx.scheduler_events("flaky").await?;
-    assert_eq!(events.get(&("Warning".into(), "NodesUnavailable".into())), Some(&1), "{events:?}");
-    assert_eq!(events.get(&("Normal".into(), "DaemonSetReady".into())), Some(&2), "{events:?}");
+    fx.wait_event("flaky", "Warning", "NodesUnavailable", 1).await?;
+    fx.wait_event("flaky", "Normal", "DaemonSetReady", 2).await?;
     Ok(())
 }

@@ -145,9 +145,8 @@ async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
     assert!(body.contains("NotAttached"), "{body}");
 
     // Events: one per kernel state change.
-    let events = s.fx.scheduler_events("flips").await?;
-    assert_eq!(events.get(&("Normal".into(), "KernelAttached".into())), Some(&1), "{events:?}");
-    assert_eq!(events.get(&("Normal".into(), "NotAttached".into())), Some(&1), "{events:?}");
+    s.fx.wait_event("flips", "Normal", "KernelAttached", 1).await?;
+    s.fx.wait_event("flips", "Normal", "NotAttached", 1).await?;
     Ok(())
 }
 
@@ -165,8 +164,7 @@ async fn a_foreign_scheduler_and_a_silent_agent_are_reported() -> Result<()> {
     let sched = s.wait_kernel("foreign on k-2", 1, "ForeignScheduler").await?;
     let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
     assert!(msg.contains("k-2") && msg.contains("lavd_1.0.0"), "{msg}");
-    let events = s.fx.scheduler_events("foreign").await?;
-    assert_eq!(events.get(&("Warning".into(), "ForeignScheduler".into())), Some(&1), "{events:?}");
+    s.fx.wait_event("foreign", "Warning", "ForeignScheduler", 1).await?;
 
     // k-2's agent stops: after the stale limit its node is ReportStale.
     a2.set_kernel("enabled", Some("rusty_1.0.0"), 3)?;
