@@ -200,26 +200,24 @@ pub mod fixture {
             fs::write(&tmp, body)?;
             fs::rename(&tmp, path)
         };
-        put(&dir.join("state"), &format!("{state}\n"))?;
+        // The kernel's order: on attach, root/ appears before state says enabled; on detach,
+        // state leaves enabled before root/ goes.
+        let root = dir.join("root");
+        if let Some(ops) = ops {
+            fs::create_dir_all(&root)?;
+            put(&root.join("ops"), &format!("{ops}\n"))?;
+            put(
+                &root.join("events"),
+                "SCX_EV_SELECT_CPU_FALLBACK 3\nSCX_EV_BYPASS_DURATION 0\nSCX_EV_REFILL_SLICE_DFL 42\n",
+            )?;
+        }
         put(&dir.join("enable_seq"), &format!("{enable_seq}\n"))?;
         put(&dir.join("hotplug_seq"), "1\n")?;
         put(&dir.join("nr_rejected"), "0\n")?;
         put(&dir.join("switch_all"), if ops.is_some() { "1\n" } else { "0\n" })?;
-        let root = dir.join("root");
-        match ops {
-            Some(ops) => {
-                fs::create_dir_all(&root)?;
-                put(&root.join("ops"), &format!("{ops}\n"))?;
-                put(
-                    &root.join("events"),
-                    "SCX_EV_SELECT_CPU_FALLBACK 3\nSCX_EV_BYPASS_DURATION 0\nSCX_EV_REFILL_SLICE_DFL 42\n",
-                )?;
-            }
-            None => {
-                if root.exists() {
-                    fs::remove_dir_all(&root)?;
-                }
-            }
+        put(&dir.join("state"), &format!("{state}\n"))?;
+        if ops.is_none() && root.exists() {
+            fs::remove_dir_all(&root)?;
         }
         Ok(())
     }

@@ -58,6 +58,10 @@ pub fn decide(read: &KernelRead, expected_ops: Option<&str>, owner: &Owner) -> (
         }
     }
     let ops = read.ops.as_deref().unwrap_or("");
+    if ops.is_empty() {
+        // Between `state` and `root/ops` (attach or detach in progress): nobody to judge yet.
+        return (Verdict::NotAttached, "sched_ext is enabled but root/ops names no scheduler yet".into());
+    }
     let expected = expected_ops.filter(|e| !e.is_empty());
     let matches_expected = expected.is_some_and(|e| !ops.is_empty() && ops.starts_with(e));
     match (owner, expected) {
@@ -130,6 +134,15 @@ mod tests {
         let (v, why) = decide(&k, Some("lavd"), &Owner::NotOurs);
         assert_eq!(v, Verdict::ForeignScheduler);
         assert!(why.contains("bpfland") && why.contains("lavd"), "{why}");
+    }
+
+    #[test]
+    fn enabled_without_an_ops_name_is_not_judged_yet() {
+        let mut k = kernel("enabled", Some("rusty"));
+        k.ops = None;
+        let (v, why) = decide(&k, Some("rusty"), &Owner::NotOurs);
+        assert_eq!(v, Verdict::NotAttached, "never foreign on an empty ops name");
+        assert!(why.contains("root/ops"), "{why}");
     }
 
     #[test]
