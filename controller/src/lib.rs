@@ -4,15 +4,20 @@
 //! - [`arbiter`]: which Scheduler owns each node;
 //! - [`workload`]: the DaemonSet a Scheduler should have;
 //! - [`status`]: a Scheduler's status and the events to record;
-//! - [`reconcile`]: the watches and the reconcile that connects them to the API server.
+//! - [`index`]: the arbiter's watch-fed view of Schedulers and Nodes;
+//! - [`reconcile`]: the reconcile that applies the DaemonSet and writes status;
+//! - [`manager`]: startup, servers, leadership terms and shutdown;
+//! - [`kernel`] and [`reports`]: the agents' kernel reports and the KernelAttached view.
 
 pub mod api;
 pub mod arbiter;
 pub mod config;
 pub mod crd;
 pub mod image;
+pub mod index;
 pub mod kernel;
 pub mod leader;
+pub mod manager;
 pub mod metrics;
 pub mod pacing;
 pub mod reconcile;

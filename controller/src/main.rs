@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use sked_controller::config::{Cli, Command, refuse_legacy_flags};
-use sked_controller::{crd, reconcile, telemetry};
+use sked_controller::{crd, manager, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -34,7 +34,7 @@ async fn main() -> ExitCode {
         }
     };
     let instance = std::env::var("POD_NAME").unwrap_or_else(|_| hostname());
-    match reconcile::run(client, cli.controller, instance, reconcile::shutdown_signal()).await {
+    match manager::run(client, cli.controller, instance, manager::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(err = %e, "controller stopped with an error");

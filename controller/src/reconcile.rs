@@ -1,39 +1,32 @@
-//! The Scheduler controller: watches, and the reconcile that applies the desired DaemonSet and
-//! writes status. The decisions themselves live in [`crate::arbiter`], [`crate::workload`] and
-//! [`crate::status`]; this module only moves data between them and the API server.
+//! The reconcile of one Scheduler: read its placement from the arbiter, apply the desired
+//! DaemonSet (server-side apply), fold DaemonSet status and kernel reports into the Scheduler's
+//! status, and record state-change events. The decisions live in [`crate::arbiter`],
+//! [`crate::workload`], [`crate::status`] and [`crate::kernel`]; startup and leadership in
+//! [`crate::manager`].
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::channel::mpsc::{UnboundedSender, unbounded};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, wait};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::{Scheduler, SchedulerStatus, reason};
-use crate::arbiter::{Arbiter, Changed, Claim};
+use crate::arbiter::Arbiter;
 use crate::config::ControllerFlags;
 use crate::kernel::{self, KernelTable};
 use crate::pacing::{TokenBucket, retry_delay};
-use crate::reports::{ReportStats, ReportsService};
+use crate::reports::ReportStats;
 use crate::status::{self, EventKind, EventSpec, Observed};
-use crate::workload::{self, AgentSettings, FIELD_MANAGER, WorkloadSettings};
+use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
 
 /// Errors that stop the controller from starting.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,17 +69,17 @@ pub struct Context {
     pub client: Client,
     pub flags: ControllerFlags,
     pub settings: WorkloadSettings,
-    arbiter: Arc<Mutex<Arbiter>>,
-    recorder: Recorder,
-    limiter: TokenBucket,
-    memo: Arc<Memo>,
+    pub(crate) arbiter: Arc<Mutex<Arbiter>>,
+    pub(crate) recorder: Recorder,
+    pub(crate) limiter: TokenBucket,
+    pub(crate) memo: Arc<Memo>,
     /// Consecutive failures per Scheduler, for the retry delay.
-    failures: Mutex<HashMap<String, u32>>,
+    pub(crate) failures: Mutex<HashMap<String, u32>>,
     /// Latest kernel report per node.
     pub kernel: Arc<KernelTable>,
     pub report_stats: Arc<ReportStats>,
     /// Whether this replica leads; every write checks it.
-    leader: watch::Receiver<bool>,
+    pub(crate) leader: watch::Receiver<bool>,
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -99,15 +92,15 @@ impl Context {
 
 /// What the controller remembers of its own writes, dropped when a Scheduler is deleted.
 #[derive(Default)]
-struct Memo {
+pub(crate) struct Memo {
     /// The status last written, per Scheduler uid: newer than a cache that may lag behind.
-    written: Mutex<HashMap<String, SchedulerStatus>>,
+    pub(crate) written: Mutex<HashMap<String, SchedulerStatus>>,
     /// Generation of the DaemonSet last applied, per Scheduler (to log real changes at info).
-    applied: Mutex<HashMap<String, i64>>,
+    pub(crate) applied: Mutex<HashMap<String, i64>>,
 }
 
 impl Memo {
-    fn forget(&self, scheduler: &Scheduler) {
+    pub(crate) fn forget(&self, scheduler: &Scheduler) {
         if let Some(uid) = scheduler.uid() {
             lock(&self.written).remove(&uid);
         }
@@ -115,7 +108,7 @@ impl Memo {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -127,402 +120,7 @@ fn reconcile_id() -> String {
     format!("{:016x}", salt.rotate_left(17) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-/// Runs the controller until `shutdown` resolves, then drains in-flight reconciles.
-pub async fn run(
-    client: Client,
-    flags: ControllerFlags,
-    instance: String,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> Result<(), BoxError> {
-    run_with_stats(client, flags, instance, shutdown, Arc::default()).await
-}
-
-/// [`run`], counting the reports server's accepted and refused streams in `report_stats`.
-pub async fn run_with_stats(
-    client: Client,
-    flags: ControllerFlags,
-    instance: String,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-    report_stats: Arc<ReportStats>,
-) -> Result<(), BoxError> {
-    // One shutdown signal, fanned out to every server and the controller.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-
-    let metrics = Arc::new(crate::metrics::Metrics::new(report_stats.clone()));
-    let (ready_tx, ready_rx) = watch::channel(false);
-    {
-        let (metrics, address, stop) = (metrics.clone(), flags.metrics_bind_address, stopped(stop_rx.clone()));
-        tokio::spawn(async move {
-            if let Err(e) = crate::metrics::serve(address, metrics, ready_rx, stop).await {
-                error!(err = %e, %address, "metrics and health server failed: choose another --metrics-bind-address");
-            }
-        });
-    }
-
-    wait_for_crd(&client).await?;
-    ensure_workload_namespace(&client, &flags).await;
-
-    let arbiter = Arc::new(Mutex::new(Arbiter::new()));
-    let memo = Arc::new(Memo::default());
-    let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Scheduler>>();
-    let (sched_ready_tx, mut sched_ready) = watch::channel(false);
-    let (node_ready_tx, mut node_ready) = watch::channel(false);
-    let index_tasks = [
-        tokio::spawn(index_schedulers(
-            Api::all(client.clone()),
-            arbiter.clone(),
-            memo.clone(),
-            metrics.clone(),
-            trigger_tx.clone(),
-            sched_ready_tx,
-        )),
-        tokio::spawn(index_nodes(Api::all(client.clone()), arbiter.clone(), trigger_tx.clone(), node_ready_tx)),
-    ];
-    // Arbitrate only once every Scheduler and Node is known: a partial view could hand a node
-    // to the wrong Scheduler and roll its pods for nothing.
-    let _ = sched_ready.wait_for(|r| *r).await;
-    let _ = node_ready.wait_for(|r| *r).await;
-    let (schedulers, nodes) = {
-        let arbiter = lock(&arbiter);
-        (arbiter.schedulers().count(), arbiter.nodes().count())
-    };
-    info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
-    let _ = ready_tx.send(true);
-
-    // Reconcile only while leading. Each term gets a fresh Controller; triggers from the
-    // indexes and the reports server go to the current term, if any.
-    let leadership = if flags.leader_elect {
-        let identity = format!("{}_{:x}", instance, jiff::Timestamp::now().as_nanosecond() as u64);
-        crate::leader::Leadership::elect(
-            client.clone(),
-            &flags.leader_election_namespace,
-            &flags.leader_election_id,
-            &identity,
-            flags.leader_election_lease_duration,
-            flags.leader_election_renew_grace,
-        )
-        .await
-        .map_err(|e| {
-            format!(
-                "starting leader election on Lease {}/{}: {e}",
-                flags.leader_election_namespace, flags.leader_election_id
-            )
-        })?
-    } else {
-        crate::leader::Leadership::always()
-    };
-    let kernel_table = Arc::new(KernelTable::default());
-    let reports_task = match (&flags.reports_cert_file, &flags.reports_key_file) {
-        (Some(cert), Some(key)) => {
-            let read = |p: &std::path::PathBuf, what: &str| {
-                std::fs::read(p).map_err(|e| format!("reading the reports server {what} {}: {e}", p.display()))
-            };
-            let (cert, key) = (read(cert, "certificate")?, read(key, "key")?);
-            let service = ReportsService::new(
-                client.clone(),
-                &flags.workload_namespace,
-                &flags.agent_service_account,
-                kernel_table.clone(),
-                flags.report_stale_after,
-                trigger_tx.clone(),
-                report_stats.clone(),
-                leadership.rx.clone(),
-            );
-            let address = flags.reports_bind_address;
-            info!(%address, "serving agent reports");
-            let stop = stopped(stop_rx.clone());
-            Some(tokio::spawn(async move {
-                if let Err(e) = crate::reports::serve(service, address, cert, key, stop).await {
-                    error!(err = %sked_logging::error_chain(&e), %address, "reports server failed");
-                }
-            }))
-        }
-        _ => {
-            warn!(
-                "no --reports-cert-file/--reports-key-file: the reports server is off and no node can be shown as kernel-attached"
-            );
-            None
-        }
-    };
-
-    let ctx = Arc::new(Context {
-        limiter: TokenBucket::new(
-            flags.reconcile_rate_limit_qps,
-            flags.reconcile_rate_limit_burst,
-            tokio::time::Instant::now(),
-        ),
-        recorder: Recorder::new(client.clone(), Reporter { controller: "sked".into(), instance: Some(instance) }),
-        settings: WorkloadSettings {
-            namespace: flags.workload_namespace.clone(),
-            agent: AgentSettings {
-                image: flags.agent_image.clone(),
-                service_account: flags.agent_service_account.clone(),
-                reports_address: flags.reports_address.clone(),
-                ca_configmap: flags.reports_ca_configmap.clone(),
-            },
-        },
-        client: client.clone(),
-        flags: flags.clone(),
-        arbiter,
-        memo,
-        failures: Mutex::default(),
-        kernel: kernel_table,
-        report_stats,
-        leader: leadership.rx.clone(),
-        metrics: metrics.clone(),
-    });
-
-    let term: Arc<Mutex<Option<UnboundedSender<ObjectRef<Scheduler>>>>> = Arc::default();
-    let forward_term = term.clone();
-    let forwarder = tokio::spawn(async move {
-        let mut triggers = trigger_rx;
-        while let Some(target) = triggers.next().await {
-            if let Some(tx) = lock(&forward_term).as_ref() {
-                let _ = tx.unbounded_send(target);
-            }
-        }
-    });
-
-    loop {
-        let mut leader = leadership.rx.clone();
-        tokio::select! {
-            _ = leader.wait_for(|l| *l) => {}
-            () = stopped(stop_rx.clone()) => break,
-        }
-        if *stop_rx.borrow() {
-            break;
-        }
-        info!("leading: reconciling Schedulers");
-        metrics.set_leader(true);
-        label_own_pod(&client, true).await;
-        let (tx, rx) = unbounded::<ObjectRef<Scheduler>>();
-        *lock(&term) = Some(tx);
-        let mut lost = leadership.rx.clone();
-        let stop = stopped(stop_rx.clone());
-        let term_end = async move {
-            tokio::select! {
-                _ = lost.wait_for(|l| !*l) => {}
-                () = stop => {}
-            }
-        };
-        let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
-        let managed =
-            watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
-        Controller::new(Api::<Scheduler>::all(client.clone()), watcher::Config::default())
-            // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
-            .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
-            .reconcile_on(rx)
-            .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
-            .graceful_shutdown_on(term_end)
-            .run(reconcile, error_policy, ctx.clone())
-            .for_each(|_| futures::future::ready(()))
-            .await;
-        *lock(&term) = None;
-        metrics.set_leader(false);
-        label_own_pod(&client, false).await;
-        if *stop_rx.borrow() {
-            break;
-        }
-        warn!("lost leadership: stopped reconciling and writing");
-    }
-    forwarder.abort();
-    leadership.release().await;
-    for task in index_tasks {
-        task.abort();
-    }
-    if let Some(task) = reports_task {
-        let _ = task.await;
-    }
-    info!("controller stopped");
-    Ok(())
-}
-
-/// Creates the workload namespace if needed and sets its Pod Security labels, so the
-/// privileged scheduler pods are admitted however sked was installed.
-async fn ensure_workload_namespace(client: &Client, flags: &ControllerFlags) {
-    let level = flags.workload_namespace_pod_security.as_str();
-    if level.is_empty() {
-        return;
-    }
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let ns = json!({
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {
-            "name": flags.workload_namespace,
-            "labels": {
-                "pod-security.kubernetes.io/enforce": level,
-                "pod-security.kubernetes.io/audit": level,
-                "pod-security.kubernetes.io/warn": level,
-            },
-        },
-    });
-    let params = PatchParams::apply(FIELD_MANAGER);
-    if let Err(e) = namespaces.patch(&flags.workload_namespace, &params, &Patch::Apply(&ns)).await {
-        warn!(err = %e, namespace = %flags.workload_namespace, "could not set the workload namespace's Pod Security labels; scheduler pods may be refused: label it pod-security.kubernetes.io/enforce={level}");
-    }
-}
-
-/// Label on the leader's pod; the reports Service selects it so agents reach the leader.
-pub const LEADER_LABEL: &str = "sked.schedkit.io/leader";
-
-/// Marks (or unmarks) this replica's pod as the leader, when running in a pod (POD_NAME and
-/// POD_NAMESPACE set by the downward API).
-async fn label_own_pod(client: &Client, leading: bool) {
-    let (Ok(name), Ok(namespace)) = (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) else {
-        return;
-    };
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
-    let value = if leading { json!("true") } else { serde_json::Value::Null };
-    let patch = json!({"metadata": {"labels": {LEADER_LABEL: value}}});
-    if let Err(e) = pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        warn!(err = %e, pod = %format!("{namespace}/{name}"), "could not update the leader label of this pod; agents may reach a standby and retry");
-    }
-}
-
-/// Waits until the Scheduler CRD is established, so the first watch does not fail.
-async fn wait_for_crd(client: &Client) -> Result<(), BoxError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let established = wait::await_condition(crds, CRD_NAME, wait::conditions::is_crd_established());
-    match tokio::time::timeout(Duration::from_secs(5), established).await {
-        Ok(result) => {
-            result?;
-        }
-        Err(_) => {
-            warn!(
-                crd = CRD_NAME,
-                "waiting for the Scheduler CRD to be established; apply crds/ (or install the chart) if it is missing"
-            );
-            let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-            wait::await_condition(crds, CRD_NAME, wait::conditions::is_crd_established()).await?;
-        }
-    }
-    Ok(())
-}
-
-fn owning_scheduler(ds: &DaemonSet) -> Option<ObjectRef<Scheduler>> {
-    ds.owner_references()
-        .iter()
-        .find(|o| o.kind == Scheduler::kind(&()) && o.api_version == Scheduler::api_version(&()))
-        .map(|o| ObjectRef::new(&o.name))
-}
-
-fn claim_of(s: &Scheduler) -> Claim {
-    Claim {
-        name: s.name_any(),
-        uid: s.uid().unwrap_or_default(),
-        created: s.creation_timestamp().map_or(0, |t| t.0.as_second()),
-        generation: s.metadata.generation.unwrap_or(0),
-        selector: s.spec.node_selector.clone(),
-    }
-}
-
-fn trigger(tx: &UnboundedSender<ObjectRef<Scheduler>>, changed: Changed) {
-    for name in changed {
-        let _ = tx.unbounded_send(ObjectRef::new(&name));
-    }
-}
-
-/// Drives the arbiter from one watch: a relist replaces the whole set at once, single events
-/// apply one by one; every Scheduler whose placement moved is triggered. `ready` turns true
-/// after the first full list.
-async fn feed_arbiter<K, S>(
-    what: &str,
-    events: S,
-    tx: UnboundedSender<ObjectRef<Scheduler>>,
-    ready: watch::Sender<bool>,
-    mut relisted: impl FnMut(Vec<K>) -> Changed,
-    mut applied: impl FnMut(K) -> Changed,
-    mut deleted: impl FnMut(K) -> Changed,
-) where
-    S: futures::Stream<Item = Result<Event<K>, watcher::Error>>,
-{
-    let mut relist: Vec<K> = Vec::new();
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let changed = match event {
-            Ok(Event::Init) => {
-                relist.clear();
-                Changed::new()
-            }
-            Ok(Event::InitApply(obj)) => {
-                relist.push(obj);
-                Changed::new()
-            }
-            Ok(Event::InitDone) => {
-                let changed = relisted(std::mem::take(&mut relist));
-                let _ = ready.send(true);
-                changed
-            }
-            Ok(Event::Apply(obj)) => applied(obj),
-            Ok(Event::Delete(obj)) => deleted(obj),
-            Err(e) => {
-                warn!(err = %e, "{what} watch failed; retrying");
-                Changed::new()
-            }
-        };
-        trigger(&tx, changed);
-    }
-}
-
-/// Feeds Scheduler selectors and ages into the arbiter.
-async fn index_schedulers(
-    api: Api<Scheduler>,
-    arbiter: Arc<Mutex<Arbiter>>,
-    memo: Arc<Memo>,
-    metrics: Arc<crate::metrics::Metrics>,
-    tx: UnboundedSender<ObjectRef<Scheduler>>,
-    ready: watch::Sender<bool>,
-) {
-    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    feed_arbiter(
-        "Scheduler",
-        events,
-        tx,
-        ready,
-        |all: Vec<Scheduler>| lock(&arbiter).replace_schedulers(all.iter().map(claim_of).collect()),
-        |s| lock(&arbiter).upsert_scheduler(claim_of(&s)),
-        |s| {
-            memo.forget(&s);
-            metrics.forget_scheduler(&s.name_any());
-            lock(&arbiter).remove_scheduler(&s.name_any())
-        },
-    )
-    .await;
-}
-
-/// Feeds Node labels (metadata only) into the arbiter.
-async fn index_nodes(
-    api: Api<PartialObjectMeta<Node>>,
-    arbiter: Arc<Mutex<Arbiter>>,
-    tx: UnboundedSender<ObjectRef<Scheduler>>,
-    ready: watch::Sender<bool>,
-) {
-    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    let labels = |n: PartialObjectMeta<Node>| (n.name_any(), n.metadata.labels.unwrap_or_default());
-    feed_arbiter(
-        "Node",
-        events,
-        tx,
-        ready,
-        |all| lock(&arbiter).replace_nodes(all.into_iter().map(labels).collect()),
-        |n| {
-            let (name, l) = labels(n);
-            lock(&arbiter).upsert_node(&name, l)
-        },
-        |n| lock(&arbiter).remove_node(&n.name_any()),
-    )
-    .await;
-}
-
-async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.limiter.acquire().await;
     let name = scheduler.name_any();
     let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());
@@ -685,7 +283,7 @@ async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
     }
 }
 
-fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Context>) -> Action {
     let name = scheduler.name_any();
     let failures = {
         let mut failures = lock(&ctx.failures);
@@ -709,27 +307,4 @@ fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Context>) -> Ac
         });
     }
     Action::requeue(delay)
-}
-
-/// Resolves on SIGTERM or SIGINT: the one shutdown signal every server and controller shares.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => futures::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = futures::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    info!("shutdown signal received; draining");
 }

@@ -131,13 +131,8 @@ impl Fixture {
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                let run = sked_controller::reconcile::run_with_stats(
-                    controller_client,
-                    flags,
-                    "test".into(),
-                    shutdown,
-                    stats,
-                );
+                let run =
+                    sked_controller::manager::run_with_stats(controller_client, flags, "test".into(), shutdown, stats);
                 if let Err(e) = run.await {
                     eprintln!("controller stopped with error: {e}");
                 }
