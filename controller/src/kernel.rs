@@ -69,9 +69,10 @@ impl KernelTable {
         }
     }
 
-    /// A copy of the table.
-    pub fn snapshot(&self) -> HashMap<String, NodeReport> {
-        self.nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    /// Runs `f` on the table under its lock, without copying it (a reconcile reads a few
+    /// nodes of a table that can hold thousands).
+    pub fn read<R>(&self, f: impl FnOnce(&HashMap<String, NodeReport>) -> R) -> R {
+        f(&self.nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 }
 
@@ -241,6 +242,6 @@ mod tests {
         // Back after a silence longer than the stale limit.
         let later = now + STALE + Duration::from_secs(1);
         assert_eq!(t.record("a", report("s2", NodeVerdict::Attached, later), STALE), vec!["s2"]);
-        assert_eq!(t.snapshot()["a"].scheduler, "s2");
+        assert_eq!(t.read(|nodes| nodes["a"].scheduler.clone()), "s2");
     }
 }

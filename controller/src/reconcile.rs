@@ -200,14 +200,10 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
 
     ctx.metrics.set_conflicting_nodes(&name, placement.lost.len());
     let desired = daemonset.as_ref().and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
-    let kernel = kernel::summarize(
-        &name,
-        &placement.owned,
-        desired,
-        &ctx.kernel.snapshot(),
-        std::time::Instant::now(),
-        ctx.flags.report_stale_after,
-    );
+    let now = std::time::Instant::now();
+    let stale_after = ctx.flags.report_stale_after;
+    let kernel =
+        ctx.kernel.read(|reports| kernel::summarize(&name, &placement.owned, desired, reports, now, stale_after));
     let uid = scheduler.uid().unwrap_or_default();
     let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
     let outcome = status::compute(&Observed {

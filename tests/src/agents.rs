@@ -10,9 +10,8 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 
-use crate::cluster::free_port;
+use crate::cluster::{TestCa, free_port};
 
 /// TLS material of a reports server: a CA and a serving certificate for localhost.
 pub struct ReportsTls {
@@ -23,20 +22,12 @@ pub struct ReportsTls {
 
 impl ReportsTls {
     pub fn generate(dir: &Path) -> Result<Self> {
-        let ca_key = KeyPair::generate()?;
-        let mut ca = CertificateParams::new(Vec::<String>::new())?;
-        ca.distinguished_name.push(DnType::CommonName, "sked-reports-test-ca");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_cert = ca.self_signed(&ca_key)?;
-        let issuer = Issuer::new(ca, &ca_key);
-        let key = KeyPair::generate()?;
-        let mut server = CertificateParams::new(vec!["localhost".to_string()])?;
-        server.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse()?));
-        let cert = server.signed_by(&key, &issuer)?;
+        let ca = TestCa::new("sked-reports-test-ca")?;
+        let server = ca.server("sked-reports", &["localhost"], &["127.0.0.1"])?;
         let out = Self { ca: dir.join("reports-ca.crt"), cert: dir.join("reports.crt"), key: dir.join("reports.key") };
-        std::fs::write(&out.ca, ca_cert.pem())?;
-        std::fs::write(&out.cert, cert.pem())?;
-        std::fs::write(&out.key, key.serialize_pem())?;
+        std::fs::write(&out.ca, ca.cert_pem())?;
+        std::fs::write(&out.cert, &server.cert_pem)?;
+        std::fs::write(&out.key, &server.key_pem)?;
         Ok(out)
     }
 }

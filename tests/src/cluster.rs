@@ -124,36 +124,70 @@ struct Pki {
     sa_pub: String,
 }
 
+/// A throwaway certificate authority for tests.
+pub struct TestCa {
+    cert_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, PEM-encoded.
+pub struct IssuedCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> Result<Self> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert_pem = params.self_signed(&key)?.pem();
+        Ok(Self { cert_pem, issuer: Issuer::new(params, key) })
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// A serving certificate for `dns` names and `ips`.
+    pub fn server(&self, common_name: &str, dns: &[&str], ips: &[&str]) -> Result<IssuedCert> {
+        let mut params = CertificateParams::new(dns.iter().map(|d| d.to_string()).collect::<Vec<_>>())?;
+        for ip in ips {
+            params.subject_alt_names.push(SanType::IpAddress(ip.parse()?));
+        }
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params)
+    }
+
+    /// A client certificate with a common name and organisation (Kubernetes user and group).
+    pub fn client(&self, common_name: &str, organization: &str) -> Result<IssuedCert> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.distinguished_name.push(DnType::OrganizationName, organization);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(params)
+    }
+
+    fn issue(&self, params: CertificateParams) -> Result<IssuedCert> {
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(IssuedCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
+}
+
 fn make_pki() -> Result<Pki> {
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name.push(DnType::CommonName, "sked-test-ca");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca, &ca_key);
-
-    let serving_key = KeyPair::generate()?;
-    let mut serving = CertificateParams::new(vec!["localhost".to_string(), "kubernetes.default.svc".to_string()])?;
-    serving.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse()?));
-    serving.subject_alt_names.push(SanType::IpAddress("10.0.0.1".parse()?));
-    serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
-    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let serving_cert = serving.signed_by(&serving_key, &issuer)?;
-
-    let admin_key = KeyPair::generate()?;
-    let mut admin = CertificateParams::new(Vec::<String>::new())?;
-    admin.distinguished_name.push(DnType::CommonName, "sked-test-admin");
-    admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
-    admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let admin_cert = admin.signed_by(&admin_key, &issuer)?;
-
+    let ca = TestCa::new("sked-test-ca")?;
+    let serving = ca.server("kube-apiserver", &["localhost", "kubernetes.default.svc"], &["127.0.0.1", "10.0.0.1"])?;
+    let admin = ca.client("sked-test-admin", "system:masters")?;
     let sa = KeyPair::generate()?;
     Ok(Pki {
-        ca_cert: ca_cert.pem(),
-        serving_cert: serving_cert.pem(),
-        serving_key: serving_key.serialize_pem(),
-        admin_cert: admin_cert.pem(),
-        admin_key: admin_key.serialize_pem(),
+        ca_cert: ca.cert_pem().to_owned(),
+        serving_cert: serving.cert_pem,
+        serving_key: serving.key_pem,
+        admin_cert: admin.cert_pem,
+        admin_key: admin.key_pem,
         sa_key: sa.serialize_pem(),
         sa_pub: sa.public_key_pem(),
     })
