@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint) from the Go module proxy with the local Go
+# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane) from the Go module proxy with the local Go
 # toolchain, the way envtest ships downloaded binaries. Each tool set is built
 # once into a per-user cache keyed by its version; later runs (from any clone)
 # only link it. Prints the directory that holds the binaries.
@@ -13,6 +13,9 @@ KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.7.0}
 HELM_VERSION=${HELM_VERSION:-v4.3.2}
 ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
+# Image trust tests: cosign signs, crane pushes images.
+COSIGN_VERSION=${COSIGN_VERSION:-v3.1.3}
+CRANE_VERSION=${CRANE_VERSION:-v0.22.1}
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir=${1:-$root/.tools/bin}
@@ -111,6 +114,9 @@ go_tool helm "$HELM_VERSION" helm.sh/helm/v4 helm.sh/helm/v4/cmd/helm \
   "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
 go_tool actionlint "$ACTIONLINT_VERSION" github.com/rhysd/actionlint github.com/rhysd/actionlint/cmd/actionlint \
   "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
+go_tool cosign "$COSIGN_VERSION" github.com/sigstore/cosign/v3 github.com/sigstore/cosign/v3/cmd/cosign \
+  "-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION"
+go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry github.com/google/go-containerregistry/cmd/crane
 
 mkdir -p "$bin_dir"
 for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
@@ -119,4 +125,6 @@ done
 ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin_dir/etcd"
 ln -sf "$cache/helm-$HELM_VERSION/helm" "$bin_dir/helm"
 ln -sf "$cache/actionlint-$ACTIONLINT_VERSION/actionlint" "$bin_dir/actionlint"
+ln -sf "$cache/cosign-$COSIGN_VERSION/cosign" "$bin_dir/cosign"
+ln -sf "$cache/crane-$CRANE_VERSION/crane" "$bin_dir/crane"
 echo "$bin_dir"

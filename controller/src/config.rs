@@ -117,6 +117,47 @@ pub struct ControllerFlags {
     /// reports server.
     #[arg(long, default_value = "sked-reports-ca")]
     pub reports_ca_configmap: String,
+
+    /// Trust policy file (YAML; the chart mounts it from a ConfigMap). Re-read when it changes.
+    /// Without it the built-in default applies: ghcr.io/schedkit images signed by schedkit's
+    /// GitHub Actions workflows.
+    #[arg(long)]
+    pub trust_policy: Option<PathBuf>,
+
+    /// How often the trust policy file is checked for changes.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub trust_policy_poll_interval: Duration,
+
+    /// Sigstore trusted_root.json for keyless signatures (air-gapped clusters, private Sigstore
+    /// deployments). Without it, the public-good root is fetched over TUF and cached.
+    #[arg(long)]
+    pub trusted_root: Option<PathBuf>,
+
+    /// Cache directory of the public-good TUF trust root.
+    #[arg(long, default_value = "/var/cache/sked/tuf")]
+    pub tuf_cache_dir: PathBuf,
+
+    /// Registries (host:port) spoken to over plain HTTP instead of HTTPS. Comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub insecure_registries: Vec<String>,
+
+    /// Cap on each registry request made to resolve or verify an image.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub registry_timeout: Duration,
+
+    /// How often a Scheduler whose image is a tag is resolved again, so a moved tag is followed
+    /// (once its new digest verifies).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub image_recheck_interval: Duration,
+
+    /// Address of the validating admission webhook (HTTPS). Needs --webhook-cert-dir.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub webhook_bind_address: SocketAddr,
+
+    /// Directory holding the webhook's tls.crt and tls.key (a mounted Secret). Without it the
+    /// webhook is off.
+    #[arg(long)]
+    pub webhook_cert_dir: Option<PathBuf>,
 }
 
 impl Default for ControllerFlags {
@@ -144,6 +185,15 @@ impl Default for ControllerFlags {
             agent_image: concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION")).into(),
             reports_address: "https://sked-reports.sked-system.svc:8443".into(),
             reports_ca_configmap: "sked-reports-ca".into(),
+            trust_policy: None,
+            trust_policy_poll_interval: Duration::from_secs(5),
+            trusted_root: None,
+            tuf_cache_dir: PathBuf::from("/var/cache/sked/tuf"),
+            insecure_registries: Vec::new(),
+            registry_timeout: Duration::from_secs(10),
+            image_recheck_interval: Duration::from_secs(300),
+            webhook_bind_address: SocketAddr::from(([0, 0, 0, 0], 9443)),
+            webhook_cert_dir: None,
         }
     }
 }

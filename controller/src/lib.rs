@@ -24,6 +24,8 @@ pub mod reconcile;
 pub mod reports;
 pub mod status;
 pub mod telemetry;
+pub mod trust;
+pub mod webhook;
 pub mod workload;
 
 pub use api::{Scheduler, SchedulerSpec, SchedulerStatus};

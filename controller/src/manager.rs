@@ -28,7 +28,24 @@ use crate::kernel::KernelTable;
 use crate::pacing::TokenBucket;
 use crate::reconcile::{BoxError, CRD_NAME, Context, Memo, error_policy, lock, reconcile};
 use crate::reports::{ReportStats, ReportsService};
+use crate::trust::{Trust, TrustRootSource, TrustSettings};
+use crate::webhook::WebhookState;
 use crate::workload::{self, AgentSettings, FIELD_MANAGER, WorkloadSettings};
+
+/// Trust settings from the flags.
+fn trust_settings(flags: &ControllerFlags) -> TrustSettings {
+    TrustSettings {
+        trust_root: match &flags.trusted_root {
+            Some(path) => TrustRootSource::File(path.clone()),
+            None => TrustRootSource::PublicGood { cache_dir: flags.tuf_cache_dir.clone() },
+        },
+        registry: crate::trust::registry::RegistrySettings {
+            insecure: flags.insecure_registries.clone(),
+            timeout: flags.registry_timeout,
+        },
+        secrets_namespace: flags.workload_namespace.clone(),
+    }
+}
 
 /// Runs the controller until `shutdown` resolves, then drains in-flight reconciles.
 pub async fn run(
@@ -67,6 +84,40 @@ pub async fn run_with_stats(
                 error!(err = %e, %address, "metrics and health server failed: choose another --metrics-bind-address");
             }
         });
+    }
+
+    // The trust policy is checked before anything else: a file that does not parse stops the
+    // controller here, naming the line.
+    let loaded = crate::trust::load_policy(flags.trust_policy.as_deref())?;
+    info!(logger = "trust", source = %loaded.source, rules = loaded.policy.rules().len(), "trust policy loaded");
+    let (policy_tx, policy_rx) = watch::channel(Arc::new(loaded));
+    let trust = Arc::new(Trust::new(trust_settings(&flags), policy_rx.clone()));
+    if let Some(path) = flags.trust_policy.clone() {
+        tokio::spawn(crate::trust::follow_policy_file(
+            path,
+            flags.trust_policy_poll_interval,
+            policy_tx,
+            metrics.clone(),
+            stop_rx.clone(),
+        ));
+    }
+    // Every replica serves the webhook, leader or not.
+    let webhook_task = flags.webhook_cert_dir.clone().map(|cert_dir| {
+        let state = Arc::new(WebhookState {
+            trust: trust.clone(),
+            client: client.clone(),
+            metrics: metrics.clone(),
+            timeout: flags.registry_timeout * 2,
+        });
+        let (address, stop) = (flags.webhook_bind_address, stop_rx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = crate::webhook::serve(address, cert_dir, state, stop).await {
+                error!(logger = "webhook", err = %e, %address, "admission webhook failed");
+            }
+        })
+    });
+    if webhook_task.is_none() {
+        info!(logger = "webhook", "no --webhook-cert-dir: the admission webhook is off");
     }
 
     wait_for_crd(&client).await?;
@@ -155,6 +206,19 @@ pub async fn run_with_stats(
         }
     };
 
+    // A new policy re-verifies every Scheduler's image.
+    let reverify = {
+        let (arbiter, trigger_tx, mut policy) = (arbiter.clone(), trigger_tx.clone(), policy_rx);
+        tokio::spawn(async move {
+            while policy.changed().await.is_ok() {
+                let names: Vec<String> = lock(&arbiter).schedulers().map(str::to_owned).collect();
+                for name in names {
+                    let _ = trigger_tx.unbounded_send(ObjectRef::new(&name));
+                }
+            }
+        })
+    };
+
     let ctx = Arc::new(Context {
         limiter: TokenBucket::new(
             flags.reconcile_rate_limit_qps,
@@ -180,6 +244,7 @@ pub async fn run_with_stats(
         report_stats,
         leader: leadership.rx.clone(),
         metrics: metrics.clone(),
+        trust,
     });
 
     let term: Arc<Mutex<Option<UnboundedSender<ObjectRef<Scheduler>>>>> = Arc::default();
@@ -236,11 +301,15 @@ pub async fn run_with_stats(
         warn!("lost leadership: stopped reconciling and writing");
     }
     forwarder.abort();
+    reverify.abort();
     leadership.release().await;
     for task in index_tasks {
         task.abort();
     }
     if let Some(task) = reports_task {
+        let _ = task.await;
+    }
+    if let Some(task) = webhook_task {
         let _ = task.await;
     }
     info!("controller stopped");

@@ -33,6 +33,8 @@ pub struct Metrics {
     report_streams_accepted: Gauge,
     report_streams_refused: Gauge,
     reports_received: Gauge,
+    verifications: Family<Labels, Counter>,
+    policy_reloads: Family<Labels, Counter>,
     report_stats: Arc<ReportStats>,
 }
 
@@ -48,6 +50,8 @@ impl Metrics {
         let report_streams_accepted = Gauge::default();
         let report_streams_refused = Gauge::default();
         let reports_received = Gauge::default();
+        let verifications = Family::<Labels, Counter>::default();
+        let policy_reloads = Family::<Labels, Counter>::default();
         registry.register("reconciles", "Scheduler reconciles by result", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by error kind", reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Time a reconcile took", reconcile_duration.clone());
@@ -69,6 +73,12 @@ impl Metrics {
             report_streams_refused.clone(),
         );
         registry.register("reports_received", "Agent reports received since start", reports_received.clone());
+        registry.register(
+            "image_verifications",
+            "Image admissions by caller (reconcile, webhook) and outcome (verified, cached, unsigned_allowed, or the failure kind)",
+            verifications.clone(),
+        );
+        registry.register("trust_policy_reloads", "Trust policy file reloads by result", policy_reloads.clone());
         Self {
             registry,
             reconciles,
@@ -80,6 +90,8 @@ impl Metrics {
             report_streams_accepted,
             report_streams_refused,
             reports_received,
+            verifications,
+            policy_reloads,
             report_stats,
         }
     }
@@ -92,6 +104,18 @@ impl Metrics {
         if let Some(kind) = error {
             self.reconcile_errors.get_or_create(&vec![("error".into(), kind.into())]).inc();
         }
+    }
+
+    /// Records one image admission decision.
+    pub fn verified(&self, caller: &'static str, outcome: &'static str) {
+        self.verifications
+            .get_or_create(&vec![("caller".into(), caller.into()), ("outcome".into(), outcome.into())])
+            .inc();
+    }
+
+    pub fn policy_reloaded(&self, ok: bool) {
+        let result = if ok { "success" } else { "refused" };
+        self.policy_reloads.get_or_create(&vec![("result".into(), result.into())]).inc();
     }
 
     pub fn set_conflicting_nodes(&self, scheduler: &str, nodes: usize) {

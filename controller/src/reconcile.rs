@@ -26,6 +26,7 @@ use crate::kernel::{self, KernelTable};
 use crate::pacing::{TokenBucket, retry_delay};
 use crate::reports::ReportStats;
 use crate::status::{self, EventKind, EventSpec, Observed};
+use crate::trust::{Trust, TrustError};
 use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
 
 /// Errors that stop the controller from starting.
@@ -49,6 +50,8 @@ pub enum Error {
     Timeout { name: String, timeout: Duration },
     #[error(transparent)]
     Identity(#[from] workload::MissingIdentity),
+    #[error("image of Scheduler {name} refused: {source}")]
+    Image { name: String, source: TrustError },
 }
 
 impl Error {
@@ -60,6 +63,7 @@ impl Error {
             Error::WriteStatus { .. } => "write_status",
             Error::Timeout { .. } => "timeout",
             Error::Identity(_) => "identity",
+            Error::Image { .. } => "image_verification",
         }
     }
 }
@@ -81,6 +85,8 @@ pub struct Context {
     /// Whether this replica leads; every write checks it.
     pub(crate) leader: watch::Receiver<bool>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Decides which images may run and resolves them to digests.
+    pub trust: Arc<Trust>,
 }
 
 impl Context {
@@ -158,12 +164,36 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
 
     let namespace = &ctx.settings.namespace;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
-    // Until image trust lands, the image is deployed as written.
-    let image = scheduler.spec.sched.clone();
+    let get_current = || async {
+        daemonsets.get_opt(&name).await.map_err(|source| Error::ApplyDaemonSet {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source,
+        })
+    };
+
+    // The image must be admitted by the trust policy before anything is deployed; a refusal
+    // leaves the running DaemonSet exactly as it was.
+    // Verified whether or not the Scheduler has nodes, so its status always tells.
+    let mut image_error = None;
+    let secrets: Vec<String> = scheduler.spec.image_pull_secrets.iter().map(|r| r.name.clone()).collect();
+    let admitted = match ctx.trust.admit(&ctx.client, &scheduler.spec.sched, &secrets).await {
+        Ok(admitted) => {
+            ctx.metrics.verified("reconcile", admitted.outcome.metric_label());
+            Some(admitted)
+        }
+        Err(e) => {
+            ctx.metrics.verified("reconcile", e.metric_label());
+            warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
+            image_error = Some(e);
+            None
+        }
+    };
+    let image = admitted.as_ref().map(|a| a.image.clone());
 
     let mut spec_error = None;
-    let daemonset = if placement.wants_daemonset() {
-        let desired = workload::desired_daemonset(scheduler, &image, &placement.lost_nodes(), &ctx.settings)?;
+    let daemonset = if let Some(image) = image.as_ref().filter(|_| placement.wants_daemonset()) {
+        let desired = workload::desired_daemonset(scheduler, image, &placement.lost_nodes(), &ctx.settings)?;
         match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
             Ok(applied) => {
                 let generation = applied.metadata.generation.unwrap_or(0);
@@ -178,14 +208,12 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
                 // report it on the Scheduler and wait for the user to change the spec.
                 warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
                 spec_error = Some(status.message.clone());
-                daemonsets.get_opt(&name).await.map_err(|source| Error::ApplyDaemonSet {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    source,
-                })?
+                get_current().await?
             }
             Err(source) => return Err(Error::ApplyDaemonSet { namespace: namespace.clone(), name, source }),
         }
+    } else if image_error.is_some() && placement.wants_daemonset() {
+        get_current().await?
     } else {
         match daemonsets.delete(&name, &DeleteParams::background()).await {
             Ok(_) => {
@@ -211,8 +239,9 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         previous: &previous,
         daemonset: daemonset.as_ref(),
         placement: &placement,
-        image: &image,
+        image: image.as_deref(),
         spec_error: spec_error.as_deref(),
+        image_error: image_error.as_ref().map(ToString::to_string).as_deref(),
         kernel: &kernel,
         now: Time(jiff::Timestamp::now()),
     });
@@ -243,9 +272,18 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
-    // Look again when the freshest report would turn stale; everything else is a watch event.
-    Ok(match kernel.recheck_in {
-        Some(after) => Action::requeue(after + Duration::from_millis(100)),
+    if let Some(source) = image_error {
+        // Retried with backoff by `error_policy`; the Warning event above already says why.
+        return Err(Error::Image { name, source });
+    }
+    // Look again when the freshest report would turn stale, and periodically when the image is
+    // a tag that may move; everything else is a watch event.
+    let tag_recheck = admitted
+        .filter(|a| a.outcome != crate::trust::Outcome::UnsignedAllowed && !scheduler.spec.sched.contains('@'))
+        .map(|_| ctx.flags.image_recheck_interval);
+    let kernel_recheck = kernel.recheck_in.map(|after| after + Duration::from_millis(100));
+    Ok(match kernel_recheck.into_iter().chain(tag_recheck).min() {
+        Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
 }
@@ -289,7 +327,8 @@ pub(crate) fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Cont
     };
     let delay = retry_delay(ctx.flags.reconcile_retry_base_delay, ctx.flags.reconcile_retry_max_delay, failures);
     error!(scheduler = %name, err = %err, error_kind = err.metric_label(), failures, retry_in = ?delay, "reconcile failed");
-    if failures == 1 && !matches!(err, Error::WriteStatus { .. }) {
+    // A refused image has its own Warning (ImageVerificationFailed) from the reconcile.
+    if failures == 1 && !matches!(err, Error::WriteStatus { .. } | Error::Image { .. }) {
         // Record the start of a failure streak once, not every retry.
         let message = err.to_string();
         let ctx = ctx.clone();

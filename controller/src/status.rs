@@ -33,10 +33,13 @@ pub struct Observed<'a> {
     pub daemonset: Option<&'a DaemonSet>,
     /// Which selected nodes the Scheduler owns and lost.
     pub placement: &'a Placement,
-    /// The image the DaemonSet runs.
-    pub image: &'a str,
+    /// The image this reconcile deployed; `None` when it deployed nothing new (the status
+    /// keeps the image last resolved).
+    pub image: Option<&'a str>,
     /// Why the API server refused the DaemonSet built from this spec, if it did.
     pub spec_error: Option<&'a str>,
+    /// Why the image may not run (trust policy, registry, signature), if so.
+    pub image_error: Option<&'a str>,
     /// What the agents report of the kernels of this Scheduler's nodes.
     pub kernel: &'a KernelSummary,
     pub now: Time,
@@ -123,6 +126,12 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             reason::SPEC_INVALID.to_owned(),
             format!("The API server refused the DaemonSet built from this spec; fix the Scheduler's spec: {why}"),
         )
+    } else if let Some(why) = obs.image_error {
+        (
+            true,
+            reason::IMAGE_VERIFICATION_FAILED.to_owned(),
+            format!("{why}. The running DaemonSet (if any) is kept as it was; retrying with backoff"),
+        )
     } else if let Some(msg) = conflict_message(obs.placement) {
         (true, reason::SCHEDULER_CONFLICT.to_owned(), msg)
     } else {
@@ -188,7 +197,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     let kernel_attached = k.attached.min(rollout.desired);
     let status = SchedulerStatus {
         observed_generation: generation,
-        resolved_image: Some(obs.image.to_owned()),
+        resolved_image: obs.image.map(str::to_owned).or_else(|| obs.previous.resolved_image.clone()),
         desired_number_scheduled: rollout.desired,
         number_ready: rollout.ready,
         number_available: rollout.available,
@@ -380,8 +389,9 @@ mod tests {
                 previous: &self.previous,
                 daemonset,
                 placement,
-                image: "x/y:z",
+                image: Some("x/y:z"),
                 spec_error: None,
+                image_error: None,
                 kernel: &self.kernel,
                 now: time(self.clock),
             });
@@ -586,7 +596,8 @@ mod tests {
             previous: &previous,
             daemonset: Some(&daemonset),
             placement: &p,
-            image: "x/y",
+            image: Some("x/y"),
+            image_error: None,
             spec_error: Some("spec.template.spec.containers[0].resources.limits: Invalid value"),
             kernel: &kernel(0, 1, "NotAttached"),
             now: time(5),
@@ -595,6 +606,32 @@ mod tests {
         let d = cond(&out.status, "Degraded");
         assert_eq!(d.reason, "SpecInvalid");
         assert!(d.message.contains("resources.limits"), "{}", d.message);
+    }
+
+    #[test]
+    fn a_refused_image_is_degraded_and_keeps_the_running_image() {
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let previous = SchedulerStatus { resolved_image: Some("r.io/a@sha256:1".into()), ..Default::default() };
+        let daemonset = ds(1, 1, 1, 1, 1);
+        let kernel_summary = kernel(1, 1, "KernelAttached");
+        let observe = |image_error| Observed {
+            generation: Some(2),
+            previous: &previous,
+            daemonset: Some(&daemonset),
+            placement: &p,
+            image: None,
+            image_error,
+            spec_error: None,
+            kernel: &kernel_summary,
+            now: time(5),
+        };
+        let out = compute(&observe(Some("signature of image \"r.io/a:v2\" is invalid")));
+        assert_eq!(reasons(&out.event), Some((EventKind::Warning, "ImageVerificationFailed")));
+        let d = cond(&out.status, "Degraded");
+        assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "ImageVerificationFailed"));
+        assert!(d.message.contains("r.io/a:v2") && d.message.contains("kept as it was"), "{}", d.message);
+        assert_eq!(out.status.resolved_image.as_deref(), Some("r.io/a@sha256:1"));
+        assert_eq!(cond(&out.status, "Ready").status, "True", "the running pods are still ready");
     }
 
     #[test]

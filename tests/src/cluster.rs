@@ -16,7 +16,10 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, CustomExtension, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
 
 /// Directory holding the pinned upstream binaries (built by `hack/build-tools.sh`).
 pub fn tools_dir() -> PathBuf {
@@ -69,7 +72,7 @@ extern "C" fn cleanup_at_exit() {
 
 /// Spawns commands from one thread that lives as long as the process, so PDEATHSIG (which
 /// follows the spawning *thread*) fires only when the test process itself goes away.
-fn spawn(mut cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
     type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
     let tx = SPAWNER.get_or_init(|| {
@@ -127,6 +130,7 @@ struct Pki {
 /// A throwaway certificate authority for tests.
 pub struct TestCa {
     cert_pem: String,
+    cert_der: Vec<u8>,
     issuer: Issuer<'static, KeyPair>,
 }
 
@@ -142,12 +146,32 @@ impl TestCa {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let cert_pem = params.self_signed(&key)?.pem();
-        Ok(Self { cert_pem, issuer: Issuer::new(params, key) })
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key)?;
+        let (cert_pem, cert_der) = (cert.pem(), cert.der().to_vec());
+        Ok(Self { cert_pem, cert_der, issuer: Issuer::new(params, key) })
     }
 
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
+    }
+
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    /// A code-signing certificate shaped like one Fulcio issues for a keyless signature: the
+    /// identity as a URI SAN and the OIDC issuer in Sigstore's issuer extension
+    /// (1.3.6.1.4.1.57264.1.1).
+    pub fn code_signing(&self, identity: &str, oidc_issuer: &str) -> Result<IssuedCert> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.subject_alt_names.push(SanType::URI(identity.try_into()?));
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::CodeSigning];
+        params
+            .custom_extensions
+            .push(CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 57264, 1, 1], oidc_issuer.as_bytes().to_vec()));
+        self.issue(params)
     }
 
     /// A serving certificate for `dns` names and `ips`.

@@ -3,6 +3,7 @@
 
 pub mod agents;
 pub mod cluster;
+pub mod registry;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -83,6 +84,8 @@ pub struct Fixture {
     pub namespace: String,
     /// Streams the controller's reports server accepted and refused.
     pub report_stats: std::sync::Arc<sked_controller::reports::ReportStats>,
+    /// Where the in-process controller serves /metrics.
+    pub metrics_address: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     controller: Option<tokio::task::JoinHandle<()>>,
     _turn: MutexGuard<'static, ()>,
@@ -121,6 +124,11 @@ impl Fixture {
         // One in-process controller at a time: no election (the leader test runs processes).
         flags.leader_elect = false;
         flags.metrics_bind_address = ([127, 0, 0, 1], cluster::free_port()?).into();
+        let metrics_address = flags.metrics_bind_address;
+        // Tests that are not about image trust run made-up images from no registry.
+        if flags.trust_policy.is_none() {
+            flags.trust_policy = Some(allow_unsigned_policy(&cluster.dir)?);
+        }
         tokio::spawn(finish_pod_deletions(client.clone(), namespace.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
         let controller_client = client.clone();
@@ -138,7 +146,16 @@ impl Fixture {
                 }
             })
         });
-        Ok(Self { cluster, client, namespace, report_stats, stop: Some(stop), controller, _turn: turn })
+        Ok(Self {
+            cluster,
+            client,
+            namespace,
+            report_stats,
+            metrics_address,
+            stop: Some(stop),
+            controller,
+            _turn: turn,
+        })
     }
 
     /// Stops the controller and waits for it to drain.
@@ -149,6 +166,23 @@ impl Fixture {
         if let Some(handle) = self.controller.take() {
             let _ = tokio::time::timeout(DEADLINE, handle).await;
         }
+    }
+
+    /// The controller's /metrics text.
+    pub async fn scrape_metrics(&self) -> Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.metrics_address).await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: metrics\r\n\r\n").await?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await?;
+        Ok(body)
+    }
+
+    /// `kubectl apply -f -` of `yaml`; the command's output (refusals are not errors here).
+    pub fn kubectl_apply(&self, yaml: &str) -> Result<std::process::Output> {
+        let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
+        std::fs::write(file.path(), yaml)?;
+        self.cluster.kubectl(&["apply", "-f", &file.path().to_string_lossy()])
     }
 
     pub fn schedulers(&self) -> Api<Scheduler> {
@@ -337,6 +371,14 @@ pub fn has_condition(s: &Scheduler, type_: &str, status: &str, reason: &str) -> 
 }
 
 /// Applies the committed CRDs (server-side) and waits until they are established.
+/// A trust policy that lets every image run unsigned, as written: for tests that are not
+/// about image trust (their images exist in no registry).
+pub fn allow_unsigned_policy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let path = dir.join("trust-policy-allow-unsigned.yaml");
+    std::fs::write(&path, "rules:\n  - repository: \"**\"\n    unsigned: allow\n")?;
+    Ok(path)
+}
+
 pub async fn install_crds(client: &Client) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let dir = cluster::workspace_root().join("crds");

@@ -36,6 +36,8 @@ impl ControllerProcess {
                 "--reconcile-rate-limit-qps=100",
                 &format!("--metrics-bind-address=127.0.0.1:{metrics}"),
             ])
+            .arg("--trust-policy")
+            .arg(sked_tests::allow_unsigned_policy(dir)?)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

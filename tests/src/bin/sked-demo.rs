@@ -41,6 +41,10 @@ async fn main() -> Result<()> {
     }
     let tls = ReportsTls::generate(&cluster.dir)?;
     let reports_port = cluster::free_port()?;
+    // The demo has no registry to verify signatures against; its trust policy lets the
+    // example's repository run unsigned. The built-in default requires schedkit's signature.
+    let policy = cluster.dir.join("demo-trust-policy.yaml");
+    std::fs::write(&policy, "rules:\n  - repository: ghcr.io/schedkit/*\n    unsigned: allow\n")?;
     let log = std::fs::File::create(cluster.dir.join("sked-controller.log"))?;
     let mut controller = Command::new(&controller_bin)
         .env("KUBECONFIG", &cluster.kubeconfig)
@@ -49,6 +53,8 @@ async fn main() -> Result<()> {
         .arg(&tls.cert)
         .arg("--reports-key-file")
         .arg(&tls.key)
+        .arg("--trust-policy")
+        .arg(&policy)
         .stdout(log.try_clone()?)
         .stderr(log)
         .stdin(Stdio::null())

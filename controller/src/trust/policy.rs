@@ -1,0 +1,345 @@
+//! The trust policy: which image repositories may run, and what their signatures must show.
+//!
+//! Pure: parsing (with the line of every mistake) and matching a repository to its rule. The
+//! file is YAML:
+//!
+//! ```yaml
+//! rules:                      # tried in order; the first matching repository decides
+//!   - repository: ghcr.io/schedkit/*
+//!     keyless:
+//!       issuer: https://token.actions.githubusercontent.com
+//!       identityRegExp: ^https://github\.com/schedkit/.+$
+//!   - repository: registry.example.com/team/**
+//!     publicKey: |
+//!       -----BEGIN PUBLIC KEY-----
+//!       ...
+//!   - repository: registry.example.com/dev/*
+//!     unsigned: allow
+//! ```
+//!
+//! In a repository pattern `*` stands for any characters within one path component and `**`
+//! for any characters across components. Repositories are compared in their full form:
+//! `busybox` is `docker.io/library/busybox`.
+
+use std::fmt;
+
+use regex::Regex;
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// The policy in force when no file is given: sked's own images, signed by the schedkit
+/// organisation's GitHub Actions workflows through Sigstore's public-good instance.
+pub const DEFAULT_POLICY: &str = r#"rules:
+  - repository: ghcr.io/schedkit/**
+    keyless:
+      issuer: https://token.actions.githubusercontent.com
+      identityRegExp: ^https://github\.com/schedkit/[^/]+/\.github/workflows/.+$
+"#;
+
+/// OIDC issuer of GitHub Actions tokens.
+pub const GITHUB_ACTIONS_ISSUER: &str = "https://token.actions.githubusercontent.com";
+
+/// A parsed, checked policy.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    rules: Vec<Rule>,
+}
+
+/// One rule: a repository pattern and what a signature must show.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    /// The pattern as written.
+    pub repository: String,
+    pattern: Regex,
+    pub requirement: Requirement,
+    /// 1-based line of the rule in the policy file, for messages.
+    pub line: u64,
+}
+
+/// What an image matched by a rule must carry.
+#[derive(Clone, Debug)]
+pub enum Requirement {
+    /// A signature whose certificate chains to the trusted root, issued for this identity by
+    /// this OIDC issuer.
+    Keyless { issuer: String, identity: Identity },
+    /// A signature made with the private half of this key (PEM).
+    PublicKey { pem: String },
+    /// Nothing: the reference is deployed as written, without contacting the registry.
+    Unsigned,
+}
+
+/// The certificate identity a keyless signature must carry.
+#[derive(Clone, Debug)]
+pub enum Identity {
+    Exact(String),
+    /// Matched against the whole identity (the expression is anchored at both ends).
+    Pattern {
+        source: String,
+        regex: Regex,
+    },
+}
+
+impl Identity {
+    pub fn matches(&self, identity: &str) -> bool {
+        match self {
+            Identity::Exact(want) => want == identity,
+            Identity::Pattern { regex, .. } => regex.is_match(identity),
+        }
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::Exact(s) => write!(f, "identity {s:?}"),
+            Identity::Pattern { source, .. } => write!(f, "identity matching {source:?}"),
+        }
+    }
+}
+
+/// Why a policy document was refused. The message names the line and the fix.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("trust policy line {line}: {message}")]
+pub struct PolicyError {
+    pub line: u64,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    rules: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRule {
+    repository: Option<String>,
+    keyless: Option<RawKeyless>,
+    public_key: Option<String>,
+    unsigned: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawKeyless {
+    issuer: Option<String>,
+    identity: Option<String>,
+    identity_reg_exp: Option<String>,
+}
+
+impl Policy {
+    /// Parses and checks a policy document.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let raw: RawPolicy = serde_saphyr::from_str(text).map_err(|e| yaml_error(&e.to_string()))?;
+        let rules = raw.rules.into_iter().map(check_rule).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { rules })
+    }
+
+    /// The built-in default policy.
+    pub fn default_policy() -> Self {
+        match Self::parse(DEFAULT_POLICY) {
+            Ok(policy) => policy,
+            // The constant is covered by a unit test; an empty policy refuses everything.
+            Err(_) => Self { rules: Vec::new() },
+        }
+    }
+
+    /// The first rule whose pattern matches `repository` (in its full form).
+    pub fn rule_for(&self, repository: &str) -> Option<&Rule> {
+        let full = full_repository(repository);
+        self.rules.iter().find(|r| r.pattern.is_match(&full))
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+}
+
+/// serde-saphyr reports a location as "line N" / "at line N column M" somewhere in its message.
+fn yaml_error(message: &str) -> PolicyError {
+    let line =
+        Regex::new(r"line (\d+)").ok().and_then(|re| re.captures(message).and_then(|c| c[1].parse().ok())).unwrap_or(1);
+    PolicyError { line, message: format!("not a valid policy document: {message}") }
+}
+
+fn check_rule(spanned: Spanned<RawRule>) -> Result<Rule, PolicyError> {
+    let line = spanned.referenced.line();
+    let raw = spanned.value;
+    let err = |message: String| PolicyError { line, message };
+    let repository = raw.repository.filter(|r| !r.trim().is_empty()).ok_or_else(|| {
+        err("rule has no `repository`: set the repository pattern it applies to, e.g. ghcr.io/org/*".into())
+    })?;
+    let pattern = compile_pattern(&repository).map_err(|e| err(format!("repository pattern {repository:?}: {e}")))?;
+    let requirement = match (raw.keyless, raw.public_key, raw.unsigned) {
+        (Some(k), None, None) => {
+            let issuer = k.issuer.filter(|i| !i.is_empty()).ok_or_else(|| {
+                err(format!("rule for {repository:?}: `keyless` needs `issuer`, the OIDC issuer URL (e.g. {GITHUB_ACTIONS_ISSUER})"))
+            })?;
+            let identity = match (k.identity, k.identity_reg_exp) {
+                (Some(exact), None) => Identity::Exact(exact),
+                (None, Some(source)) => {
+                    let regex = Regex::new(&format!("^(?:{source})$"))
+                        .map_err(|e| err(format!("rule for {repository:?}: `identityRegExp` does not compile: {e}")))?;
+                    Identity::Pattern { source, regex }
+                }
+                _ => {
+                    return Err(err(format!(
+                        "rule for {repository:?}: `keyless` needs exactly one of `identity` (exact) or `identityRegExp`"
+                    )));
+                }
+            };
+            Requirement::Keyless { issuer, identity }
+        }
+        (None, Some(pem), None) => {
+            if !pem.contains("-----BEGIN PUBLIC KEY-----") {
+                return Err(err(format!(
+                    "rule for {repository:?}: `publicKey` must be a PEM public key (-----BEGIN PUBLIC KEY-----), as `cosign generate-key-pair` writes to cosign.pub"
+                )));
+            }
+            if let Err(e) = sigstore::crypto::CosignVerificationKey::try_from_pem(pem.as_bytes()) {
+                return Err(err(format!("rule for {repository:?}: `publicKey` is not a usable public key: {e}")));
+            }
+            Requirement::PublicKey { pem }
+        }
+        (None, None, Some(u)) if u == "allow" => Requirement::Unsigned,
+        (None, None, Some(u)) => {
+            return Err(err(format!("rule for {repository:?}: `unsigned` accepts only `allow`, not {u:?}")));
+        }
+        _ => {
+            return Err(err(format!(
+                "rule for {repository:?} needs exactly one of `keyless`, `publicKey` or `unsigned: allow`"
+            )));
+        }
+    };
+    Ok(Rule { repository, pattern, requirement, line })
+}
+
+/// Turns a repository glob into an anchored regular expression.
+fn compile_pattern(glob: &str) -> Result<Regex, String> {
+    let mut re = String::from("^");
+    let mut chars = glob.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '*' {
+            if chars.peek() == Some(&'*') {
+                chars.next();
+                re.push_str(".*");
+            } else {
+                re.push_str("[^/]*");
+            }
+        } else if c.is_ascii_alphanumeric() || "./:_-".contains(c) {
+            re.push_str(&regex::escape(&c.to_string()));
+        } else {
+            return Err(format!("character {c:?} is not allowed; use letters, digits, . / : _ - and * or **"));
+        }
+    }
+    re.push('$');
+    Regex::new(&re).map_err(|e| e.to_string())
+}
+
+/// The repository as a registry names it: `busybox` is `docker.io/library/busybox`.
+pub fn full_repository(repository: &str) -> String {
+    match repository.split_once('/') {
+        Some((host, _)) if host.contains('.') || host.contains(':') || host == "localhost" => repository.to_owned(),
+        Some(_) => format!("docker.io/{repository}"),
+        None => format!("docker.io/library/{repository}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_policy_requires_schedkit_workflows() {
+        let policy = Policy::parse(DEFAULT_POLICY).unwrap();
+        let rule = policy.rule_for("ghcr.io/schedkit/scx_rusty").unwrap();
+        let Requirement::Keyless { issuer, identity } = &rule.requirement else { panic!("keyless expected") };
+        assert_eq!(issuer, GITHUB_ACTIONS_ISSUER);
+        assert!(
+            identity.matches("https://github.com/schedkit/scx-images/.github/workflows/publish.yml@refs/heads/main")
+        );
+        assert!(!identity.matches("https://github.com/evil/scx/.github/workflows/publish.yml@refs/heads/main"));
+        assert!(policy.rule_for("ghcr.io/other/scx_rusty").is_none());
+        assert!(policy.rule_for("docker.io/library/busybox").is_none());
+    }
+
+    #[test]
+    fn first_matching_rule_decides() {
+        let policy = Policy::parse(
+            "rules:\n  - repository: reg.example/dev/*\n    unsigned: allow\n  - repository: reg.example/**\n    keyless:\n      issuer: https://issuer\n      identity: me\n",
+        )
+        .unwrap();
+        assert!(matches!(policy.rule_for("reg.example/dev/a").unwrap().requirement, Requirement::Unsigned));
+        assert!(matches!(policy.rule_for("reg.example/dev/a/b").unwrap().requirement, Requirement::Keyless { .. }));
+        assert!(matches!(policy.rule_for("reg.example/prod").unwrap().requirement, Requirement::Keyless { .. }));
+        assert_eq!(policy.rules()[1].line, 4);
+    }
+
+    #[test]
+    fn single_star_stays_within_a_component() {
+        let re = compile_pattern("ghcr.io/schedkit/*").unwrap();
+        assert!(re.is_match("ghcr.io/schedkit/scx_rusty"));
+        assert!(!re.is_match("ghcr.io/schedkit/a/b"));
+        assert!(!re.is_match("ghcr.io/schedkitx/a"));
+        assert!(!re.is_match("xghcr.io/schedkit/a"));
+    }
+
+    #[test]
+    fn short_names_are_compared_in_full() {
+        assert_eq!(full_repository("busybox"), "docker.io/library/busybox");
+        assert_eq!(full_repository("x/y"), "docker.io/x/y");
+        assert_eq!(full_repository("localhost/y"), "localhost/y");
+        assert_eq!(full_repository("127.0.0.1:5000/y"), "127.0.0.1:5000/y");
+        let policy = Policy::parse("rules:\n  - repository: docker.io/library/*\n    unsigned: allow\n").unwrap();
+        assert!(policy.rule_for("busybox").is_some());
+    }
+
+    #[test]
+    fn identity_patterns_are_anchored() {
+        let policy = Policy::parse(
+            "rules:\n  - repository: r.io/*\n    keyless:\n      issuer: https://i\n      identityRegExp: https://github\\.com/org/.*\n",
+        )
+        .unwrap();
+        let Requirement::Keyless { identity, .. } = &policy.rules()[0].requirement else { panic!() };
+        assert!(identity.matches("https://github.com/org/x"));
+        assert!(!identity.matches("evil https://github.com/org/x"));
+    }
+
+    #[test]
+    fn mistakes_name_their_line_and_the_fix() {
+        let cases = [
+            ("rules:\n  - repository: a.io/*\n    unsigned: yes-please\n", 2, "accepts only `allow`"),
+            (
+                "rules:\n  - repository: a.io/*\n    unsigned: allow\n  - keyless: {issuer: x, identity: y}\n",
+                4,
+                "no `repository`",
+            ),
+            ("rules:\n  - repository: a.io/*\n    keyless:\n      identity: y\n", 2, "needs `issuer`"),
+            ("rules:\n  - repository: a.io/*\n    keyless:\n      issuer: x\n", 2, "exactly one of `identity`"),
+            ("rules:\n  - repository: a.io/*\n    publicKey: abc\n", 2, "PEM public key"),
+            ("rules:\n  - repository: a.io/*\n    unsigned: allow\n    publicKey: x\n", 2, "exactly one of"),
+            ("rules:\n  - repository: a.io/[x]\n    unsigned: allow\n", 2, "not allowed"),
+            (
+                "rules:\n  - repository: a.io/x\n    keyless:\n      issuer: x\n      identityRegExp: '('\n",
+                2,
+                "does not compile",
+            ),
+        ];
+        for (doc, line, needle) in cases {
+            let err = Policy::parse(doc).unwrap_err();
+            assert_eq!(err.line, line, "{doc}: {err}");
+            assert!(err.to_string().contains(needle), "{doc}: {err}");
+        }
+    }
+
+    #[test]
+    fn yaml_errors_carry_a_line() {
+        let err = Policy::parse("rules:\n  - repository: a.io/*\n    unsigned: allow\n  - [oops\n").unwrap_err();
+        assert!(err.line >= 4, "{err}");
+        let err = Policy::parse("rules:\n  - repository: a.io/*\n    colour: red\n").unwrap_err();
+        assert!(err.message.contains("colour"), "{err}");
+        assert!(err.line >= 2, "{err}");
+    }
+}

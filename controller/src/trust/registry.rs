@@ -1,0 +1,190 @@
+//! Talking to OCI registries: credentials from image pull secrets, and tag -> digest resolution.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine;
+use oci_client::errors::OciDistributionError;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::Deserialize;
+
+use super::TrustError;
+
+/// How the controller reaches registries.
+#[derive(Clone, Debug, Default)]
+pub struct RegistrySettings {
+    /// Registries (host[:port]) spoken to over plain HTTP, for tests and local mirrors.
+    pub insecure: Vec<String>,
+    /// Cap on one registry request.
+    pub timeout: Duration,
+}
+
+impl RegistrySettings {
+    pub fn oci_config(&self) -> oci_client::client::ClientConfig {
+        oci_client::client::ClientConfig {
+            protocol: self.protocol(),
+            read_timeout: Some(self.timeout),
+            connect_timeout: Some(self.timeout),
+            ..Default::default()
+        }
+    }
+
+    pub fn sigstore_config(&self) -> sigstore::registry::ClientConfig {
+        sigstore::registry::ClientConfig {
+            protocol: if self.insecure.is_empty() {
+                sigstore::registry::ClientProtocol::Https
+            } else {
+                sigstore::registry::ClientProtocol::HttpsExcept(self.insecure.clone())
+            },
+            ..Default::default()
+        }
+    }
+
+    fn protocol(&self) -> oci_client::client::ClientProtocol {
+        if self.insecure.is_empty() {
+            oci_client::client::ClientProtocol::Https
+        } else {
+            oci_client::client::ClientProtocol::HttpsExcept(self.insecure.clone())
+        }
+    }
+}
+
+/// A `kubernetes.io/dockerconfigjson` document.
+#[derive(Deserialize, Default)]
+struct DockerConfig {
+    #[serde(default)]
+    auths: BTreeMap<String, DockerAuth>,
+}
+
+#[derive(Deserialize, Default)]
+struct DockerAuth {
+    auth: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+/// Why a pull secret could not be used. Never carries the secret's contents.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SecretError {
+    #[error("is not a kubernetes.io/dockerconfigjson document (key .dockerconfigjson missing or not JSON)")]
+    Format,
+    #[error("has an `auth` entry for {0} that is not base64 of user:password")]
+    Auth(String),
+}
+
+/// Credentials for `registry` from the given `.dockerconfigjson` documents, in order: the first
+/// that names the registry wins; anonymous when none does.
+pub fn credentials_for<'a>(
+    registry: &str,
+    documents: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<RegistryAuth, SecretError> {
+    for document in documents {
+        let config: DockerConfig = serde_json::from_slice(document).map_err(|_| SecretError::Format)?;
+        for (server, auth) in &config.auths {
+            if server_host(server) != registry {
+                continue;
+            }
+            if let (Some(user), Some(password)) = (&auth.username, &auth.password) {
+                return Ok(RegistryAuth::Basic(user.clone(), password.clone()));
+            }
+            if let Some(encoded) = &auth.auth {
+                let decoded = base64::engine::general_purpose::STANDARD
+                    .decode(encoded.trim())
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or_else(|| SecretError::Auth(server.clone()))?;
+                let (user, password) = decoded.split_once(':').ok_or_else(|| SecretError::Auth(server.clone()))?;
+                return Ok(RegistryAuth::Basic(user.to_owned(), password.to_owned()));
+            }
+        }
+    }
+    Ok(RegistryAuth::Anonymous)
+}
+
+/// `https://index.docker.io/v1/` and `docker.io` both name Docker Hub; keys may carry a scheme
+/// and a path.
+fn server_host(server: &str) -> &str {
+    let host = server.strip_prefix("https://").or_else(|| server.strip_prefix("http://")).unwrap_or(server);
+    let host = host.split('/').next().unwrap_or(host);
+    match host {
+        "index.docker.io" | "registry-1.docker.io" => "docker.io",
+        other => other,
+    }
+}
+
+/// Resolves a reference (tag or digest) to the digest of its manifest or index.
+pub async fn resolve_digest(
+    client: &Client,
+    reference: &Reference,
+    auth: &RegistryAuth,
+    image: &str,
+) -> Result<String, TrustError> {
+    client.fetch_manifest_digest(reference, auth).await.map_err(|e| classify(e, reference, image))
+}
+
+/// Maps a registry failure to what the user must fix.
+pub fn classify(e: OciDistributionError, reference: &Reference, image: &str) -> TrustError {
+    let registry = reference.resolve_registry().to_owned();
+    let image = image.to_owned();
+    match e {
+        OciDistributionError::ImageManifestNotFoundError(_) => TrustError::NotFound { image, registry },
+        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => {
+            TrustError::Unauthorized { image, registry, detail: e.to_string() }
+        }
+        OciDistributionError::ServerError { code: 404, .. } => TrustError::NotFound { image, registry },
+        OciDistributionError::ServerError { code: 401 | 403, .. } => {
+            TrustError::Unauthorized { image, registry, detail: e.to_string() }
+        }
+        OciDistributionError::RegistryError { ref envelope, .. }
+            if envelope.errors.iter().any(|x| matches!(x.code, oci_client::errors::OciErrorCode::ManifestUnknown)) =>
+        {
+            TrustError::NotFound { image, registry }
+        }
+        other => TrustError::Unreachable { image, registry, detail: error_chain(&other) },
+    }
+}
+
+/// An error and its sources on one line ("error sending request: connection refused").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn basic(auth: RegistryAuth) -> (String, String) {
+        match auth {
+            RegistryAuth::Basic(u, p) => (u, p),
+            other => panic!("basic auth expected, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn credentials_come_from_the_first_secret_naming_the_registry() {
+        let hub = br#"{"auths":{"https://index.docker.io/v1/":{"auth":"aHViOnB3"}}}"#.as_slice();
+        let private = br#"{"auths":{"reg.example:5000":{"username":"u","password":"p:w"}}}"#.as_slice();
+        assert_eq!(basic(credentials_for("reg.example:5000", [hub, private]).unwrap()), ("u".into(), "p:w".into()));
+        assert_eq!(basic(credentials_for("docker.io", [hub, private]).unwrap()), ("hub".into(), "pw".into()));
+        assert!(matches!(credentials_for("ghcr.io", [hub, private]).unwrap(), RegistryAuth::Anonymous));
+    }
+
+    #[test]
+    fn broken_secrets_are_named_without_their_contents() {
+        assert_eq!(credentials_for("r", [b"not json".as_slice()]).unwrap_err(), SecretError::Format);
+        let err = credentials_for("r", [br#"{"auths":{"r":{"auth":"bm9jb2xvbg=="}}}"#.as_slice()]).unwrap_err();
+        assert_eq!(err, SecretError::Auth("r".into()));
+        assert!(!err.to_string().contains("nocolon"));
+    }
+}

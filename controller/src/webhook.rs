@@ -1,0 +1,192 @@
+//! The validating admission webhook for Schedulers, served over HTTPS by every replica
+//! (leader or not). It refuses a Scheduler whose spec is invalid, whose repository the trust
+//! policy does not allow, or whose signature does not satisfy its rule.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_server::tls_rustls::RustlsConfig;
+use kube::Client;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::api::{Scheduler, SchedulerSpec};
+use crate::image::ImageRef;
+use crate::metrics::Metrics;
+use crate::reconcile::BoxError;
+use crate::trust::Trust;
+
+/// Path the ValidatingWebhookConfiguration calls.
+pub const VALIDATE_PATH: &str = "/validate-scheduler";
+
+/// Everything a webhook request needs.
+pub struct WebhookState {
+    pub trust: Arc<Trust>,
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    /// Cap on one admission decision; the API server's own timeout is longer.
+    pub timeout: Duration,
+}
+
+/// Serves the webhook until `shutdown` turns true, then drains for up to 10 s. The certificate
+/// files are re-read when they change (cert-manager renewals need no restart).
+pub async fn serve(
+    address: SocketAddr,
+    cert_dir: PathBuf,
+    state: Arc<WebhookState>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), BoxError> {
+    let (cert, key) = (cert_dir.join("tls.crt"), cert_dir.join("tls.key"));
+    let tls = RustlsConfig::from_pem_file(&cert, &key).await.map_err(|e| {
+        format!("loading the webhook certificate from {} (--webhook-cert-dir): {e}", cert_dir.display())
+    })?;
+    let app = Router::new().route(VALIDATE_PATH, post(validate)).with_state(state);
+    let handle = axum_server::Handle::new();
+    let drain = handle.clone();
+    let reload = tls.clone();
+    tokio::spawn(async move {
+        let mut seen = modified(&cert, &key);
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => break,
+                _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            }
+            let now = modified(&cert, &key);
+            if now != seen {
+                match reload.reload_from_pem_file(&cert, &key).await {
+                    Ok(()) => info!(logger = "webhook", "webhook certificate reloaded"),
+                    Err(e) => {
+                        warn!(logger = "webhook", err = %e, "webhook certificate changed but could not be loaded; keeping the old one")
+                    }
+                }
+                seen = now;
+            }
+        }
+        drain.graceful_shutdown(Some(Duration::from_secs(10)));
+    });
+    info!(logger = "webhook", address = %address, path = VALIDATE_PATH, "serving the admission webhook");
+    axum_server::bind_rustls(address, tls)
+        .handle(handle)
+        .serve(app.into_make_service())
+        .await
+        .map_err(|e| format!("webhook server on {address}: {e}").into())
+}
+
+fn modified(cert: &Path, key: &Path) -> (Option<SystemTime>, Option<SystemTime>) {
+    let at = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    (at(cert), at(key))
+}
+
+async fn validate(
+    State(state): State<Arc<WebhookState>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(e) => {
+            return Json(AdmissionResponse::invalid(format!("not an AdmissionReview request: {e}")).into_review());
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    let response = match decide(&state, &request).await {
+        Ok(()) => response,
+        Err(reason) => response.deny(reason),
+    };
+    Json(response.into_review())
+}
+
+async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>) -> Result<(), String> {
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return Ok(());
+    }
+    let name = request.name.clone();
+    let new = spec_of(request.object.as_ref()).map_err(|e| format!("Scheduler {name:?}: {e}"))?;
+    spec_problem(&new).map_or(Ok(()), |p| Err(format!("Scheduler {name:?}: {p}")))?;
+    if let Ok(old) = spec_of(request.old_object.as_ref())
+        && old.sched == new.sched
+        && pull_secret_names(&old) == pull_secret_names(&new)
+    {
+        // The image did not change: an edit of anything else must not depend on the registry.
+        debug!(logger = "webhook", scheduler = %name, "image unchanged; not verified again");
+        return Ok(());
+    }
+    let secrets = pull_secret_names(&new);
+    let check = state.trust.admit(&state.client, &new.sched, &secrets);
+    let verdict = match tokio::time::timeout(state.timeout, check).await {
+        Ok(verdict) => verdict,
+        Err(_) => Err(crate::trust::TrustError::Unreachable {
+            image: new.sched.clone(),
+            registry: ImageRef::parse(&new.sched).map(|r| r.repository).unwrap_or_default(),
+            detail: format!("verification did not finish within {:?}", state.timeout),
+        }),
+    };
+    match verdict {
+        Ok(admitted) => {
+            state.metrics.verified("webhook", admitted.outcome.metric_label());
+            info!(logger = "webhook", scheduler = %name, image = %new.sched, resolved = %admitted.image, outcome = admitted.outcome.metric_label(), "admitted");
+            Ok(())
+        }
+        Err(e) => {
+            state.metrics.verified("webhook", e.metric_label());
+            info!(logger = "webhook", scheduler = %name, image = %new.sched, err = %e, "refused");
+            Err(format!("Scheduler {name:?}: spec.sched: {e}"))
+        }
+    }
+}
+
+fn spec_of(object: Option<&DynamicObject>) -> Result<SchedulerSpec, String> {
+    let object = object.ok_or("the request carries no object")?;
+    let scheduler: Scheduler = serde_json::from_value(serde_json::to_value(object).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("spec: {e}"))?;
+    Ok(scheduler.spec)
+}
+
+fn pull_secret_names(spec: &SchedulerSpec) -> Vec<String> {
+    spec.image_pull_secrets.iter().map(|r| r.name.clone()).collect()
+}
+
+/// Checks the schema cannot express. `None` when the spec is acceptable.
+pub fn spec_problem(spec: &SchedulerSpec) -> Option<String> {
+    if let Err(e) = ImageRef::parse(&spec.sched) {
+        return Some(format!("spec.sched: {e}"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for env in &spec.env {
+        if !seen.insert(env.name.as_str()) {
+            return Some(format!("spec.env: variable {:?} is set twice; keep one entry", env.name));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> SchedulerSpec {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn duplicate_env_names_are_refused() {
+        let s = spec(
+            serde_json::json!({"sched": "r.io/a:b", "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}),
+        );
+        assert_eq!(spec_problem(&s).unwrap(), "spec.env: variable \"A\" is set twice; keep one entry");
+        let s = spec(serde_json::json!({"sched": "r.io/a:b", "env": [{"name": "A", "value": "1"}]}));
+        assert_eq!(spec_problem(&s), None);
+    }
+
+    #[test]
+    fn bad_digests_are_refused() {
+        let s = spec(serde_json::json!({"sched": "r.io/a@sha256:abc"}));
+        assert!(spec_problem(&s).unwrap().starts_with("spec.sched: "));
+    }
+}

@@ -1,0 +1,448 @@
+//! Image trust end to end, with real parts on 127.0.0.1: an OCI registry (Debian's
+//! docker-registry), images pushed by crane, signatures made by the cosign CLI (a key pair, and
+//! keyless-style certificates from a test CA checked against a custom trusted root), the
+//! controller's admission webhook registered with the test API server and exercised through
+//! `kubectl apply`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use sked_controller::config::ControllerFlags;
+use sked_tests::cluster::{IssuedCert, TestCa, free_port};
+use sked_tests::registry::{Cosign, KeyPairFiles, TestLog, TestRegistry, trusted_root_json};
+use sked_tests::{Fixture, has_condition, spec_on, wait_for};
+
+const ISSUER: &str = "https://token.actions.githubusercontent.com";
+const GOOD_IDENTITY: &str = "https://github.com/schedkit/scx-images/.github/workflows/publish.yml@refs/tags/v1.0.0";
+const EVIL_IDENTITY: &str = "https://github.com/evil/scx-images/.github/workflows/publish.yml@refs/tags/v1.0.0";
+const WEBHOOK: &str = "sked-test-validation";
+const POOL: (&str, &str) = ("pool", "trust");
+
+/// What every test shares: the registry, the signers and the trust material.
+struct World {
+    registry: Mutex<TestRegistry>,
+    host: String,
+    cosign: Cosign,
+    key: KeyPairFiles,
+    other_key: KeyPairFiles,
+    ca: TestCa,
+    good_cert: IssuedCert,
+    evil_cert: IssuedCert,
+    tlog: TestLog,
+    dir: tempfile::TempDir,
+}
+
+fn world() -> Result<&'static World> {
+    static WORLD: OnceLock<std::result::Result<World, String>> = OnceLock::new();
+    WORLD
+        .get_or_init(|| build_world().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("setting up the registry and signers: {e}"))
+}
+
+fn build_world() -> Result<World> {
+    let registry = TestRegistry::start()?;
+    let host = registry.host.clone();
+    let cosign = Cosign::new()?;
+    let key = cosign.generate_key_pair("publisher")?;
+    let other_key = cosign.generate_key_pair("someone-else")?;
+    let ca = TestCa::new("sked test fulcio")?;
+    let good_cert = ca.code_signing(GOOD_IDENTITY, ISSUER)?;
+    let evil_cert = ca.code_signing(EVIL_IDENTITY, ISSUER)?;
+    let tlog = TestLog { key: cosign.generate_key_pair("transparency-log")? };
+    let dir = tempfile::Builder::new().prefix("sked-trust-").tempdir()?;
+    std::fs::write(dir.path().join("trusted_root.json"), trusted_root_json(&ca, &tlog)?)?;
+    let world =
+        World { registry: Mutex::new(registry), host, cosign, key, other_key, ca, good_cert, evil_cert, tlog, dir };
+    std::fs::write(world.dir.path().join("policy.yaml"), world.policy(&world.key.public_pem))?;
+    Ok(world)
+}
+
+impl World {
+    fn registry(&self) -> MutexGuard<'_, TestRegistry> {
+        self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `keyed/*` needs a signature by `key`; `keyless/*` a certificate for a schedkit
+    /// workflow; nothing else is allowed.
+    fn policy(&self, key_pem: &str) -> String {
+        let key = key_pem.lines().map(|l| format!("      {l}\n")).collect::<String>();
+        format!(
+            "rules:\n  - repository: {host}/keyed/*\n    publicKey: |\n{key}  - repository: {host}/keyless/*\n    keyless:\n      issuer: {ISSUER}\n      identityRegExp: ^https://github\\.com/schedkit/.+$\n",
+            host = self.host
+        )
+    }
+
+    /// Pushes an image and returns `host/repo@digest`.
+    fn push(&self, repository: &str, tag: &str, content: &str) -> Result<String> {
+        let digest = self.registry().push(repository, tag, content)?;
+        Ok(format!("{}/{repository}@{digest}", self.host))
+    }
+
+    fn sign_with_key(&self, pinned: &str) -> Result<()> {
+        self.cosign.sign_with_key(pinned, &self.key.key)
+    }
+
+    fn sign_keyless(&self, pinned: &str, cert: &IssuedCert) -> Result<()> {
+        self.cosign.sign_keyless_style(pinned, cert, &self.ca, &self.tlog)
+    }
+}
+
+/// Controller flags for these tests: the world's policy (copied, so a test may edit it), the
+/// custom trusted root, the plain-HTTP registry, the webhook on a free port.
+fn flags(world: &World, test_dir: &Path) -> Result<ControllerFlags> {
+    let policy = test_dir.join("policy.yaml");
+    std::fs::copy(world.dir.path().join("policy.yaml"), &policy)?;
+    let webhook_cert = TestCa::new("sked webhook ca")?;
+    let serving = webhook_cert.server("sked-webhook", &["localhost"], &["127.0.0.1"])?;
+    std::fs::write(test_dir.join("tls.crt"), &serving.cert_pem)?;
+    std::fs::write(test_dir.join("tls.key"), &serving.key_pem)?;
+    std::fs::write(test_dir.join("ca.crt"), webhook_cert.cert_pem())?;
+    Ok(ControllerFlags {
+        trust_policy: Some(policy),
+        trust_policy_poll_interval: Duration::from_millis(200),
+        trusted_root: Some(world.dir.path().join("trusted_root.json")),
+        insecure_registries: vec![world.host.clone()],
+        registry_timeout: Duration::from_secs(3),
+        image_recheck_interval: Duration::from_secs(1),
+        webhook_bind_address: ([127, 0, 0, 1], free_port()?).into(),
+        webhook_cert_dir: Some(test_dir.to_path_buf()),
+        ..ControllerFlags::default()
+    })
+}
+
+/// Registers the controller's webhook with the API server and waits until it is in force.
+async fn register_webhook(fx: &Fixture, flags: &ControllerFlags, test_dir: &Path) -> Result<()> {
+    let ca = std::fs::read(test_dir.join("ca.crt"))?;
+    let address = flags.webhook_bind_address;
+    let config = ValidatingWebhookConfiguration {
+        metadata: kube::api::ObjectMeta { name: Some(WEBHOOK.into()), ..Default::default() },
+        webhooks: Some(vec![ValidatingWebhook {
+            name: "schedulers.sked.schedkit.io".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Fail".into()),
+            timeout_seconds: Some(15),
+            client_config: WebhookClientConfig {
+                url: Some(format!("https://{address}{}", sked_controller::webhook::VALIDATE_PATH)),
+                ca_bundle: Some(ByteString(ca)),
+                service: None::<ServiceReference>,
+            },
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec!["sked.schedkit.io".into()]),
+                api_versions: Some(vec!["v1".into()]),
+                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                resources: Some(vec!["schedulers".into()]),
+                scope: Some("Cluster".into()),
+            }]),
+            ..Default::default()
+        }]),
+    };
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(fx.client.clone());
+    api.patch(WEBHOOK, &PatchParams::apply("sked-tests").force(), &Patch::Apply(&config)).await?;
+    // The API server picks webhook configurations up asynchronously: wait until a server-side
+    // dry run of a disallowed image is refused by it.
+    let probe = scheduler_yaml("webhook-probe", "registry.invalid/not/allowed:v1");
+    wait_for("the webhook to be in force", || {
+        let out = dry_run(fx, &probe);
+        async move {
+            let out = out?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() && stderr.contains("not allowed") {
+                Ok(Some(()))
+            } else {
+                Err(anyhow!("dry run: {stderr}"))
+            }
+        }
+    })
+    .await
+}
+
+async fn unregister_webhook(fx: &Fixture) -> Result<()> {
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(fx.client.clone());
+    match api.delete(WEBHOOK, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Until the API server forgets it, a dry run would still be refused.
+    let probe = scheduler_yaml("webhook-probe", "registry.invalid/not/allowed:v1");
+    wait_for("the webhook to be gone", || {
+        let out = dry_run(fx, &probe);
+        async move { Ok(out?.status.success().then_some(())) }
+    })
+    .await
+}
+
+/// kubectl blocks its thread while the API server calls the webhook, which this process serves:
+/// run it where it does not stall the runtime.
+fn dry_run(fx: &Fixture, yaml: &str) -> Result<std::process::Output> {
+    let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
+    std::fs::write(file.path(), yaml)?;
+    tokio::task::block_in_place(|| {
+        fx.cluster.kubectl(&["apply", "--dry-run=server", "-f", &file.path().to_string_lossy()])
+    })
+}
+
+fn scheduler_yaml(name: &str, image: &str) -> String {
+    scheduler_yaml_on(name, image, POOL.1)
+}
+
+fn scheduler_yaml_on(name: &str, image: &str, pool: &str) -> String {
+    format!(
+        "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: {name}\nspec:\n  sched: {image}\n  nodeSelector:\n    {}: {pool}\n",
+        POOL.0
+    )
+}
+
+/// Starts a fixture with the trust flags, one node in the pool, and the webhook registered.
+async fn start(with_webhook: bool) -> Result<(Fixture, &'static World, tempfile::TempDir, ControllerFlags)> {
+    let world = world()?;
+    world.registry().resume()?;
+    let dir = tempfile::Builder::new().prefix("sked-trust-test-").tempdir()?;
+    let flags = flags(world, dir.path())?;
+    let fx = Fixture::start_with(flags.clone()).await?;
+    fx.create_node("trust-node", &[POOL]).await?;
+    if with_webhook {
+        register_webhook(&fx, &flags, dir.path()).await?;
+    } else {
+        unregister_webhook(&fx).await?;
+    }
+    Ok((fx, world, dir, flags))
+}
+
+fn apply_ok(fx: &Fixture, yaml: &str) -> Result<()> {
+    let out = tokio::task::block_in_place(|| fx.kubectl_apply(yaml))?;
+    anyhow::ensure!(out.status.success(), "kubectl apply refused: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+/// `kubectl apply` must fail; returns what it printed.
+fn apply_refused(fx: &Fixture, yaml: &str) -> Result<String> {
+    let out = tokio::task::block_in_place(|| fx.kubectl_apply(yaml))?;
+    anyhow::ensure!(!out.status.success(), "kubectl apply was accepted: {}", String::from_utf8_lossy(&out.stdout));
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+async fn daemonset_image(fx: &Fixture, name: &str) -> Result<Option<String>> {
+    Ok(fx
+        .daemonsets()
+        .get_opt(name)
+        .await?
+        .and_then(|ds| ds.spec.template.spec?.containers.into_iter().find(|c| c.name == "scx").and_then(|c| c.image)))
+}
+
+async fn wait_daemonset_image(fx: &Fixture, name: &str, image: &str) -> Result<()> {
+    wait_for(&format!("DaemonSet {name} to run {image}"), || async {
+        if daemonset_image(fx, name).await?.as_deref() == Some(image) {
+            return Ok(Some(()));
+        }
+        // Say why in the timeout message.
+        let degraded = fx
+            .schedulers()
+            .get_opt(name)
+            .await?
+            .as_ref()
+            .and_then(|s| sked_tests::condition(s, "Degraded").map(|c| c.message.clone()));
+        Err(anyhow!("Scheduler {name} Degraded: {degraded:?}"))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_images_are_deployed_by_digest() -> Result<()> {
+    let (fx, world, _dir, _) = start(true).await?;
+    // (a) a key pair.
+    let keyed = world.push("keyed/canary", "v1", "keyed v1")?;
+    world.sign_with_key(&keyed)?;
+    apply_ok(&fx, &scheduler_yaml("keyed", &format!("{}/keyed/canary:v1", world.host)))?;
+    wait_daemonset_image(&fx, "keyed", &keyed).await?;
+    let s = fx.wait_scheduler("keyed", "resolvedImage", |s| {
+        s.status.as_ref().and_then(|st| st.resolved_image.as_deref()) == Some(keyed.as_str())
+    });
+    s.await?;
+
+    // (b) keyless-style: a certificate for a schedkit workflow, chained to the trusted root.
+    // Each Scheduler gets a node of its own (they would conflict over one).
+    fx.create_node("trust-node-keyless", &[(POOL.0, "keyless")]).await?;
+    fx.create_node("trust-node-pinned", &[(POOL.0, "pinned")]).await?;
+    let keyless = world.push("keyless/canary", "v1", "keyless v1")?;
+    world.sign_keyless(&keyless, &world.good_cert)?;
+    apply_ok(&fx, &scheduler_yaml_on("keyless", &format!("{}/keyless/canary:v1", world.host), "keyless"))?;
+    wait_daemonset_image(&fx, "keyless", &keyless).await?;
+
+    // An explicit digest is verified too, and deployed as it is.
+    apply_ok(&fx, &scheduler_yaml_on("pinned", &keyless, "pinned"))?;
+    wait_daemonset_image(&fx, "pinned", &keyless).await?;
+    let metrics = fx.scrape_metrics().await?;
+    assert!(metrics.contains(r#"sked_image_verifications_total{caller="webhook",outcome="verified"}"#), "{metrics}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_refuses_what_the_policy_does_not_allow() -> Result<()> {
+    let (fx, world, _dir, _) = start(true).await?;
+    let unsigned = world.push("keyed/unsigned", "v1", "nobody signed this")?;
+    let err = apply_refused(&fx, &scheduler_yaml("unsigned", &unsigned))?;
+    assert!(err.contains("signature of image") && err.contains(&unsigned), "{err}");
+    assert!(err.contains("no trusted signature found"), "{err}");
+
+    let evil = world.push("keyless/evil", "v1", "signed by the wrong workflow")?;
+    world.sign_keyless(&evil, &world.evil_cert)?;
+    let err = apply_refused(&fx, &scheduler_yaml("evil", &format!("{}/keyless/evil:v1", world.host)))?;
+    assert!(err.contains(EVIL_IDENTITY) && err.contains("wanted a certificate for identity matching"), "{err}");
+
+    let other = world.push("keyed/other-signer", "v1", "signed with another key")?;
+    world.cosign.sign_with_key(&other, &world.other_key.key)?;
+    let err = apply_refused(&fx, &scheduler_yaml("other", &other))?;
+    assert!(err.contains("wanted a signature by the rule's public key"), "{err}");
+
+    let err = apply_refused(&fx, &scheduler_yaml("elsewhere", &format!("{}/elsewhere/x:v1", world.host)))?;
+    assert!(err.contains("is not allowed") && err.contains("add a rule"), "{err}");
+
+    let err = apply_refused(&fx, &scheduler_yaml("missing", &format!("{}/keyed/missing:v1", world.host)))?;
+    assert!(err.contains("was not found in registry"), "{err}");
+
+    let mut invalid = scheduler_yaml("twice", &unsigned);
+    invalid.push_str("  env:\n  - name: A\n    value: \"1\"\n  - name: A\n    value: \"2\"\n");
+    let err = apply_refused(&fx, &invalid)?;
+    assert!(err.contains("spec.env") && err.contains("set twice"), "{err}");
+
+    for name in ["unsigned", "evil", "other", "elsewhere", "missing", "twice"] {
+        assert!(fx.schedulers().get_opt(name).await?.is_none(), "{name} must not exist");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsigned_image_that_gets_in_is_reported_and_never_deployed() -> Result<()> {
+    let (fx, world, _dir, _) = start(false).await?;
+    let unsigned = world.push("keyed/sneaky", "v1", "got in while the webhook was off")?;
+    fx.create_scheduler("sneaky", spec_on(&unsigned, &[POOL])).await?;
+    let s = fx
+        .wait_scheduler("sneaky", "Degraded ImageVerificationFailed", |s| {
+            has_condition(s, "Degraded", "True", "ImageVerificationFailed")
+        })
+        .await?;
+    let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains(&unsigned) && message.contains("no trusted signature"), "{message}");
+    fx.wait_event("sneaky", "Warning", "ImageVerificationFailed", 1).await?;
+    assert!(fx.daemonsets().get_opt("sneaky").await?.is_none(), "an unverified image must not be deployed");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tag_moved_to_an_unsigned_image_keeps_the_old_daemonset() -> Result<()> {
+    let (fx, world, _dir, _) = start(false).await?;
+    let first = world.push("keyed/moving", "stable", "release 1")?;
+    world.sign_with_key(&first)?;
+    fx.create_scheduler("moving", spec_on(&format!("{}/keyed/moving:stable", world.host), &[POOL])).await?;
+    wait_daemonset_image(&fx, "moving", &first).await?;
+    let generation = fx.daemonsets().get("moving").await?.metadata.generation;
+
+    // The tag moves to an image nobody signed: reported, and the DaemonSet is left alone.
+    let second = world.push("keyed/moving", "stable", "release 2, unsigned")?;
+    let s = fx
+        .wait_scheduler("moving", "ImageVerificationFailed after the tag moved", |s| {
+            has_condition(s, "Degraded", "True", "ImageVerificationFailed")
+        })
+        .await?;
+    assert_eq!(s.status.as_ref().and_then(|st| st.resolved_image.clone()), Some(first.clone()));
+    let ds = fx.daemonsets().get("moving").await?;
+    assert_eq!(ds.metadata.generation, generation, "the DaemonSet must not change");
+    assert_eq!(daemonset_image(&fx, "moving").await?, Some(first.clone()));
+
+    // Once the new digest is signed, the tag is followed.
+    world.sign_with_key(&second)?;
+    wait_daemonset_image(&fx, "moving", &second).await?;
+    fx.wait_scheduler("moving", "Degraded cleared", |s| has_condition(s, "Degraded", "False", "AsExpected")).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_registry_keeps_the_old_daemonset_and_is_reported() -> Result<()> {
+    let (fx, world, _dir, _) = start(true).await?;
+    let image = world.push("keyed/steady", "v1", "steady")?;
+    world.sign_with_key(&image)?;
+    apply_ok(&fx, &scheduler_yaml("steady", &format!("{}/keyed/steady:v1", world.host)))?;
+    wait_daemonset_image(&fx, "steady", &image).await?;
+    let before = fx.daemonsets().get("steady").await?;
+
+    world.registry().stop();
+    // An edit that leaves the image alone passes the webhook without the registry...
+    let patch = json!({"spec": {"args": ["--slice-us=5000"]}});
+    fx.schedulers().patch("steady", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    // ...but the reconciler cannot verify the tag, so it keeps the DaemonSet and says why.
+    let s = fx
+        .wait_scheduler("steady", "ImageVerificationFailed: registry unreachable", |s| {
+            has_condition(s, "Degraded", "True", "ImageVerificationFailed")
+        })
+        .await?;
+    let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains("cannot reach the registry") && message.contains(&world.host), "{message}");
+    let after = fx.daemonsets().get("steady").await?;
+    assert_eq!(after.metadata.generation, before.metadata.generation, "the DaemonSet must be kept as it was");
+    // A new Scheduler is refused with the registry named, not called unsigned.
+    let err = apply_refused(&fx, &scheduler_yaml("newcomer", &format!("{}/keyed/steady:v1", world.host)))?;
+    assert!(err.contains("cannot reach the registry") && !err.contains("signature"), "{err}");
+
+    // The registry comes back: the edit is rolled out on the next retry.
+    world.registry().resume()?;
+    wait_for("the edited DaemonSet", || async {
+        let ds = fx.daemonsets().get("steady").await?;
+        let args = ds
+            .spec
+            .template
+            .spec
+            .and_then(|p| p.containers.into_iter().find(|c| c.name == "scx"))
+            .and_then(|c| c.args)
+            .unwrap_or_default();
+        Ok((args == ["--slice-us=5000"]).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<()> {
+    let (fx, world, dir, flags) = start(false).await?;
+    let image = world.push("keyed/policy", "v1", "policy test")?;
+    world.sign_with_key(&image)?;
+    fx.create_scheduler("policy", spec_on(&format!("{}/keyed/policy:v1", world.host), &[POOL])).await?;
+    wait_daemonset_image(&fx, "policy", &image).await?;
+    let policy_path: PathBuf = flags.trust_policy.clone().context("policy path")?;
+
+    // A policy that does not parse is refused (and counted); the last good one stays.
+    std::fs::write(&policy_path, "rules:\n  - repository: x\n    unsigned: maybe\n")?;
+    wait_for("the broken policy to be refused", || async {
+        Ok(fx.scrape_metrics().await?.contains(r#"sked_trust_policy_reloads_total{result="refused"} 1"#).then_some(()))
+    })
+    .await?;
+    let signed_again = world.push("keyed/policy-2", "v1", "admitted under the last good policy")?;
+    world.sign_with_key(&signed_again)?;
+    fx.create_scheduler("policy-2", spec_on(&signed_again, &[("pool", "nowhere")])).await?;
+    fx.wait_scheduler("policy-2", "admitted", |s| {
+        s.status.as_ref().and_then(|st| st.resolved_image.as_deref()) == Some(signed_again.as_str())
+    })
+    .await?;
+
+    // A policy that trusts another key re-verifies the running Scheduler, which now fails; its
+    // DaemonSet is kept.
+    std::fs::write(&policy_path, world.policy(&world.other_key.public_pem))?;
+    fx.wait_scheduler("policy", "ImageVerificationFailed under the new policy", |s| {
+        has_condition(s, "Degraded", "True", "ImageVerificationFailed")
+    })
+    .await?;
+    assert_eq!(daemonset_image(&fx, "policy").await?, Some(image.clone()));
+    drop(dir);
+    Ok(())
+}
