@@ -4,6 +4,7 @@
 use std::process::{Command, Output};
 
 use anyhow::{Context as _, Result};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -36,6 +37,12 @@ fn own_secret_values(ca: &str) -> Vec<String> {
         "reports.tls.existingSecret=sked-reports-tls".into(),
         "--set-string".into(),
         format!("reports.tls.caBundle={ca}"),
+        "--set".into(),
+        "webhook.tls.mode=existingSecret".into(),
+        "--set".into(),
+        "webhook.tls.existingSecret=sked-webhook-tls".into(),
+        "--set-string".into(),
+        format!("webhook.tls.caBundle={ca}"),
     ]
 }
 
@@ -90,6 +97,9 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     )?;
     let rendered = String::from_utf8_lossy(&out.stdout);
     assert!(rendered.contains("kind: Certificate") && rendered.contains("sked-reports.sked-chart.svc"), "{rendered}");
+    // ...and one for the webhook Service, whose CA cert-manager injects into the webhook.
+    assert!(rendered.contains("sked-webhook.sked-chart.svc"), "{rendered}");
+    assert!(rendered.contains("cert-manager.io/inject-ca-from: sked-chart/sked-webhook"), "{rendered}");
 
     // Bad values are refused with the reason.
     for (args, why) in [
@@ -100,6 +110,11 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
             vec!["--set", "reports.tls.mode=existingSecret", "--set-string", "reports.tls.caBundle=x"],
             "existingSecret is required",
         ),
+        (
+            vec!["--set", "webhook.tls.mode=existingSecret", "--set", "webhook.tls.existingSecret=s"],
+            "webhook.tls.caBundle",
+        ),
+        (vec!["--set", "webhook.failurePolicy=Sometimes"], "failurePolicy"),
     ] {
         let mut a = vec![
             "template",
@@ -128,6 +143,17 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
         &format!("--key={}", tls.key.display()),
     ])?;
     assert!(out.status.success(), "{}", text(&out));
+    let out = fx.cluster.kubectl(&[
+        "create",
+        "secret",
+        "tls",
+        "sked-webhook-tls",
+        "-n",
+        ns,
+        &format!("--cert={}", tls.cert.display()),
+        &format!("--key={}", tls.key.display()),
+    ])?;
+    assert!(out.status.success(), "{}", text(&out));
     let mut install = vec!["install", "sked", &*chart, "--namespace", ns];
     install.extend(&values);
     let out = helm(&fx, &install)?;
@@ -145,6 +171,9 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     assert!(manager.resources.as_ref().and_then(|r| r.limits.as_ref()).is_some(), "limits are set");
     let args = manager.args.clone().unwrap_or_default();
     assert!(args.contains(&"--workload-namespace=sked-chart".to_string()), "{args:?}");
+    for flag in ["--trust-policy=/etc/sked/trust/policy.yaml", "--webhook-cert-dir=/var/run/sked/webhook-tls"] {
+        assert!(args.contains(&flag.to_string()), "{flag} missing: {args:?}");
+    }
     assert!(pod.affinity.and_then(|a| a.pod_anti_affinity).is_some(), "replicas prefer different nodes");
 
     let reports = Api::<Service>::namespaced(fx.client.clone(), ns).get("sked-reports").await?;
@@ -153,6 +182,22 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     let ca_map = Api::<ConfigMap>::namespaced(fx.client.clone(), ns).get("sked-reports-ca").await?;
     assert_eq!(ca_map.data.unwrap_or_default().get("ca.crt"), Some(&ca));
     Api::<ServiceAccount>::namespaced(fx.client.clone(), ns).get("sked-agent").await?;
+
+    // The webhook: every replica behind one Service, called for Scheduler creates and updates.
+    let webhooks =
+        Api::<ValidatingWebhookConfiguration>::all(fx.client.clone()).get("sked-sked-chart-schedulers").await?;
+    let webhook = webhooks.webhooks.unwrap_or_default().into_iter().next().context("one webhook")?;
+    let service = webhook.client_config.service.context("called through a Service")?;
+    assert_eq!((service.name.as_str(), service.path.as_deref()), ("sked-webhook", Some("/validate-scheduler")));
+    assert_eq!(webhook.client_config.ca_bundle.map(|b| b.0), Some(ca.clone().into_bytes()));
+    assert_eq!(webhook.failure_policy.as_deref(), Some("Fail"));
+    let webhook_service = Api::<Service>::namespaced(fx.client.clone(), ns).get("sked-webhook").await?;
+    let selector = webhook_service.spec.and_then(|s| s.selector).unwrap_or_default();
+    assert!(!selector.contains_key("sked.schedkit.io/leader"), "every replica serves the webhook");
+    // The trust policy ConfigMap holds the built-in default unless values say otherwise.
+    let policy = Api::<ConfigMap>::namespaced(fx.client.clone(), ns).get("sked-trust-policy").await?;
+    let policy = policy.data.unwrap_or_default().remove("policy.yaml").unwrap_or_default();
+    assert_eq!(policy, sked_controller::trust::policy::DEFAULT_POLICY);
     let role = Api::<ClusterRole>::all(fx.client.clone()).get("sked-controller").await?;
     let rules = role.rules.unwrap_or_default();
     assert!(

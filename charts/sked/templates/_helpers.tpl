@@ -33,3 +33,11 @@ control-plane: controller-manager
 sked-reports-tls
 {{- end -}}
 {{- end -}}
+
+{{- define "sked.webhookSecret" -}}
+{{- if eq .Values.webhook.tls.mode "existingSecret" -}}
+{{ required "webhook.tls.existingSecret is required when webhook.tls.mode=existingSecret" .Values.webhook.tls.existingSecret }}
+{{- else -}}
+sked-webhook-tls
+{{- end -}}
+{{- end -}}
