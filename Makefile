@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all build tools crds test test-unit test-integration coverage coverage-gate lint actionlint fmt demo clean
+.PHONY: all build tools crds test test-unit test-integration test-kernel coverage coverage-gate lint actionlint fmt demo clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -35,6 +35,12 @@ test-unit:
 
 test-integration: tools
 	$(CARGO) test -p sked-tests
+
+# Boots Debian kernels under qemu (one with sched_ext, one without) and attaches a real BPF
+# scheduler; installs qemu, clang, bpftool, busybox with apt when missing.
+test-kernel: tools
+	bash hack/kernel-e2e.sh deps
+	$(CARGO) test -p sked-tests --test real_kernel -- --ignored --nocapture
 
 ## coverage: run every test instrumented (cargo-llvm-cov), write an lcov report and fail
 ## when total line coverage is below COVERAGE_THRESHOLD (default 40).

@@ -55,7 +55,10 @@ pub fn workspace_binary(name: &'static str, env: &str) -> Result<PathBuf> {
         profile_dir = profile_dir.parent().ok_or_else(|| anyhow!("unexpected binary location"))?;
     }
     let target_dir = profile_dir.parent().ok_or_else(|| anyhow!("unexpected binary location"))?;
-    let package = name;
+    let package = match name {
+        "sked-canary-loader" | "sked-vm-relay" | "sked-demo" => "sked-tests",
+        other => other,
+    };
     let status = Command::new(env!("CARGO"))
         .args(["build", "--quiet", "-p", package, "--bin", name])
         .env("CARGO_TARGET_DIR", target_dir)

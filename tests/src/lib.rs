@@ -4,6 +4,8 @@
 pub mod agents;
 pub mod cluster;
 pub mod registry;
+pub mod vm;
+pub mod vmlink;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -1,0 +1,234 @@
+//! The agent against real kernels: Debian's sched_ext-enabled cloud kernel and bookworm's 6.1
+//! (no sched_ext), booted under qemu. The agent runs in the VM, detects changes through the
+//! kernel's uevents, and reports over a virtio console port to the controller on the host,
+//! with a token from a TokenRequest bound to the scheduler pod on the Node that stands for the
+//! VM. A minimal BPF scheduler (`bpf/sked_canary.bpf.c`) is attached and detached in the VM.
+//!
+//! Needs qemu, clang, bpftool and the kernels: `make test-kernel` (not part of `make test`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::ListParams;
+use sked_controller::config::ControllerFlags;
+use sked_controller::{Scheduler, SchedulerSpec};
+use sked_tests::agents::{ReportsTls, agent_binary, bound_token, workspace_binary};
+use sked_tests::cluster::{free_port, workspace_root};
+use sked_tests::vm::TestVm;
+use sked_tests::{Fixture, condition, spec_on, wait_for};
+
+const NODE: &str = "kvm-node";
+const SCHEDULER: &str = "canary";
+
+/// Kernels, BPF objects and one initramfs per kernel.
+struct Artifacts {
+    dir: PathBuf,
+}
+
+impl Artifacts {
+    fn build(dir: &Path) -> Result<Self> {
+        let script = workspace_root().join("hack/kernel-e2e.sh");
+        run(Command::new("bash").arg(&script).arg("prepare").arg(dir))?;
+        let bins = [
+            agent_binary()?,
+            workspace_binary("sked-vm-relay", "SKED_VM_RELAY_BIN")?,
+            workspace_binary("sked-canary-loader", "SKED_CANARY_LOADER_BIN")?,
+        ];
+        for (name, modules) in [("sched-ext", "none"), ("no-sched-ext", "modules-no-sched-ext")] {
+            run(Command::new("bash")
+                .arg(&script)
+                .args(["initramfs"])
+                .arg(dir)
+                .arg(name)
+                .arg(dir.join(modules))
+                .args(&bins))?;
+        }
+        Ok(Self { dir: dir.to_path_buf() })
+    }
+
+    fn kernel(&self, name: &str) -> (PathBuf, PathBuf) {
+        (self.dir.join(format!("vmlinuz-{name}")), self.dir.join(format!("{name}.cpio.gz")))
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+struct Setup {
+    fx: Fixture,
+    tls: ReportsTls,
+    reports: std::net::SocketAddr,
+    token: String,
+    pod: String,
+}
+
+async fn setup(dir: &Path) -> Result<Setup> {
+    let tls = ReportsTls::generate(dir)?;
+    let reports = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let flags = ControllerFlags {
+        reports_bind_address: reports,
+        reports_cert_file: Some(tls.cert.clone()),
+        reports_key_file: Some(tls.key.clone()),
+        ..ControllerFlags::default()
+    };
+    let fx = Fixture::start_with(flags).await?;
+    fx.create_node(NODE, &[("pool", "vm")]).await?;
+    let spec = SchedulerSpec {
+        expected_ops: Some("sked_canary".into()),
+        ..spec_on("ghcr.io/schedkit/sked_canary:v1", &[("pool", "vm")])
+    };
+    fx.create_scheduler(SCHEDULER, spec).await?;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(fx.client.clone(), &fx.namespace);
+    let pod = wait_for("the canary pod bound to the VM's Node", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default().labels(&format!("name={SCHEDULER}"))).await?;
+            Ok(list.items.into_iter().find(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE)
+            }))
+        }
+    })
+    .await?;
+    let token = bound_token(&fx.client, &fx.namespace, "sked-agent", Some(&pod)).await?;
+    Ok(Setup { fx, tls, reports, token, pod: pod.name_any() })
+}
+
+impl Setup {
+    /// Starts the agent in the VM. Polling is set to an hour: changes must arrive by uevent.
+    async fn start_agent(&self, vm: &mut TestVm) -> Result<()> {
+        vm.write_file("/run/sked/token", self.token.as_bytes()).await?;
+        vm.write_file("/run/sked/ca.crt", &std::fs::read(&self.tls.ca)?).await?;
+        vm.run(&format!(
+            "/bin/sked-agent --node-name {NODE} --pod-name {} --scheduler {SCHEDULER} --expected-ops sked_canary \
+             --controller-address https://127.0.0.1:8443 --ca-file /run/sked/ca.crt --token-file /run/sked/token \
+             --poll-interval 1h --listen-address 127.0.0.1:9464 > /run/agent.log 2>&1 &",
+            self.pod
+        ))
+        .await?;
+        Ok(())
+    }
+
+    async fn wait_kernel(&self, what: &str, attached: i32, reason: &str) -> Result<Scheduler> {
+        self.fx
+            .wait_scheduler(SCHEDULER, what, |s| {
+                s.status.as_ref().is_some_and(|st| st.kernel_attached == attached && st.desired_number_scheduled == 1)
+                    && condition(s, "KernelAttached").is_some_and(|c| c.reason == reason)
+            })
+            .await
+    }
+}
+
+/// `attached <map> <unix ns>` as the loader prints it: the guest's time of the attach.
+fn attach_time(out: &str) -> Option<u128> {
+    out.lines().find_map(|l| l.strip_prefix("attached ")?.split_whitespace().nth(1)?.parse().ok())
+}
+
+/// The agent's "kernel state changed" lines: (unix ns, trigger, verdict).
+fn agent_changes(log: &str) -> Vec<(u128, String, String)> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["msg"] == "kernel state changed")
+        .filter_map(|v| {
+            let time: jiff::Timestamp = v["time"].as_str()?.parse().ok()?;
+            Some((
+                u128::try_from(time.as_nanosecond()).ok()?,
+                v["trigger"].as_str()?.to_owned(),
+                v["verdict"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
+async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
+    let started = Instant::now();
+    let dir = tempfile::Builder::new().prefix("sked-kernel-e2e-").tempdir()?;
+    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
+    eprintln!("measured: artifacts ready after {:?}", started.elapsed());
+    let s = setup(dir.path()).await?;
+
+    // The sched_ext kernel.
+    let (kernel, initramfs) = artifacts.kernel("sched-ext");
+    let booting = Instant::now();
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-sched-ext"), s.reports).await?;
+    eprintln!("measured: boot to /init ready ({}): {:?}", vm.kernel_release, booting.elapsed());
+    assert_eq!(vm.run("cat /sys/kernel/sched_ext/state").await?.trim(), "disabled");
+    s.start_agent(&mut vm).await?;
+    let sched = s.wait_kernel("the VM's agent reporting nothing attached", 0, "NotAttached").await?;
+    assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("0/1"));
+
+    // Attach the canary the way a scheduler pod does: a process holding the link.
+    let out = vm
+        .run(
+            "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o > /run/canary.out 2>&1 & echo $! > /run/canary.pid; \
+             for i in $(seq 1 200); do grep -q attached /run/canary.out && break; sleep 0.05; done; cat /run/canary.out",
+        )
+        .await?;
+    let attached_at = Instant::now();
+    let guest_attach = attach_time(&out).with_context(|| format!("loader output: {out}"))?;
+    assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary");
+    let sched = s.wait_kernel("KERNEL-ATTACHED 1/1", 1, "KernelAttached").await?;
+    let to_status = attached_at.elapsed();
+    assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("1/1"));
+    assert_eq!(condition(&sched, "KernelAttached").map(|c| c.status.as_str()), Some("True"));
+    s.fx.wait_event(SCHEDULER, "Normal", "KernelAttached", 1).await?;
+
+    // Detach: the process goes away, and with it the scheduler.
+    vm.run("kill $(cat /run/canary.pid); while grep -q enabled /sys/kernel/sched_ext/state; do sleep 0.05; done")
+        .await?;
+    let detached_at = Instant::now();
+    let sched = s.wait_kernel("0/1 after the detach", 0, "NotAttached").await?;
+    let detach_to_status = detached_at.elapsed();
+    assert_eq!(condition(&sched, "KernelAttached").map(|c| c.status.as_str()), Some("False"));
+    s.fx.wait_event(SCHEDULER, "Normal", "NotAttached", 1).await?;
+
+    // Another scheduler, attached by hand (pinned, no process of the pod holds it).
+    vm.run("/bin/sked-canary-loader pin /sked/sked_intruder.bpf.o /sys/fs/bpf/sked_intruder").await?;
+    let sched = s.wait_kernel("ForeignScheduler", 0, "ForeignScheduler").await?;
+    let message = condition(&sched, "KernelAttached").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains(NODE) && message.contains("sked_intruder"), "{message}");
+    s.fx.wait_event(SCHEDULER, "Warning", "ForeignScheduler", 1).await?;
+    vm.run("rm /sys/fs/bpf/sked_intruder").await?;
+    s.wait_kernel("NotAttached after the foreign scheduler left", 0, "NotAttached").await?;
+
+    // The agent saw every change through uevents (polling is an hour), and how fast.
+    let log = vm.run("cat /run/agent.log").await?;
+    let changes = agent_changes(&log);
+    let attached =
+        changes.iter().find(|(_, _, verdict)| verdict == "Attached").context("the agent logged the attach")?;
+    assert!(
+        changes.iter().skip(1).all(|(_, trigger, _)| trigger == "uevent"),
+        "changes not seen by uevent: {changes:?}"
+    );
+    eprintln!(
+        "measured: kernel attach -> agent noticed (guest clock): {:?}",
+        std::time::Duration::from_nanos(u64::try_from(attached.0.saturating_sub(guest_attach)).unwrap_or(u64::MAX))
+    );
+    eprintln!("measured: attach returned -> status KERNEL-ATTACHED 1/1 (host): {to_status:?}");
+    eprintln!("measured: detach returned -> status 0/1 (host): {detach_to_status:?}");
+    vm.shutdown().await?;
+
+    // A kernel without sched_ext.
+    let (kernel, initramfs) = artifacts.kernel("no-sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-no-sched-ext"), s.reports).await?;
+    assert!(vm.run("ls /sys/kernel/sched_ext 2>&1 || true").await?.contains("No such file"), "no sched_ext here");
+    s.start_agent(&mut vm).await?;
+    let sched = s.wait_kernel("KernelUnsupported", 0, "KernelUnsupported").await?;
+    let message = condition(&sched, "KernelAttached").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains(NODE), "{message}");
+    s.fx.wait_event(SCHEDULER, "Warning", "KernelUnsupported", 1).await?;
+    vm.shutdown().await?;
+    eprintln!("measured: whole real-kernel test: {:?}", started.elapsed());
+    Ok(())
+}
