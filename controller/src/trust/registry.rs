@@ -181,6 +181,27 @@ mod tests {
     }
 
     #[test]
+    fn registry_failures_say_what_to_fix() {
+        let reference: Reference = "r.example:5000/team/sched:v1".parse().unwrap();
+        let image = "r.example:5000/team/sched:v1";
+        let server = |code| OciDistributionError::ServerError { code, url: "u".into(), message: "m".into() };
+        assert!(matches!(classify(server(404), &reference, image), TrustError::NotFound { .. }));
+        assert!(matches!(classify(server(403), &reference, image), TrustError::Unauthorized { .. }));
+        assert!(matches!(
+            classify(OciDistributionError::UnauthorizedError { url: "u".into() }, &reference, image),
+            TrustError::Unauthorized { .. }
+        ));
+        assert!(matches!(
+            classify(OciDistributionError::ImageManifestNotFoundError("x".into()), &reference, image),
+            TrustError::NotFound { .. }
+        ));
+        let err = classify(server(502), &reference, image);
+        assert!(matches!(&err, TrustError::Unreachable { registry, .. } if registry == "r.example:5000"));
+        assert!(err.to_string().starts_with("cannot reach the registry r.example:5000 for image"), "{err}");
+        assert!(err.is_transient());
+    }
+
+    #[test]
     fn broken_secrets_are_named_without_their_contents() {
         assert_eq!(credentials_for("r", [b"not json".as_slice()]).unwrap_err(), SecretError::Format);
         let err = credentials_for("r", [br#"{"auths":{"r":{"auth":"bm9jb2xvbg=="}}}"#.as_slice()]).unwrap_err();
