@@ -1,6 +1,7 @@
 //! Two `sked-controller` processes against the test cluster: one leads, the other stands by;
 //! killing the leader hands reconciling to the standby, and only the leader ever writes. The
-//! processes log JSON, which the test parses (field names and the reconcile identity).
+//! processes log JSON, which the test parses (field names and the reconcile identity). Both
+//! serve the admission webhook: the standby answers the API server too.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,12 +20,15 @@ struct ControllerProcess {
     child: Child,
     log: PathBuf,
     metrics: u16,
+    /// Address of its admission webhook.
+    webhook: std::net::SocketAddr,
 }
 
 impl ControllerProcess {
     fn start(fx: &Fixture, dir: &Path, name: &str) -> Result<Self> {
         let log = dir.join(format!("{name}.log"));
         let metrics = sked_tests::cluster::free_port()?;
+        let webhook = std::net::SocketAddr::from(([127, 0, 0, 1], sked_tests::cluster::free_port()?));
         let child = Command::new(workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?)
             .env("KUBECONFIG", &fx.cluster.kubeconfig)
             .env("POD_NAME", name)
@@ -38,12 +42,15 @@ impl ControllerProcess {
             ])
             .arg("--trust-policy")
             .arg(sked_tests::allow_unsigned_policy(dir)?)
+            .arg(format!("--webhook-bind-address={webhook}"))
+            .arg("--webhook-cert-dir")
+            .arg(dir.join("webhook"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("starting sked-controller")?;
-        Ok(Self { child, log, metrics })
+        Ok(Self { child, log, metrics, webhook })
     }
 
     /// The body of GET /metrics.
@@ -88,6 +95,12 @@ async fn holder(fx: &Fixture) -> Result<Option<String>> {
 async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes() -> Result<()> {
     let fx = Fixture::without_controller().await?;
     let dir = tempfile::tempdir()?;
+    // One serving certificate for both replicas' webhooks.
+    let ca = sked_tests::cluster::TestCa::new("sked webhook ca")?;
+    let serving = ca.server("sked-webhook", &["localhost"], &["127.0.0.1"])?;
+    std::fs::create_dir_all(dir.path().join("webhook"))?;
+    std::fs::write(dir.path().join("webhook/tls.crt"), &serving.cert_pem)?;
+    std::fs::write(dir.path().join("webhook/tls.key"), &serving.key_pem)?;
 
     let first = ControllerProcess::start(&fx, dir.path(), "controller-a")?;
     wait_for("controller-a to hold the lease", || async {
@@ -103,6 +116,39 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
         Ok(second.lines()?.iter().any(|l| l["msg"] == "campaigning for leadership").then_some(()))
     })
     .await?;
+
+    // The standby serves the webhook too: the API server, pointed at controller-b alone, gets
+    // an invalid spec refused.
+    let url = format!("https://{}{}", second.webhook, sked_controller::webhook::VALIDATE_PATH);
+    sked_tests::register_validating_webhook(&fx.client, "sked-leader-test", &url, ca.cert_pem().as_bytes().to_vec())
+        .await?;
+    let invalid = "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: twice\nspec:\n  sched: r.io/a:v1\n  env:\n  - {name: A, value: \"1\"}\n  - {name: A, value: \"2\"}\n";
+    wait_for("the standby's webhook to refuse an invalid spec", || async {
+        let out = fx.kubectl_apply(invalid)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && stderr.contains("is set twice") {
+            return Ok(Some(()));
+        }
+        Err(anyhow::anyhow!(
+            "kubectl apply: {stderr}; controller-b log: {}",
+            std::fs::read_to_string(&second.log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("webhook"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ))
+    })
+    .await?;
+    sked_tests::delete_validating_webhook(&fx.client, "sked-leader-test").await?;
+    wait_for("the webhook to be gone", || async {
+        let out = fx.kubectl_apply(
+            &invalid.replace("name: twice", "name: probe").replace("  - {name: A, value: \"2\"}\n", ""),
+        )?;
+        Ok(out.status.success().then_some(()))
+    })
+    .await?;
+    fx.schedulers().delete("probe", &Default::default()).await?;
 
     // Kill the leader without letting it release the lease.
     first.child.kill()?;
@@ -123,7 +169,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
     assert!(writes_of_a > 0, "controller-a reconciled while leading");
     let a_names: Vec<String> =
         first.writes()?.iter().filter_map(|l| l["scheduler"].as_str().map(str::to_owned)).collect();
-    assert!(a_names.iter().all(|n| n == "led-by-a"), "{a_names:?}");
+    assert!(a_names.iter().all(|n| n == "led-by-a" || n == "probe"), "{a_names:?}");
     let b_lines = second.lines()?;
     let b_leading = b_lines.iter().position(|l| l["msg"] == "leading: reconciling Schedulers").context("b leads")?;
     let b_writes_before = b_lines[..b_leading]

@@ -9,12 +9,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use sked_controller::config::ControllerFlags;
 use sked_tests::cluster::{IssuedCert, TestCa, free_port};
@@ -123,32 +118,8 @@ fn flags(world: &World, test_dir: &Path) -> Result<ControllerFlags> {
 /// Registers the controller's webhook with the API server and waits until it is in force.
 async fn register_webhook(fx: &Fixture, flags: &ControllerFlags, test_dir: &Path) -> Result<()> {
     let ca = std::fs::read(test_dir.join("ca.crt"))?;
-    let address = flags.webhook_bind_address;
-    let config = ValidatingWebhookConfiguration {
-        metadata: kube::api::ObjectMeta { name: Some(WEBHOOK.into()), ..Default::default() },
-        webhooks: Some(vec![ValidatingWebhook {
-            name: "schedulers.sked.schedkit.io".into(),
-            admission_review_versions: vec!["v1".into()],
-            side_effects: "None".into(),
-            failure_policy: Some("Fail".into()),
-            timeout_seconds: Some(15),
-            client_config: WebhookClientConfig {
-                url: Some(format!("https://{address}{}", sked_controller::webhook::VALIDATE_PATH)),
-                ca_bundle: Some(ByteString(ca)),
-                service: None::<ServiceReference>,
-            },
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec!["sked.schedkit.io".into()]),
-                api_versions: Some(vec!["v1".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["schedulers".into()]),
-                scope: Some("Cluster".into()),
-            }]),
-            ..Default::default()
-        }]),
-    };
-    let api: Api<ValidatingWebhookConfiguration> = Api::all(fx.client.clone());
-    api.patch(WEBHOOK, &PatchParams::apply("sked-tests").force(), &Patch::Apply(&config)).await?;
+    let url = format!("https://{}{}", flags.webhook_bind_address, sked_controller::webhook::VALIDATE_PATH);
+    sked_tests::register_validating_webhook(&fx.client, WEBHOOK, &url, ca).await?;
     // The API server picks webhook configurations up asynchronously: wait until a server-side
     // dry run of a disallowed image is refused by it.
     let probe = scheduler_yaml("webhook-probe", "registry.invalid/not/allowed:v1");
@@ -168,12 +139,7 @@ async fn register_webhook(fx: &Fixture, flags: &ControllerFlags, test_dir: &Path
 }
 
 async fn unregister_webhook(fx: &Fixture) -> Result<()> {
-    let api: Api<ValidatingWebhookConfiguration> = Api::all(fx.client.clone());
-    match api.delete(WEBHOOK, &DeleteParams::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 404 => {}
-        Err(e) => return Err(e.into()),
-    }
+    sked_tests::delete_validating_webhook(&fx.client, WEBHOOK).await?;
     // Until the API server forgets it, a dry run would still be refused.
     let probe = scheduler_yaml("webhook-probe", "registry.invalid/not/allowed:v1");
     wait_for("the webhook to be gone", || {
@@ -183,8 +149,6 @@ async fn unregister_webhook(fx: &Fixture) -> Result<()> {
     .await
 }
 
-/// kubectl blocks its thread while the API server calls the webhook, which this process serves:
-/// run it where it does not stall the runtime.
 fn dry_run(fx: &Fixture, yaml: &str) -> Result<std::process::Output> {
     let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
     std::fs::write(file.path(), yaml)?;
