@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
@@ -169,6 +170,7 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
     assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("0/1"));
 
     // Attach the canary the way a scheduler pod does: a process holding the link.
+    let reports_before = s.fx.report_stats.reports.load(Ordering::Relaxed);
     let out = vm
         .run(
             "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o > /run/canary.out 2>&1 & echo $! > /run/canary.pid; \
@@ -177,6 +179,11 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
         .await?;
     let attached_at = Instant::now();
     let guest_attach = attach_time(&out).with_context(|| format!("loader output: {out}"))?;
+    wait_for("the agent's report of the attach", || async {
+        Ok((s.fx.report_stats.reports.load(Ordering::Relaxed) > reports_before).then_some(()))
+    })
+    .await?;
+    let to_report = attached_at.elapsed();
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary");
     let sched = s.wait_kernel("KERNEL-ATTACHED 1/1", 1, "KernelAttached").await?;
     let to_status = attached_at.elapsed();
@@ -215,6 +222,7 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
         "measured: kernel attach -> agent noticed (guest clock): {:?}",
         std::time::Duration::from_nanos(u64::try_from(attached.0.saturating_sub(guest_attach)).unwrap_or(u64::MAX))
     );
+    eprintln!("measured: attach returned -> controller received the report (host): {to_report:?}");
     eprintln!("measured: attach returned -> status KERNEL-ATTACHED 1/1 (host): {to_status:?}");
     eprintln!("measured: detach returned -> status 0/1 (host): {detach_to_status:?}");
     vm.shutdown().await?;
