@@ -89,6 +89,14 @@ impl TestRegistry {
     }
 }
 
+impl TestRegistry {
+    /// Tags of a repository.
+    pub fn tags(&self, repository: &str) -> Result<Vec<String>> {
+        let out = run(Command::new(tool("crane")).args(["ls", "--insecure", &format!("{}/{repository}", self.host)]))?;
+        Ok(out.lines().map(str::to_owned).collect())
+    }
+}
+
 impl Drop for TestRegistry {
     fn drop(&mut self) {
         self.stop();
@@ -241,6 +249,102 @@ impl Cosign {
             .args(["--allow-http-registry", "--allow-insecure-registry", image]))?;
         Ok(())
     }
+}
+
+impl Cosign {
+    /// A keyless-style signature in cosign v3's format: a Sigstore bundle (v0.3, a DSSE envelope
+    /// over an in-toto statement naming the digest) attached to the image as an OCI referrer.
+    /// The bundle's transparency-log entry is the test log's: a one-leaf Merkle tree whose
+    /// checkpoint and entry timestamp `tlog` signs. Every signature is made by `cosign sign-blob`.
+    pub fn sign_keyless_bundle(&self, pinned: &str, cert: &cluster::IssuedCert, tlog: &TestLog) -> Result<()> {
+        let (repository, digest) = pinned.split_once("@sha256:").ok_or_else(|| anyhow!("{pinned} is not pinned"))?;
+        let dir = tempfile::tempdir_in(self.home.path())?;
+        let name = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let leaf = self.import_key(&format!("{name}-leaf"), &cert.key_pem)?;
+        let sign = |file: &str, data: &[u8]| -> Result<String> {
+            let path = dir.path().join(file);
+            std::fs::write(&path, data)?;
+            self.sign_blob(&path, &tlog_or(&leaf, tlog, file).key)
+        };
+
+        let statement = serde_json::to_vec(&serde_json::json!({
+            "_type": "https://in-toto.io/Statement/v1",
+            "subject": [{"name": repository, "digest": {"sha256": digest}}],
+            "predicateType": "https://sigstore.dev/cosign/sign/v1",
+            "predicate": {},
+        }))?;
+        let payload_type = "application/vnd.in-toto+json";
+        let mut pae = format!("DSSEv1 {} {payload_type} {} ", payload_type.len(), statement.len()).into_bytes();
+        pae.extend_from_slice(&statement);
+        let signature = sign("pae", &pae)?;
+        let envelope = serde_json::json!({
+            "payload": B64.encode(&statement),
+            "payloadType": payload_type,
+            "signatures": [{"sig": signature}],
+        });
+        // The envelope's hash as the sigstore crate computes it: its protobuf JSON form.
+        let proto: sigstore_protobuf_specs::io::intoto::Envelope = serde_json::from_value(envelope.clone())?;
+        let envelope_hash = sha256_hex(&serde_json::to_vec(&proto)?);
+
+        let body = serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "0.0.1",
+            "kind": "dsse",
+            "spec": {
+                "envelopeHash": {"algorithm": "sha256", "value": envelope_hash},
+                "payloadHash": {"algorithm": "sha256", "value": sha256_hex(&statement)},
+                "signatures": [{"signature": signature, "verifier": B64.encode(&cert.cert_pem)}],
+            },
+        }))?;
+        // A tree of one leaf: its root is the leaf hash (RFC 6962: SHA-256 of 0x00 || entry).
+        let root = sha256(&[&[0u8][..], &body].concat());
+        let note = format!("rekor.sked.test - 1\n1\n{}\n", B64.encode(&root));
+        let note_signature = B64.decode(sign("checkpoint", note.as_bytes())?)?;
+        let checkpoint =
+            format!("{note}\n\u{2014} rekor.sked.test {}\n", B64.encode([&[0u8; 4][..], &note_signature].concat()));
+        let integrated_time = jiff::Timestamp::now().as_second();
+        let entry = serde_json::json!({
+            "body": B64.encode(&body),
+            "integratedTime": integrated_time,
+            "logID": tlog.log_id_hex(),
+            "logIndex": 0,
+        });
+        let set = sign("entry", &serde_json::to_vec(&entry)?)?;
+        let bundle = serde_json::json!({
+            "mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
+            "verificationMaterial": {
+                "certificate": {"rawBytes": B64.encode(pem_body(&cert.cert_pem)?)},
+                "tlogEntries": [{
+                    "logIndex": "0",
+                    "logId": {"keyId": B64.encode(tlog.log_id())},
+                    "kindVersion": {"kind": "dsse", "version": "0.0.1"},
+                    "integratedTime": integrated_time.to_string(),
+                    "inclusionPromise": {"signedEntryTimestamp": set},
+                    "inclusionProof": {
+                        "logIndex": "0",
+                        "rootHash": B64.encode(&root),
+                        "treeSize": "1",
+                        "hashes": [],
+                        "checkpoint": {"envelope": checkpoint},
+                    },
+                    "canonicalizedBody": B64.encode(&body),
+                }],
+            },
+            "dsseEnvelope": envelope,
+        });
+        let bundle_path = dir.path().join("bundle.json");
+        std::fs::write(&bundle_path, serde_json::to_vec_pretty(&bundle)?)?;
+        run(self.cmd().args(["attach", "signature", "--payload"]).arg(&bundle_path).args([
+            "--allow-http-registry",
+            "--allow-insecure-registry",
+            pinned,
+        ]))?;
+        Ok(())
+    }
+}
+
+/// The DSSE envelope is signed by the certificate's key; the log's statements by the log's.
+fn tlog_or<'a>(leaf: &'a KeyPairFiles, tlog: &'a TestLog, file: &str) -> &'a KeyPairFiles {
+    if file == "pae" { leaf } else { &tlog.key }
 }
 
 fn offline_flags() -> [&'static str; 3] {

@@ -253,6 +253,28 @@ async fn signed_images_are_deployed_by_digest() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cosign_v3_bundle_is_found_through_referrers_and_verified() -> Result<()> {
+    let (fx, world, _dir, _) = start(true).await?;
+    // Only a Sigstore bundle (no `.sig` tag): found through the referrers tag schema, since
+    // this registry has no referrers API.
+    let bundled = world.push("keyless/bundled", "v1", "signed with a bundle")?;
+    world.cosign.sign_keyless_bundle(&bundled, &world.good_cert, &world.tlog)?;
+    let tags = world.registry().tags("keyless/bundled")?;
+    let digest_tag = bundled.rsplit_once('@').map(|(_, d)| d.replace(':', "-")).unwrap_or_default();
+    assert!(tags.contains(&digest_tag), "the referrers index tag: {tags:?}");
+    assert!(!tags.iter().any(|t| t.ends_with(".sig")), "no legacy signature: {tags:?}");
+    apply_ok(&fx, &scheduler_yaml("bundled", &format!("{}/keyless/bundled:v1", world.host)))?;
+    wait_daemonset_image(&fx, "bundled", &bundled).await?;
+
+    // The same kind of bundle for the wrong identity is refused, naming what it found.
+    let evil = world.push("keyless/bundled-evil", "v1", "bundle for the wrong workflow")?;
+    world.cosign.sign_keyless_bundle(&evil, &world.evil_cert, &world.tlog)?;
+    let err = apply_refused(&fx, &scheduler_yaml("bundled-evil", &evil))?;
+    assert!(err.contains(EVIL_IDENTITY), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_refuses_what_the_policy_does_not_allow() -> Result<()> {
     let (fx, world, _dir, _) = start(true).await?;
     let unsigned = world.push("keyed/unsigned", "v1", "nobody signed this")?;
