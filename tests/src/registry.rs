@@ -261,10 +261,11 @@ impl Cosign {
         let dir = tempfile::tempdir_in(self.home.path())?;
         let name = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let leaf = self.import_key(&format!("{name}-leaf"), &cert.key_pem)?;
-        let sign = |file: &str, data: &[u8]| -> Result<String> {
+        // The DSSE envelope is signed with the certificate's key, the log's statements with the log's.
+        let sign = |file: &str, data: &[u8], key: &KeyPairFiles| -> Result<String> {
             let path = dir.path().join(file);
             std::fs::write(&path, data)?;
-            self.sign_blob(&path, &tlog_or(&leaf, tlog, file).key)
+            self.sign_blob(&path, &key.key)
         };
 
         let statement = serde_json::to_vec(&serde_json::json!({
@@ -276,7 +277,7 @@ impl Cosign {
         let payload_type = "application/vnd.in-toto+json";
         let mut pae = format!("DSSEv1 {} {payload_type} {} ", payload_type.len(), statement.len()).into_bytes();
         pae.extend_from_slice(&statement);
-        let signature = sign("pae", &pae)?;
+        let signature = sign("pae", &pae, &leaf)?;
         let envelope = serde_json::json!({
             "payload": B64.encode(&statement),
             "payloadType": payload_type,
@@ -298,7 +299,7 @@ impl Cosign {
         // A tree of one leaf: its root is the leaf hash (RFC 6962: SHA-256 of 0x00 || entry).
         let root = sha256(&[&[0u8][..], &body].concat());
         let note = format!("rekor.sked.test - 1\n1\n{}\n", B64.encode(&root));
-        let note_signature = B64.decode(sign("checkpoint", note.as_bytes())?)?;
+        let note_signature = B64.decode(sign("checkpoint", note.as_bytes(), &tlog.key)?)?;
         let checkpoint =
             format!("{note}\n\u{2014} rekor.sked.test {}\n", B64.encode([&[0u8; 4][..], &note_signature].concat()));
         let integrated_time = jiff::Timestamp::now().as_second();
@@ -308,7 +309,7 @@ impl Cosign {
             "logID": tlog.log_id_hex(),
             "logIndex": 0,
         });
-        let set = sign("entry", &serde_json::to_vec(&entry)?)?;
+        let set = sign("entry", &serde_json::to_vec(&entry)?, &tlog.key)?;
         let bundle = serde_json::json!({
             "mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
             "verificationMaterial": {
@@ -340,11 +341,6 @@ impl Cosign {
         ]))?;
         Ok(())
     }
-}
-
-/// The DSSE envelope is signed by the certificate's key; the log's statements by the log's.
-fn tlog_or<'a>(leaf: &'a KeyPairFiles, tlog: &'a TestLog, file: &str) -> &'a KeyPairFiles {
-    if file == "pae" { leaf } else { &tlog.key }
 }
 
 fn offline_flags() -> [&'static str; 3] {
