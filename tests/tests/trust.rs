@@ -184,6 +184,14 @@ async fn start(with_webhook: bool) -> Result<(Fixture, &'static World, tempfile:
     Ok((fx, world, dir, flags))
 }
 
+/// Replaces a file at once (write, then rename), as the kubelet updates a mounted ConfigMap.
+fn replace_file(path: &Path, contents: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
 fn apply_ok(fx: &Fixture, yaml: &str) -> Result<()> {
     let out = tokio::task::block_in_place(|| fx.kubectl_apply(yaml))?;
     anyhow::ensure!(out.status.success(), "kubectl apply refused: {}", String::from_utf8_lossy(&out.stderr));
@@ -408,7 +416,7 @@ async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<(
     let policy_path: PathBuf = flags.trust_policy.clone().context("policy path")?;
 
     // A policy that does not parse is refused (and counted); the last good one stays.
-    std::fs::write(&policy_path, "rules:\n  - repository: x\n    unsigned: maybe\n")?;
+    replace_file(&policy_path, "rules:\n  - repository: x\n    unsigned: maybe\n")?;
     wait_for("the broken policy to be refused", || async {
         Ok(fx.scrape_metrics().await?.contains(r#"sked_trust_policy_reloads_total{result="refused"} 1"#).then_some(()))
     })
@@ -423,7 +431,7 @@ async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<(
 
     // A policy that trusts another key re-verifies the running Scheduler, which now fails; its
     // DaemonSet is kept.
-    std::fs::write(&policy_path, world.policy(&world.other_key.public_pem))?;
+    replace_file(&policy_path, &world.policy(&world.other_key.public_pem))?;
     fx.wait_scheduler("policy", "ImageVerificationFailed under the new policy", |s| {
         has_condition(s, "Degraded", "True", "ImageVerificationFailed")
     })

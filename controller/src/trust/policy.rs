@@ -108,7 +108,8 @@ pub struct PolicyError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
-    #[serde(default)]
+    /// Required, so that an empty or half-written file is an error rather than a policy that
+    /// refuses everything; `rules: []` refuses everything on purpose.
     rules: Vec<Spanned<RawRule>>,
 }
 
@@ -132,6 +133,12 @@ struct RawKeyless {
 impl Policy {
     /// Parses and checks a policy document.
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        if text.trim().is_empty() {
+            return Err(PolicyError {
+                line: 1,
+                message: "the policy is empty; it needs a `rules:` list (`rules: []` refuses every image)".into(),
+            });
+        }
         let raw: RawPolicy = serde_saphyr::from_str(text).map_err(|e| yaml_error(&e.to_string()))?;
         let rules = raw.rules.into_iter().map(check_rule).collect::<Result<Vec<_>, _>>()?;
         Ok(Self { rules })
@@ -332,6 +339,15 @@ mod tests {
             assert_eq!(err.line, line, "{doc}: {err}");
             assert!(err.to_string().contains(needle), "{doc}: {err}");
         }
+    }
+
+    #[test]
+    fn an_empty_policy_is_an_error_but_an_empty_rule_list_is_not() {
+        assert!(Policy::parse("").unwrap_err().message.contains("rules:"));
+        assert!(Policy::parse("\n  \n").is_err());
+        assert!(Policy::parse("# nothing\n").is_err());
+        let none = Policy::parse("rules: []\n").unwrap();
+        assert!(none.rule_for("ghcr.io/schedkit/x").is_none());
     }
 
     #[test]
