@@ -24,6 +24,7 @@ pub mod reconcile;
 pub mod reports;
 pub mod status;
 pub mod telemetry;
+pub mod tls;
 pub mod trust;
 pub mod webhook;
 pub mod workload;

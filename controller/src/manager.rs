@@ -175,10 +175,9 @@ pub async fn run_with_stats(
     let kernel_table = Arc::new(KernelTable::default());
     let reports_task = match (&flags.reports_cert_file, &flags.reports_key_file) {
         (Some(cert), Some(key)) => {
-            let read = |p: &std::path::PathBuf, what: &str| {
-                std::fs::read(p).map_err(|e| format!("reading the reports server {what} {}: {e}", p.display()))
-            };
-            let (cert, key) = (read(cert, "certificate")?, read(key, "key")?);
+            let tls = crate::tls::ReloadingCert::load(cert, key)
+                .map_err(|e| format!("reports server certificate (--reports-cert-file, --reports-key-file): {e}"))?;
+            tokio::spawn(tls.clone().follow("reports server", stop_rx.clone()));
             let service = ReportsService::new(
                 client.clone(),
                 &flags.workload_namespace,
@@ -193,8 +192,8 @@ pub async fn run_with_stats(
             info!(%address, "serving agent reports");
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
-                if let Err(e) = crate::reports::serve(service, address, cert, key, stop).await {
-                    error!(err = %sked_logging::error_chain(&e), %address, "reports server failed");
+                if let Err(e) = crate::reports::serve(service, address, tls, stop).await {
+                    error!(err = %sked_logging::error_chain(e.as_ref()), %address, "reports server failed");
                 }
             }))
         }

@@ -20,7 +20,7 @@ use kube::{Api, Client};
 use sked_proto::v1::reports_server::{Reports, ReportsServer};
 use sked_proto::{Ack, Report};
 use tokio::sync::mpsc;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
@@ -236,14 +236,44 @@ async fn until_not_leading(mut leader: tokio::sync::watch::Receiver<bool>) {
 pub async fn serve(
     service: ReportsService,
     address: SocketAddr,
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
+    tls: Arc<crate::tls::ReloadingCert>,
     shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
-    Server::builder()
-        .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem)))?
+) -> Result<(), crate::reconcile::BoxError> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config(&[b"h2"])?);
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| format!("binding the reports server to {address} (--reports-bind-address): {e}"))?;
+    // Handshakes run concurrently, so a slow or silent client does not hold up the others; the
+    // certificate is whatever `tls` holds at the time of each handshake.
+    let (tx, rx) = mpsc::channel::<std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>(64);
+    let accept = tokio::spawn(async move {
+        loop {
+            let tcp = match listener.accept().await {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    warn!(err = %e, "accepting a reports connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => debug!(err = %e, "reports TLS handshake failed"),
+                    Err(_) => debug!("reports TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    let incoming = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let served = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(ReportsServer::new(service))
-        .serve_with_shutdown(address, shutdown)
-        .await
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    accept.abort();
+    served.map_err(Into::into)
 }

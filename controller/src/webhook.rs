@@ -3,9 +3,9 @@
 //! policy does not allow, or whose signature does not satisfy its rule.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::routing::post;
@@ -15,12 +15,13 @@ use kube::Client;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::api::{Scheduler, SchedulerSpec};
 use crate::image::ImageRef;
 use crate::metrics::Metrics;
 use crate::reconcile::BoxError;
+use crate::tls::ReloadingCert;
 use crate::trust::Trust;
 
 /// Path the ValidatingWebhookConfiguration calls.
@@ -43,32 +44,15 @@ pub async fn serve(
     state: Arc<WebhookState>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), BoxError> {
-    let (cert, key) = (cert_dir.join("tls.crt"), cert_dir.join("tls.key"));
-    let tls = RustlsConfig::from_pem_file(&cert, &key).await.map_err(|e| {
-        format!("loading the webhook certificate from {} (--webhook-cert-dir): {e}", cert_dir.display())
-    })?;
+    let cert = ReloadingCert::load(&cert_dir.join("tls.crt"), &cert_dir.join("tls.key"))
+        .map_err(|e| format!("webhook certificate (--webhook-cert-dir): {e}"))?;
+    let tls = RustlsConfig::from_config(cert.server_config(&[b"http/1.1"])?);
+    tokio::spawn(cert.follow("webhook", shutdown.clone()));
     let app = Router::new().route(VALIDATE_PATH, post(validate)).with_state(state);
     let handle = axum_server::Handle::new();
     let drain = handle.clone();
-    let reload = tls.clone();
     tokio::spawn(async move {
-        let mut seen = modified(&cert, &key);
-        loop {
-            tokio::select! {
-                _ = shutdown.wait_for(|stop| *stop) => break,
-                _ = tokio::time::sleep(Duration::from_secs(10)) => {}
-            }
-            let now = modified(&cert, &key);
-            if now != seen {
-                match reload.reload_from_pem_file(&cert, &key).await {
-                    Ok(()) => info!(logger = "webhook", "webhook certificate reloaded"),
-                    Err(e) => {
-                        warn!(logger = "webhook", err = %e, "webhook certificate changed but could not be loaded; keeping the old one")
-                    }
-                }
-                seen = now;
-            }
-        }
+        let _ = shutdown.wait_for(|stop| *stop).await;
         drain.graceful_shutdown(Some(Duration::from_secs(10)));
     });
     info!(logger = "webhook", address = %address, path = VALIDATE_PATH, "serving the admission webhook");
@@ -77,11 +61,6 @@ pub async fn serve(
         .serve(app.into_make_service())
         .await
         .map_err(|e| format!("webhook server on {address}: {e}").into())
-}
-
-fn modified(cert: &Path, key: &Path) -> (Option<SystemTime>, Option<SystemTime>) {
-    let at = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    (at(cert), at(key))
 }
 
 async fn validate(

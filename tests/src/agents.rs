@@ -30,6 +30,39 @@ impl ReportsTls {
         std::fs::write(&out.key, &server.key_pem)?;
         Ok(out)
     }
+
+    /// Renews the serving pair as a certificate rotation would: a new CA, a new certificate
+    /// and key swapped in with a rename. Returns the new CA (PEM).
+    pub fn rotate(&self) -> Result<String> {
+        let ca = TestCa::new("sked-reports-test-ca-2")?;
+        let server = ca.server("sked-reports", &["localhost"], &["127.0.0.1"])?;
+        for (path, pem) in [(&self.cert, &server.cert_pem), (&self.key, &server.key_pem)] {
+            let tmp = path.with_extension("new");
+            std::fs::write(&tmp, pem)?;
+            std::fs::rename(&tmp, path)?;
+        }
+        Ok(ca.cert_pem().to_owned())
+    }
+}
+
+/// Whether a TLS handshake with `address` succeeds when only `ca_pem` is trusted (as "localhost").
+pub async fn tls_handshake(address: SocketAddr, ca_pem: &str) -> Result<()> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(address).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost")?;
+    connector.connect(name, tcp).await?;
+    Ok(())
 }
 
 /// The `sked-agent` binary of this workspace (see [`workspace_binary`]).

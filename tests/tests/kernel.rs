@@ -269,8 +269,7 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
     let server = tokio::spawn(sked_controller::reports::serve(
         service,
         ([127, 0, 0, 1], port).into(),
-        std::fs::read(&s.tls.cert)?,
-        std::fs::read(&s.tls.key)?,
+        sked_controller::tls::ReloadingCert::load(&s.tls.cert, &s.tls.key).map_err(anyhow::Error::msg)?,
         async move {
             let _ = stop_rx.await;
         },
@@ -323,5 +322,26 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
     assert_eq!(stats.accepted_streams.load(Ordering::Relaxed), 1);
     let _ = stop_tx.send(());
     let _ = server.await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_renewed_reports_certificate_is_served_without_a_restart() -> Result<()> {
+    let s = setup("renewal").await?;
+    let address: std::net::SocketAddr = s
+        .controller
+        .trim_start_matches("https://localhost:")
+        .parse::<u16>()
+        .map(|port| ([127, 0, 0, 1], port).into())?;
+    let old_ca = std::fs::read_to_string(&s.tls.ca)?;
+    sked_tests::agents::tls_handshake(address, &old_ca).await?;
+
+    // cert-manager renews the Secret: the server presents the new pair on new connections.
+    let new_ca = s.tls.rotate()?;
+    wait_for("the renewed certificate to be served", || async {
+        Ok(sked_tests::agents::tls_handshake(address, &new_ca).await.is_ok().then_some(()))
+    })
+    .await?;
+    assert!(sked_tests::agents::tls_handshake(address, &old_ca).await.is_err(), "the old certificate is gone");
     Ok(())
 }
