@@ -102,7 +102,7 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
         Ok(verdict) => verdict,
         Err(_) => Err(crate::trust::TrustError::Unreachable {
             image: new.sched.clone(),
-            registry: ImageRef::parse(&new.sched).map(|r| r.repository).unwrap_or_default(),
+            registry: crate::trust::registry::registry_host(&new.sched),
             detail: format!("verification did not finish within {:?}", state.timeout),
         }),
     };

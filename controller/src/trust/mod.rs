@@ -228,7 +228,7 @@ impl Trust {
             .map_err(|e| TrustError::Unreachable {
             image: image.to_owned(),
             registry: reference.resolve_registry().to_owned(),
-            detail: registry::error_chain(&e),
+            detail: sked_logging::error_chain(&e),
         })?;
         verify::satisfies(&rule.requirement, &layers).map_err(|why| TrustError::SignatureInvalid {
             image: image.to_owned(),

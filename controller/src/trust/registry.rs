@@ -141,23 +141,13 @@ pub fn classify(e: OciDistributionError, reference: &Reference, image: &str) -> 
         {
             TrustError::NotFound { image, registry }
         }
-        other => TrustError::Unreachable { image, registry, detail: error_chain(&other) },
+        other => TrustError::Unreachable { image, registry, detail: sked_logging::error_chain(&other) },
     }
 }
 
-/// An error and its sources on one line ("error sending request: connection refused").
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
+/// The registry host of an image reference (`docker.io` for short names), for messages.
+pub fn registry_host(image: &str) -> String {
+    Reference::try_from(image).map(|r| r.resolve_registry().to_owned()).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -199,6 +189,7 @@ mod tests {
         assert!(matches!(&err, TrustError::Unreachable { registry, .. } if registry == "r.example:5000"));
         assert!(err.to_string().starts_with("cannot reach the registry r.example:5000 for image"), "{err}");
         assert!(err.is_transient());
+        assert_eq!(registry_host("r.example:5000/team/sched:v1"), "r.example:5000");
     }
 
     #[test]
