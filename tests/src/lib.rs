@@ -180,11 +180,20 @@ impl Fixture {
         Ok(body)
     }
 
-    /// `kubectl apply -f -` of `yaml`; the command's output (refusals are not errors here).
+    /// `kubectl apply` of `yaml`; the command's output (refusals are not errors here).
     pub fn kubectl_apply(&self, yaml: &str) -> Result<std::process::Output> {
+        self.kubectl_apply_with(yaml, &[])
+    }
+
+    /// `kubectl apply` of `yaml` with more flags, e.g. `--dry-run=server`.
+    pub fn kubectl_apply_with(&self, yaml: &str, flags: &[&str]) -> Result<std::process::Output> {
         let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
         std::fs::write(file.path(), yaml)?;
-        self.cluster.kubectl(&["apply", "-f", &file.path().to_string_lossy()])
+        let path = file.path().to_string_lossy().into_owned();
+        let mut args = vec!["apply"];
+        args.extend_from_slice(flags);
+        args.extend(["-f", &path]);
+        self.cluster.kubectl(&args)
     }
 
     pub fn schedulers(&self) -> Api<Scheduler> {
@@ -373,6 +382,39 @@ pub fn has_condition(s: &Scheduler, type_: &str, status: &str, reason: &str) -> 
 }
 
 /// Applies the committed CRDs (server-side) and waits until they are established.
+/// Runs a command to completion; its stdout on success, its stderr in the error otherwise.
+pub fn run_command(cmd: &mut std::process::Command) -> Result<String> {
+    let out = cmd.stdin(std::process::Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits until `count` live pods of the Scheduler's DaemonSet are bound to nodes; keyed by node.
+pub async fn wait_bound_pods(
+    client: &Client,
+    namespace: &str,
+    scheduler: &str,
+    count: usize,
+) -> Result<BTreeMap<String, Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    wait_for(&format!("{count} pods of {scheduler} bound to nodes"), || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default().labels(&format!("name={scheduler}"))).await?;
+            let bound: BTreeMap<String, Pod> = list
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+                .collect();
+            Ok((bound.len() == count).then_some(bound))
+        }
+    })
+    .await
+}
+
 /// Registers a validating webhook for Scheduler creates and updates, called at `url` (HTTPS,
 /// certificate signed by `ca_pem`), failing closed. The API server applies it shortly after.
 pub async fn register_validating_webhook(client: &Client, name: &str, url: &str, ca_pem: Vec<u8>) -> Result<()> {

@@ -11,6 +11,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 
 use crate::cluster::{self, TestCa, tools_dir};
+use crate::run_command as run;
 
 /// A registry process with its storage in a temporary directory.
 pub struct TestRegistry {
@@ -105,15 +106,6 @@ impl Drop for TestRegistry {
 
 fn tool(name: &str) -> PathBuf {
     tools_dir().join(name)
-}
-
-/// Runs a command; its stdout on success, its stderr in the error otherwise.
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The real cosign CLI, isolated from the user's home and from Sigstore's public services.

@@ -132,28 +132,19 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     }
 
     // A real install (own-secret mode): the controller's Deployment and everything around it.
-    let out = fx.cluster.kubectl(&[
-        "create",
-        "secret",
-        "tls",
-        "sked-reports-tls",
-        "-n",
-        ns,
-        &format!("--cert={}", tls.cert.display()),
-        &format!("--key={}", tls.key.display()),
-    ])?;
-    assert!(out.status.success(), "{}", text(&out));
-    let out = fx.cluster.kubectl(&[
-        "create",
-        "secret",
-        "tls",
-        "sked-webhook-tls",
-        "-n",
-        ns,
-        &format!("--cert={}", tls.cert.display()),
-        &format!("--key={}", tls.key.display()),
-    ])?;
-    assert!(out.status.success(), "{}", text(&out));
+    for secret in ["sked-reports-tls", "sked-webhook-tls"] {
+        let out = fx.cluster.kubectl(&[
+            "create",
+            "secret",
+            "tls",
+            secret,
+            "-n",
+            ns,
+            &format!("--cert={}", tls.cert.display()),
+            &format!("--key={}", tls.key.display()),
+        ])?;
+        assert!(out.status.success(), "{}", text(&out));
+    }
     let mut install = vec!["install", "sked", &*chart, "--namespace", ns];
     install.extend(&values);
     let out = helm(&fx, &install)?;

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::ListParams;
 use sked_controller::config::ControllerFlags;
 use sked_controller::{Scheduler, SchedulerSpec};
 use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token, ensure_running};
@@ -48,21 +47,7 @@ async fn setup(name: &str) -> Result<Setup> {
     }
     let spec = SchedulerSpec { expected_ops: Some("rusty".into()), ..spec_on(IMAGE, &[("pool", "k")]) };
     fx.create_scheduler(name, spec).await?;
-    let pods_api: kube::Api<Pod> = kube::Api::namespaced(fx.client.clone(), &fx.namespace);
-    let pods = wait_for("the DaemonSet's pods bound to both nodes", || {
-        let pods_api = pods_api.clone();
-        async move {
-            let list = pods_api.list(&ListParams::default().labels(&format!("name={name}"))).await?;
-            let bound: BTreeMap<String, Pod> = list
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
-                .collect();
-            Ok((bound.len() == 2).then_some(bound))
-        }
-    })
-    .await?;
+    let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, name, 2).await?;
     Ok(Setup { fx, name: name.to_owned(), tls, controller: format!("https://localhost:{port}"), dir, pods })
 }
 

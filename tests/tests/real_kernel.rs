@@ -11,16 +11,14 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::core::v1::Pod;
+use anyhow::{Context as _, Result};
 use kube::ResourceExt;
-use kube::api::ListParams;
 use sked_controller::config::ControllerFlags;
 use sked_controller::{Scheduler, SchedulerSpec};
 use sked_tests::agents::{ReportsTls, agent_binary, bound_token, workspace_binary};
 use sked_tests::cluster::{free_port, workspace_root};
 use sked_tests::vm::TestVm;
-use sked_tests::{Fixture, condition, spec_on, wait_for};
+use sked_tests::{Fixture, condition, run_command as run, spec_on, wait_for};
 
 const NODE: &str = "kvm-node";
 const SCHEDULER: &str = "canary";
@@ -56,14 +54,6 @@ impl Artifacts {
     }
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
-
 struct Setup {
     fx: Fixture,
     tls: ReportsTls,
@@ -88,18 +78,10 @@ async fn setup(dir: &Path) -> Result<Setup> {
         ..spec_on("ghcr.io/schedkit/sked_canary:v1", &[("pool", "vm")])
     };
     fx.create_scheduler(SCHEDULER, spec).await?;
-    let pods: kube::Api<Pod> = kube::Api::namespaced(fx.client.clone(), &fx.namespace);
-    let pod = wait_for("the canary pod bound to the VM's Node", || {
-        let pods = pods.clone();
-        async move {
-            let list = pods.list(&ListParams::default().labels(&format!("name={SCHEDULER}"))).await?;
-            Ok(list.items.into_iter().find(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE)
-            }))
-        }
-    })
-    .await?;
+    let pod = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, SCHEDULER, 1)
+        .await?
+        .remove(NODE)
+        .context("the canary pod is bound to the VM's Node")?;
     let token = bound_token(&fx.client, &fx.namespace, "sked-agent", Some(&pod)).await?;
     Ok(Setup { fx, tls, reports, token, pod: pod.name_any() })
 }

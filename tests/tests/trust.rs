@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
+use sked_controller::Scheduler;
 use sked_controller::config::ControllerFlags;
 use sked_tests::cluster::{IssuedCert, TestCa, free_port};
 use sked_tests::registry::{Cosign, KeyPairFiles, TestLog, TestRegistry, trusted_root_json};
@@ -150,11 +151,7 @@ async fn unregister_webhook(fx: &Fixture) -> Result<()> {
 }
 
 fn dry_run(fx: &Fixture, yaml: &str) -> Result<std::process::Output> {
-    let file = tempfile::Builder::new().suffix(".yaml").tempfile()?;
-    std::fs::write(file.path(), yaml)?;
-    tokio::task::block_in_place(|| {
-        fx.cluster.kubectl(&["apply", "--dry-run=server", "-f", &file.path().to_string_lossy()])
-    })
+    tokio::task::block_in_place(|| fx.kubectl_apply_with(yaml, &["--dry-run=server"]))
 }
 
 fn scheduler_yaml(name: &str, image: &str) -> String {
@@ -190,6 +187,11 @@ fn replace_file(path: &Path, contents: &str) -> Result<()> {
     std::fs::write(&tmp, contents)?;
     std::fs::rename(&tmp, path)?;
     Ok(())
+}
+
+/// Waits until the Scheduler reports its image refused (Degraded, ImageVerificationFailed).
+async fn wait_image_refused(fx: &Fixture, name: &str, what: &str) -> Result<Scheduler> {
+    fx.wait_scheduler(name, what, |s| has_condition(s, "Degraded", "True", "ImageVerificationFailed")).await
 }
 
 fn apply_ok(fx: &Fixture, yaml: &str) -> Result<()> {
@@ -322,11 +324,7 @@ async fn an_unsigned_image_that_gets_in_is_reported_and_never_deployed() -> Resu
     let (fx, world, _dir, _) = start(false).await?;
     let unsigned = world.push("keyed/sneaky", "v1", "got in while the webhook was off")?;
     fx.create_scheduler("sneaky", spec_on(&unsigned, &[POOL])).await?;
-    let s = fx
-        .wait_scheduler("sneaky", "Degraded ImageVerificationFailed", |s| {
-            has_condition(s, "Degraded", "True", "ImageVerificationFailed")
-        })
-        .await?;
+    let s = wait_image_refused(&fx, "sneaky", "Degraded ImageVerificationFailed").await?;
     let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains(&unsigned) && message.contains("no trusted signature"), "{message}");
     fx.wait_event("sneaky", "Warning", "ImageVerificationFailed", 1).await?;
@@ -345,11 +343,7 @@ async fn a_tag_moved_to_an_unsigned_image_keeps_the_old_daemonset() -> Result<()
 
     // The tag moves to an image nobody signed: reported, and the DaemonSet is left alone.
     let second = world.push("keyed/moving", "stable", "release 2, unsigned")?;
-    let s = fx
-        .wait_scheduler("moving", "ImageVerificationFailed after the tag moved", |s| {
-            has_condition(s, "Degraded", "True", "ImageVerificationFailed")
-        })
-        .await?;
+    let s = wait_image_refused(&fx, "moving", "ImageVerificationFailed after the tag moved").await?;
     assert_eq!(s.status.as_ref().and_then(|st| st.resolved_image.clone()), Some(first.clone()));
     let ds = fx.daemonsets().get("moving").await?;
     assert_eq!(ds.metadata.generation, generation, "the DaemonSet must not change");
@@ -376,11 +370,7 @@ async fn a_stopped_registry_keeps_the_old_daemonset_and_is_reported() -> Result<
     let patch = json!({"spec": {"args": ["--slice-us=5000"]}});
     fx.schedulers().patch("steady", &PatchParams::default(), &Patch::Merge(&patch)).await?;
     // ...but the reconciler cannot verify the tag, so it keeps the DaemonSet and says why.
-    let s = fx
-        .wait_scheduler("steady", "ImageVerificationFailed: registry unreachable", |s| {
-            has_condition(s, "Degraded", "True", "ImageVerificationFailed")
-        })
-        .await?;
+    let s = wait_image_refused(&fx, "steady", "ImageVerificationFailed: registry unreachable").await?;
     let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains("cannot reach the registry") && message.contains(&world.host), "{message}");
     let after = fx.daemonsets().get("steady").await?;
@@ -432,10 +422,7 @@ async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<(
     // A policy that trusts another key re-verifies the running Scheduler, which now fails; its
     // DaemonSet is kept.
     replace_file(&policy_path, &world.policy(&world.other_key.public_pem))?;
-    fx.wait_scheduler("policy", "ImageVerificationFailed under the new policy", |s| {
-        has_condition(s, "Degraded", "True", "ImageVerificationFailed")
-    })
-    .await?;
+    wait_image_refused(&fx, "policy", "ImageVerificationFailed under the new policy").await?;
     assert_eq!(daemonset_image(&fx, "policy").await?, Some(image.clone()));
     drop(dir);
     Ok(())

@@ -2,18 +2,16 @@
 //! demo Nodes with an agent each (on a fake sysfs root), and an example Scheduler; prints
 //! `kubectl get schedulers` and the DaemonSet, then runs until Ctrl-C.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use sked_controller::Scheduler;
 use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token};
 use sked_tests::{
-    TestCluster, cluster, create_ready_node, ensure_namespace, ensure_service_account, install_crds, wait_for,
+    TestCluster, cluster, create_ready_node, ensure_namespace, ensure_service_account, install_crds, wait_bound_pods,
+    wait_for,
 };
 
 const NODES: [&str; 2] = ["demo-node-1", "demo-node-2"];
@@ -70,17 +68,7 @@ async fn main() -> Result<()> {
 
     // An agent per node, with a token bound to that node's scheduler pod. The fake kernel of
     // demo-node-1 runs scx_rusty; demo-node-2's has no scheduler attached.
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), "sked-system");
-    let pods = wait_for("the scheduler pods to be bound to the demo nodes", || {
-        let pods_api = pods_api.clone();
-        async move {
-            let list = pods_api.list(&ListParams::default().labels("name=scx-rusty")).await?;
-            let bound: BTreeMap<String, Pod> =
-                list.items.into_iter().filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p))).collect();
-            Ok((bound.len() == NODES.len()).then_some(bound))
-        }
-    })
-    .await?;
+    let pods = wait_bound_pods(&client, "sked-system", "scx-rusty", NODES.len()).await?;
     let mut agents = Vec::new();
     for node in NODES {
         let pod = &pods[node];
