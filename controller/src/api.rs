@@ -102,6 +102,13 @@ pub struct SchedulerSpec {
     pub expected_ops: Option<String>,
 }
 
+impl SchedulerSpec {
+    /// Names of the image pull secrets (in the workload namespace).
+    pub fn pull_secret_names(&self) -> Vec<String> {
+        self.image_pull_secrets.iter().map(|r| r.name.clone()).collect()
+    }
+}
+
 /// Observed state of a Scheduler, written only by the controller.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]

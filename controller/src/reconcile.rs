@@ -172,58 +172,51 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         })
     };
 
-    // The image must be admitted by the trust policy before anything is deployed; a refusal
-    // leaves the running DaemonSet exactly as it was.
-    // Verified whether or not the Scheduler has nodes, so its status always tells.
-    let mut image_error = None;
-    let secrets: Vec<String> = scheduler.spec.image_pull_secrets.iter().map(|r| r.name.clone()).collect();
-    let admitted = match ctx.trust.admit(&ctx.client, &scheduler.spec.sched, &secrets).await {
-        Ok(admitted) => {
-            ctx.metrics.verified("reconcile", admitted.outcome.metric_label());
-            Some(admitted)
-        }
-        Err(e) => {
-            ctx.metrics.verified("reconcile", e.metric_label());
-            warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
-            image_error = Some(e);
-            None
-        }
-    };
-    let image = admitted.as_ref().map(|a| a.image.clone());
+    // The trust policy admits the image (whether or not the Scheduler has nodes, so its status
+    // always tells) before anything is deployed; a refusal leaves the DaemonSet as it is.
+    let secrets = scheduler.spec.pull_secret_names();
+    let admission = ctx.trust.admit(&ctx.client, &scheduler.spec.sched, &secrets).await;
+    ctx.metrics.verified("reconcile", crate::trust::outcome_label(&admission));
+    if let Err(e) = &admission {
+        warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
+    }
 
     let mut spec_error = None;
-    let daemonset = if let Some(image) = image.as_ref().filter(|_| placement.wants_daemonset()) {
-        let desired = workload::desired_daemonset(scheduler, image, &placement.lost_nodes(), &ctx.settings)?;
-        match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
-            Ok(applied) => {
-                let generation = applied.metadata.generation.unwrap_or(0);
-                let previous = lock(&ctx.memo.applied).insert(name.clone(), generation);
-                if previous != Some(generation) {
-                    info!(daemonset = %format!("{namespace}/{name}"), image = %image, lost_nodes = placement.lost.len(), "applied DaemonSet");
+    let daemonset = match (&admission, placement.wants_daemonset()) {
+        (Ok(admitted), true) => {
+            let image = &admitted.image;
+            let desired = workload::desired_daemonset(scheduler, image, &placement.lost_nodes(), &ctx.settings)?;
+            match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
+                Ok(applied) => {
+                    let generation = applied.metadata.generation.unwrap_or(0);
+                    let previous = lock(&ctx.memo.applied).insert(name.clone(), generation);
+                    if previous != Some(generation) {
+                        info!(daemonset = %format!("{namespace}/{name}"), image = %image, lost_nodes = placement.lost.len(), "applied DaemonSet");
+                    }
+                    Some(applied)
                 }
-                Some(applied)
+                Err(kube::Error::Api(status)) if status.code == 422 => {
+                    // The spec passed the CRD schema but the DaemonSet built from it does not:
+                    // report it on the Scheduler and wait for the user to change the spec.
+                    warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
+                    spec_error = Some(status.message.clone());
+                    get_current().await?
+                }
+                Err(source) => return Err(Error::ApplyDaemonSet { namespace: namespace.clone(), name, source }),
             }
-            Err(kube::Error::Api(status)) if status.code == 422 => {
-                // The spec passed the CRD schema but the DaemonSet built from it does not:
-                // report it on the Scheduler and wait for the user to change the spec.
-                warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
-                spec_error = Some(status.message.clone());
-                get_current().await?
-            }
-            Err(source) => return Err(Error::ApplyDaemonSet { namespace: namespace.clone(), name, source }),
         }
-    } else if image_error.is_some() && placement.wants_daemonset() {
-        get_current().await?
-    } else {
-        match daemonsets.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => {
-                info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
+        (Err(_), true) => get_current().await?,
+        (_, false) => {
+            match daemonsets.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => {
+                    info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name, source }),
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(source) => return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name, source }),
+            lock(&ctx.memo.applied).remove(&name);
+            None
         }
-        lock(&ctx.memo.applied).remove(&name);
-        None
     };
 
     ctx.metrics.set_conflicting_nodes(&name, placement.lost.len());
@@ -239,9 +232,9 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         previous: &previous,
         daemonset: daemonset.as_ref(),
         placement: &placement,
-        image: image.as_deref(),
+        image: admission.as_ref().ok().map(|a| a.image.as_str()),
         spec_error: spec_error.as_deref(),
-        image_error: image_error.as_ref().map(ToString::to_string).as_deref(),
+        image_error: admission.as_ref().err().map(ToString::to_string).as_deref(),
         kernel: &kernel,
         now: Time(jiff::Timestamp::now()),
     });
@@ -272,15 +265,14 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
-    if let Some(source) = image_error {
+    let admitted = match admission {
+        Ok(admitted) => admitted,
         // Retried with backoff by `error_policy`; the Warning event above already says why.
-        return Err(Error::Image { name, source });
-    }
+        Err(source) => return Err(Error::Image { name, source }),
+    };
     // Look again when the freshest report would turn stale, and periodically when the image is
     // a tag that may move; everything else is a watch event.
-    let tag_recheck = admitted
-        .filter(|a| a.outcome != crate::trust::Outcome::UnsignedAllowed && !scheduler.spec.sched.contains('@'))
-        .map(|_| ctx.flags.image_recheck_interval);
+    let tag_recheck = admitted.from_tag.then_some(ctx.flags.image_recheck_interval);
     let kernel_recheck = kernel.recheck_in.map(|after| after + Duration::from_millis(100));
     Ok(match kernel_recheck.into_iter().chain(tag_recheck).min() {
         Some(after) => Action::requeue(after),

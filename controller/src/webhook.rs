@@ -90,13 +90,13 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
     spec_problem(&new).map_or(Ok(()), |p| Err(format!("Scheduler {name:?}: {p}")))?;
     if let Ok(old) = spec_of(request.old_object.as_ref())
         && old.sched == new.sched
-        && pull_secret_names(&old) == pull_secret_names(&new)
+        && old.pull_secret_names() == new.pull_secret_names()
     {
         // The image did not change: an edit of anything else must not depend on the registry.
         debug!(logger = "webhook", scheduler = %name, "image unchanged; not verified again");
         return Ok(());
     }
-    let secrets = pull_secret_names(&new);
+    let secrets = new.pull_secret_names();
     let check = state.trust.admit(&state.client, &new.sched, &secrets);
     let verdict = match tokio::time::timeout(state.timeout, check).await {
         Ok(verdict) => verdict,
@@ -106,14 +106,13 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
             detail: format!("verification did not finish within {:?}", state.timeout),
         }),
     };
+    state.metrics.verified("webhook", crate::trust::outcome_label(&verdict));
     match verdict {
         Ok(admitted) => {
-            state.metrics.verified("webhook", admitted.outcome.metric_label());
             info!(logger = "webhook", scheduler = %name, image = %new.sched, resolved = %admitted.image, outcome = admitted.outcome.metric_label(), "admitted");
             Ok(())
         }
         Err(e) => {
-            state.metrics.verified("webhook", e.metric_label());
             info!(logger = "webhook", scheduler = %name, image = %new.sched, err = %e, "refused");
             Err(format!("Scheduler {name:?}: spec.sched: {e}"))
         }
@@ -122,13 +121,8 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
 
 fn spec_of(object: Option<&DynamicObject>) -> Result<SchedulerSpec, String> {
     let object = object.ok_or("the request carries no object")?;
-    let scheduler: Scheduler = serde_json::from_value(serde_json::to_value(object).map_err(|e| e.to_string())?)
-        .map_err(|e| format!("spec: {e}"))?;
+    let scheduler: Scheduler = object.clone().try_parse().map_err(|e| format!("spec: {e}"))?;
     Ok(scheduler.spec)
-}
-
-fn pull_secret_names(spec: &SchedulerSpec) -> Vec<String> {
-    spec.image_pull_secrets.iter().map(|r| r.name.clone()).collect()
 }
 
 /// Checks the schema cannot express. `None` when the spec is acceptable.

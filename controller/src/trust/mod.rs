@@ -9,7 +9,7 @@ pub mod policy;
 pub mod registry;
 pub mod verify;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -109,6 +109,16 @@ pub struct Admitted {
     /// rule allows unsigned images.
     pub image: String,
     pub outcome: Outcome,
+    /// The digest came from a tag, which may move: resolve it again from time to time.
+    pub from_tag: bool,
+}
+
+/// The metric label of an admission decision, admitted or not.
+pub fn outcome_label(result: &Result<Admitted, TrustError>) -> &'static str {
+    match result {
+        Ok(admitted) => admitted.outcome.metric_label(),
+        Err(e) => e.metric_label(),
+    }
 }
 
 /// The policy in force and where it came from.
@@ -148,13 +158,13 @@ pub struct Trust {
     oci: oci_client::Client,
     root: tokio::sync::Mutex<Option<Arc<SigstoreTrustRoot>>>,
     /// (digest, policy generation, rule line) that verified.
-    verified: Mutex<HashMap<(String, u64, u64), ()>>,
+    verified: Mutex<HashSet<(String, u64, u64)>>,
 }
 
 impl Trust {
     pub fn new(settings: TrustSettings, policy: watch::Receiver<Arc<LoadedPolicy>>) -> Self {
         let oci = oci_client::Client::new(settings.registry.oci_config());
-        Self { policy, settings, oci, root: tokio::sync::Mutex::new(None), verified: Mutex::new(HashMap::new()) }
+        Self { policy, settings, oci, root: tokio::sync::Mutex::new(None), verified: Mutex::new(HashSet::new()) }
     }
 
     /// The policy currently in force.
@@ -173,7 +183,7 @@ impl Trust {
             repository: policy::full_repository(&parsed.repository),
         })?;
         if matches!(rule.requirement, Requirement::Unsigned) {
-            return Ok(Admitted { image: image.to_owned(), outcome: Outcome::UnsignedAllowed });
+            return Ok(Admitted { image: image.to_owned(), outcome: Outcome::UnsignedAllowed, from_tag: false });
         }
 
         let reference = Reference::try_from(image)
@@ -198,9 +208,10 @@ impl Trust {
             });
         }
         let deployed = format!("{}@{digest}", parsed.repository);
+        let from_tag = parsed.digest.is_none();
         let key = (digest.clone(), loaded.generation, rule.line);
-        if crate::reconcile::lock(&self.verified).contains_key(&key) {
-            return Ok(Admitted { image: deployed, outcome: Outcome::Cached });
+        if crate::reconcile::lock(&self.verified).contains(&key) {
+            return Ok(Admitted { image: deployed, outcome: Outcome::Cached, from_tag });
         }
 
         let root = match rule.requirement {
@@ -241,8 +252,8 @@ impl Trust {
         if verified.len() >= CACHE_CAPACITY {
             verified.clear();
         }
-        verified.insert(key, ());
-        Ok(Admitted { image: deployed, outcome: Outcome::Verified })
+        verified.insert(key);
+        Ok(Admitted { image: deployed, outcome: Outcome::Verified, from_tag })
     }
 
     /// Runs one registry exchange under the registry timeout.
