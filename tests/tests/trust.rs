@@ -189,6 +189,23 @@ fn replace_file(path: &Path, contents: &str) -> Result<()> {
     Ok(())
 }
 
+/// Pushes an image signed with the world's key, runs Scheduler `name` on it by tag, and waits
+/// until its DaemonSet runs the digest; returns `host/repository@digest`.
+async fn run_signed(
+    fx: &Fixture,
+    world: &World,
+    name: &str,
+    repository: &str,
+    tag: &str,
+    content: &str,
+) -> Result<String> {
+    let pinned = world.push(repository, tag, content)?;
+    world.sign_with_key(&pinned)?;
+    fx.create_scheduler(name, spec_on(&format!("{}/{repository}:{tag}", world.host), &[POOL])).await?;
+    wait_daemonset_image(fx, name, &pinned).await?;
+    Ok(pinned)
+}
+
 /// Waits until the Scheduler reports its image refused (Degraded, ImageVerificationFailed).
 async fn wait_image_refused(fx: &Fixture, name: &str, what: &str) -> Result<Scheduler> {
     fx.wait_scheduler(name, what, |s| has_condition(s, "Degraded", "True", "ImageVerificationFailed")).await
@@ -335,10 +352,7 @@ async fn an_unsigned_image_that_gets_in_is_reported_and_never_deployed() -> Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tag_moved_to_an_unsigned_image_keeps_the_old_daemonset() -> Result<()> {
     let (fx, world, _dir, _) = start(false).await?;
-    let first = world.push("keyed/moving", "stable", "release 1")?;
-    world.sign_with_key(&first)?;
-    fx.create_scheduler("moving", spec_on(&format!("{}/keyed/moving:stable", world.host), &[POOL])).await?;
-    wait_daemonset_image(&fx, "moving", &first).await?;
+    let first = run_signed(&fx, world, "moving", "keyed/moving", "stable", "release 1").await?;
     let generation = fx.daemonsets().get("moving").await?.metadata.generation;
 
     // The tag moves to an image nobody signed: reported, and the DaemonSet is left alone.
@@ -399,10 +413,7 @@ async fn a_stopped_registry_keeps_the_old_daemonset_and_is_reported() -> Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<()> {
     let (fx, world, dir, flags) = start(false).await?;
-    let image = world.push("keyed/policy", "v1", "policy test")?;
-    world.sign_with_key(&image)?;
-    fx.create_scheduler("policy", spec_on(&format!("{}/keyed/policy:v1", world.host), &[POOL])).await?;
-    wait_daemonset_image(&fx, "policy", &image).await?;
+    let image = run_signed(&fx, world, "policy", "keyed/policy", "v1", "policy test").await?;
     let policy_path: PathBuf = flags.trust_policy.clone().context("policy path")?;
 
     // A policy that does not parse is refused (and counted); the last good one stays.
