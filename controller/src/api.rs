@@ -151,24 +151,85 @@ pub mod condition {
 }
 
 /// Reasons of conditions and events (the names users know from the reference documentation).
-pub mod reason {
-    pub const ROLLOUT_IN_PROGRESS: &str = "RolloutInProgress";
-    pub const DAEMONSET_READY: &str = "DaemonSetReady";
-    pub const NO_NODES_SCHEDULED: &str = "NoNodesScheduled";
-    pub const SCHEDULER_CONFLICT: &str = "SchedulerConflict";
-    pub const NODES_UNAVAILABLE: &str = "NodesUnavailable";
-    pub const SPEC_INVALID: &str = "SpecInvalid";
-    pub const IMAGE_VERIFICATION_FAILED: &str = "ImageVerificationFailed";
-    pub const RECONCILE_FAILED: &str = "ReconcileFailed";
-    pub const STATUS_UPDATE_FAILED: &str = "StatusUpdateFailed";
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    // Ready and Progressing.
+    RolloutInProgress,
+    DaemonSetReady,
+    NoNodesScheduled,
+    // Degraded.
+    SchedulerConflict,
+    NodesUnavailable,
+    SpecInvalid,
+    ImageVerificationFailed,
     /// Degraded=False.
-    pub const AS_EXPECTED: &str = "AsExpected";
+    AsExpected,
+    // Events only.
+    ReconcileFailed,
+    StatusUpdateFailed,
     // KernelAttached condition and kernel events.
-    pub const KERNEL_ATTACHED: &str = "KernelAttached";
-    pub const NOT_ATTACHED: &str = "NotAttached";
-    pub const FOREIGN_SCHEDULER: &str = "ForeignScheduler";
-    pub const KERNEL_UNSUPPORTED: &str = "KernelUnsupported";
-    pub const REPORT_STALE: &str = "ReportStale";
+    KernelAttached,
+    NotAttached,
+    ForeignScheduler,
+    KernelUnsupported,
+    ReportStale,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 15] = [
+        Reason::RolloutInProgress,
+        Reason::DaemonSetReady,
+        Reason::NoNodesScheduled,
+        Reason::SchedulerConflict,
+        Reason::NodesUnavailable,
+        Reason::SpecInvalid,
+        Reason::ImageVerificationFailed,
+        Reason::AsExpected,
+        Reason::ReconcileFailed,
+        Reason::StatusUpdateFailed,
+        Reason::KernelAttached,
+        Reason::NotAttached,
+        Reason::ForeignScheduler,
+        Reason::KernelUnsupported,
+        Reason::ReportStale,
+    ];
+
+    /// The name written into conditions and events.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::RolloutInProgress => "RolloutInProgress",
+            Reason::DaemonSetReady => "DaemonSetReady",
+            Reason::NoNodesScheduled => "NoNodesScheduled",
+            Reason::SchedulerConflict => "SchedulerConflict",
+            Reason::NodesUnavailable => "NodesUnavailable",
+            Reason::SpecInvalid => "SpecInvalid",
+            Reason::ImageVerificationFailed => "ImageVerificationFailed",
+            Reason::AsExpected => "AsExpected",
+            Reason::ReconcileFailed => "ReconcileFailed",
+            Reason::StatusUpdateFailed => "StatusUpdateFailed",
+            Reason::KernelAttached => "KernelAttached",
+            Reason::NotAttached => "NotAttached",
+            Reason::ForeignScheduler => "ForeignScheduler",
+            Reason::KernelUnsupported => "KernelUnsupported",
+            Reason::ReportStale => "ReportStale",
+        }
+    }
+
+    /// The reason a condition read from the API server carries, if it is one of these.
+    pub fn parse(name: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
+    /// Whether `condition` carries this reason.
+    pub fn is_of(self, condition: &Condition) -> bool {
+        condition.reason == self.as_str()
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A label map: at most 16 entries (which bounds the CEL key check's cost), values that are
@@ -190,5 +251,18 @@ impl Scheduler {
     /// The Scheduler's status, or an empty one before the controller first wrote it.
     pub fn status_or_default(&self) -> SchedulerStatus {
         self.status.clone().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn every_reason_parses_back_from_its_name() {
+        for reason in Reason::ALL {
+            assert_eq!(Reason::parse(reason.as_str()), Some(reason));
+        }
+        assert_eq!(Reason::parse("SomethingElse"), None);
     }
 }

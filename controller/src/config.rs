@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The agent image of this release.
+pub const DEFAULT_AGENT_IMAGE: &str = concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION"));
+
 /// Runs sched_ext schedulers on chosen Kubernetes nodes and proves they attached.
 #[derive(Debug, Parser)]
 #[command(name = "sked-controller", version, about)]
@@ -106,7 +109,7 @@ pub struct ControllerFlags {
     pub agent_service_account: String,
 
     /// Image of the agent sidecar.
-    #[arg(long, default_value = concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION")))]
+    #[arg(long, default_value = DEFAULT_AGENT_IMAGE)]
     pub agent_image: String,
 
     /// Address agents dial to reach the reports server.
@@ -161,39 +164,18 @@ pub struct ControllerFlags {
 }
 
 impl Default for ControllerFlags {
+    /// The settings of `sked-controller` started with no flags: the defaults declared on the
+    /// flags above (and the environment variables they read), so there is one source.
     fn default() -> Self {
-        Self {
-            workload_namespace: "sked-system".into(),
-            workload_namespace_pod_security: "privileged".into(),
-            reconcile_timeout: Duration::from_secs(60),
-            max_concurrent_reconciles: 2,
-            reconcile_rate_limit_qps: 5.0,
-            reconcile_rate_limit_burst: 10,
-            reconcile_retry_base_delay: Duration::from_secs(1),
-            reconcile_retry_max_delay: Duration::from_secs(300),
-            metrics_bind_address: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            leader_elect: true,
-            leader_election_namespace: "sked-system".into(),
-            leader_election_id: "sked-controller".into(),
-            leader_election_lease_duration: Duration::from_secs(15),
-            leader_election_renew_grace: Duration::from_secs(5),
-            reports_bind_address: SocketAddr::from(([0, 0, 0, 0], 8443)),
-            reports_cert_file: None,
-            reports_key_file: None,
-            report_stale_after: Duration::from_secs(30),
-            agent_service_account: "sked-agent".into(),
-            agent_image: concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION")).into(),
-            reports_address: "https://sked-reports.sked-system.svc:8443".into(),
-            reports_ca_configmap: "sked-reports-ca".into(),
-            trust_policy: None,
-            trust_policy_poll_interval: Duration::from_secs(5),
-            trusted_root: None,
-            tuf_cache_dir: PathBuf::from("/var/cache/sked/tuf"),
-            insecure_registries: Vec::new(),
-            registry_timeout: Duration::from_secs(10),
-            image_recheck_interval: Duration::from_secs(300),
-            webhook_bind_address: SocketAddr::from(([0, 0, 0, 0], 9443)),
-            webhook_cert_dir: None,
+        #[derive(Parser)]
+        struct NoFlags {
+            #[command(flatten)]
+            flags: ControllerFlags,
+        }
+        match NoFlags::try_parse_from(["sked-controller"]) {
+            Ok(parsed) => parsed.flags,
+            // Only a default that does not parse (a bug caught by the unit test below) gets here.
+            Err(e) => panic!("the declared flag defaults do not parse: {e}"),
         }
     }
 }
@@ -284,6 +266,14 @@ mod tests {
         assert!(parse(&["--reports-cert-file=/c.pem"]).is_err());
         assert!(parse(&["--reports-cert-file=/c.pem", "--reports-key-file=/k.pem"]).is_ok());
         assert_eq!(parse(&[]).unwrap().controller.report_stale_after, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn default_is_the_declared_flag_defaults() {
+        let defaults = ControllerFlags::default();
+        assert_eq!(format!("{defaults:?}"), format!("{:?}", parse(&[]).unwrap().controller));
+        assert_eq!(defaults.reconcile_timeout, Duration::from_secs(60));
+        assert_eq!(defaults.agent_image, DEFAULT_AGENT_IMAGE);
     }
 
     #[test]

@@ -4,6 +4,9 @@ use kube::CustomResourceExt;
 
 use crate::api::Scheduler;
 
+/// Name of the Scheduler CRD.
+pub const CRD_NAME: &str = "schedulers.sked.schedkit.io";
+
 /// The Scheduler CRD as YAML, with a header saying how it was made.
 pub fn crd_yaml() -> Result<String, serde_saphyr::ser::Error> {
     let body = serde_saphyr::to_string(&Scheduler::crd())?;

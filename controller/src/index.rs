@@ -16,7 +16,9 @@ use tracing::warn;
 
 use crate::api::Scheduler;
 use crate::arbiter::{Arbiter, Changed, Claim};
-use crate::reconcile::{Memo, lock};
+use crate::memo::Memo;
+use crate::metrics::Metrics;
+use crate::sync::lock;
 
 fn claim_of(s: &Scheduler) -> Claim {
     Claim {
@@ -81,7 +83,7 @@ pub(crate) async fn index_schedulers(
     api: Api<Scheduler>,
     arbiter: Arc<Mutex<Arbiter>>,
     memo: Arc<Memo>,
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<Metrics>,
     tx: UnboundedSender<ObjectRef<Scheduler>>,
     ready: watch::Sender<bool>,
 ) {

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -17,9 +17,16 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::reports::ReportStats;
-
 type Labels = Vec<(String, String)>;
+
+/// Counters of the reports server, kept by it and exported here.
+#[derive(Debug, Default)]
+pub struct ReportStats {
+    pub accepted_streams: AtomicU64,
+    pub refused_streams: AtomicU64,
+    pub open_streams: AtomicU64,
+    pub reports: AtomicU64,
+}
 
 /// Every controller metric.
 pub struct Metrics {

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -19,21 +19,17 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::api::{Scheduler, SchedulerStatus, reason};
+use crate::api::{Reason, Scheduler, SchedulerStatus};
 use crate::arbiter::Arbiter;
 use crate::config::ControllerFlags;
 use crate::kernel::{self, KernelTable};
+use crate::memo::Memo;
+use crate::metrics::{Metrics, ReportStats};
 use crate::pacing::{TokenBucket, retry_delay};
-use crate::reports::ReportStats;
 use crate::status::{self, EventKind, EventSpec, Observed};
+use crate::sync::lock;
 use crate::trust::{Trust, TrustError};
 use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
-
-/// Errors that stop the controller from starting.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Name of the Scheduler CRD.
-pub const CRD_NAME: &str = "schedulers.sked.schedkit.io";
 
 /// Why a reconcile failed. Each variant maps to a metric label.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +80,7 @@ pub struct Context {
     pub report_stats: Arc<ReportStats>,
     /// Whether this replica leads; every write checks it.
     pub(crate) leader: watch::Receiver<bool>,
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<Metrics>,
     /// Decides which images may run and resolves them to digests.
     pub trust: Arc<Trust>,
 }
@@ -94,28 +90,6 @@ impl Context {
     fn leading(&self) -> bool {
         *self.leader.borrow()
     }
-}
-
-/// What the controller remembers of its own writes, dropped when a Scheduler is deleted.
-#[derive(Default)]
-pub(crate) struct Memo {
-    /// The status last written, per Scheduler uid: newer than a cache that may lag behind.
-    pub(crate) written: Mutex<HashMap<String, SchedulerStatus>>,
-    /// Generation of the DaemonSet last applied, per Scheduler (to log real changes at info).
-    pub(crate) applied: Mutex<HashMap<String, i64>>,
-}
-
-impl Memo {
-    pub(crate) fn forget(&self, scheduler: &Scheduler) {
-        if let Some(uid) = scheduler.uid() {
-            lock(&self.written).remove(&uid);
-        }
-        lock(&self.applied).remove(&scheduler.name_any());
-    }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 static RECONCILE_IDS: AtomicU64 = AtomicU64::new(0);
@@ -250,7 +224,7 @@ async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Act
                 scheduler,
                 &EventSpec {
                     kind: EventKind::Warning,
-                    reason: reason::STATUS_UPDATE_FAILED.into(),
+                    reason: Reason::StatusUpdateFailed,
                     message: format!("Could not save the Scheduler's status: {source}"),
                 },
             )
@@ -299,7 +273,7 @@ async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
             EventKind::Normal => EventType::Normal,
             EventKind::Warning => EventType::Warning,
         },
-        reason: event.reason.clone(),
+        reason: event.reason.as_str().to_owned(),
         note: Some(event.message.clone()),
         action: "Reconcile".into(),
         secondary: None,
@@ -328,7 +302,7 @@ pub(crate) fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Cont
             publish(
                 &ctx,
                 &scheduler,
-                &EventSpec { kind: EventKind::Warning, reason: reason::RECONCILE_FAILED.into(), message },
+                &EventSpec { kind: EventKind::Warning, reason: Reason::ReconcileFailed, message },
             )
             .await;
         });

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
@@ -17,30 +17,23 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
+use sked_proto::contract::REPORTS_AUDIENCE;
 use sked_proto::v1::reports_server::{Reports, ReportsServer};
-use sked_proto::{Ack, Report};
+use sked_proto::{Ack, Report, Verdict};
 use tokio::sync::mpsc;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::api::Scheduler;
-use crate::kernel::{KernelTable, NodeReport, NodeVerdict};
+use crate::error::BoxError;
+use crate::kernel::{KernelTable, NodeReport};
+use crate::metrics::ReportStats;
+use crate::tls::ReloadingCert;
 
-/// Audience agents' projected tokens are issued for.
-pub const AUDIENCE: &str = "sked-reports";
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
-
-/// Counters of the reports server.
-#[derive(Debug, Default)]
-pub struct ReportStats {
-    pub accepted_streams: AtomicU64,
-    pub refused_streams: AtomicU64,
-    pub open_streams: AtomicU64,
-    pub reports: AtomicU64,
-}
 
 /// The reports service (cheap to clone: the state is shared).
 #[derive(Clone)]
@@ -97,7 +90,7 @@ impl Inner {
     async fn authenticate(&self, token: &str) -> Result<String, Status> {
         let review = TokenReview {
             metadata: Default::default(),
-            spec: TokenReviewSpec { token: token.to_owned(), audiences: Some(vec![AUDIENCE.to_owned()]) },
+            spec: TokenReviewSpec { token: token.to_owned(), audiences: Some(vec![REPORTS_AUDIENCE.to_owned()]) },
             status: None,
         };
         let reviewed = Api::<TokenReview>::all(self.client.clone())
@@ -108,7 +101,7 @@ impl Inner {
         if !status.authenticated.unwrap_or(false) {
             let why = status.error.unwrap_or_else(|| "not authenticated".into());
             return Err(self.refuse(Status::unauthenticated(format!(
-                "the API server refused the token for audience {AUDIENCE}: {why}"
+                "the API server refused the token for audience {REPORTS_AUDIENCE}: {why}"
             ))));
         }
         let user = status.user.unwrap_or_default();
@@ -202,13 +195,13 @@ impl Reports for ReportsService {
                 let entry = NodeReport {
                     scheduler: report.scheduler.clone(),
                     pod: report.pod.clone(),
-                    verdict: NodeVerdict::from_proto(report.verdict),
+                    verdict: Verdict::from_wire(report.verdict),
                     reason: report.reason.clone(),
                     ops: report.kernel.as_ref().map(|k| k.ops.clone()).unwrap_or_default(),
                     received: Instant::now(),
                 };
                 for scheduler in service.table.record(&node, entry, service.stale_after) {
-                    debug!(node = %node, scheduler = %scheduler, verdict = ?NodeVerdict::from_proto(report.verdict), "kernel view changed");
+                    debug!(node = %node, scheduler = %scheduler, verdict = Verdict::from_wire(report.verdict).as_str(), "kernel view changed");
                     let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
                 }
                 if tx.send(Ok(Ack { sequence })).await.is_err() {
@@ -236,9 +229,9 @@ async fn until_not_leading(mut leader: tokio::sync::watch::Receiver<bool>) {
 pub async fn serve(
     service: ReportsService,
     address: SocketAddr,
-    tls: Arc<crate::tls::ReloadingCert>,
+    tls: Arc<ReloadingCert>,
     shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), crate::reconcile::BoxError> {
+) -> Result<(), BoxError> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config(&[b"h2"])?);
     let listener = tokio::net::TcpListener::bind(address)
         .await

@@ -15,7 +15,7 @@
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{SchedulerStatus, condition, reason};
+use crate::api::{Reason, SchedulerStatus, condition};
 use crate::arbiter::Placement;
 use crate::kernel::KernelSummary;
 
@@ -56,7 +56,7 @@ pub enum EventKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventSpec {
     pub kind: EventKind,
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -99,6 +99,35 @@ impl Rollout {
     }
 }
 
+/// The rollout axis: Ready and Progressing describe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RolloutState {
+    reason: Reason,
+    message: String,
+}
+
+/// The health axis: the Degraded condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Health {
+    degraded: bool,
+    reason: Reason,
+    message: String,
+}
+
+impl Health {
+    fn degraded(reason: Reason, message: String) -> Self {
+        Self { degraded: true, reason, message }
+    }
+
+    fn as_expected() -> Self {
+        Self {
+            degraded: false,
+            reason: Reason::AsExpected,
+            message: "No conflicts and every scheduled pod is available".to_owned(),
+        }
+    }
+}
+
 /// Computes the status and the event for one reconcile.
 pub fn compute(obs: &Observed<'_>) -> Outcome {
     let rollout = Rollout::of(obs.daemonset);
@@ -117,57 +146,27 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
 
     // Rollout axis, known only once the DaemonSet controller has seen the current DaemonSet.
     let rollout_state = rollout.observed.then(|| rollout_state(&rollout, obs, &ds_name));
-
-    // Health axis.
-    let previous_degraded = find(prev, condition::DEGRADED);
-    let (degraded, degraded_reason, degraded_message) = if let Some(why) = obs.spec_error {
-        (
-            true,
-            reason::SPEC_INVALID.to_owned(),
-            format!("The API server refused the DaemonSet built from this spec; fix the Scheduler's spec: {why}"),
-        )
-    } else if let Some(why) = obs.image_error {
-        (
-            true,
-            reason::IMAGE_VERIFICATION_FAILED.to_owned(),
-            format!("{why}. The running DaemonSet (if any) is kept as it was; retrying with backoff"),
-        )
-    } else if let Some(msg) = conflict_message(obs.placement) {
-        (true, reason::SCHEDULER_CONFLICT.to_owned(), msg)
-    } else {
-        match (&rollout_state, previous_degraded) {
-            (Some((r, msg)), _) if *r == reason::NODES_UNAVAILABLE => (true, r.to_string(), msg.clone()),
-            (Some(_), _) | (None, None) => {
-                (false, reason::AS_EXPECTED.to_owned(), "No conflicts and every scheduled pod is available".to_owned())
-            }
-            // Not known yet: keep what was last known.
-            (None, Some(d)) if d.reason == reason::NODES_UNAVAILABLE => {
-                (d.status == "True", d.reason.clone(), d.message.clone())
-            }
-            (None, Some(_)) => {
-                (false, reason::AS_EXPECTED.to_owned(), "No conflicts and every scheduled pod is available".to_owned())
-            }
-        }
-    };
+    let health = health(obs, rollout_state.as_ref());
 
     let mut conditions = Vec::new();
     match &rollout_state {
-        Some((r, msg)) => {
+        Some(r) => {
+            let is = |want: Reason| r.reason == want;
             conditions.push(condition(
                 prev,
                 condition::READY,
-                *r == reason::DAEMONSET_READY,
-                r,
-                msg,
+                is(Reason::DaemonSetReady),
+                r.reason,
+                &r.message,
                 generation,
                 &obs.now,
             ));
             conditions.push(condition(
                 prev,
                 condition::PROGRESSING,
-                *r == reason::ROLLOUT_IN_PROGRESS,
-                r,
-                msg,
+                is(Reason::RolloutInProgress),
+                r.reason,
+                &r.message,
                 generation,
                 &obs.now,
             ));
@@ -181,9 +180,9 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     conditions.push(condition(
         prev,
         condition::DEGRADED,
-        degraded,
-        &degraded_reason,
-        &degraded_message,
+        health.degraded,
+        health.reason,
+        &health.message,
         generation,
         &obs.now,
     ));
@@ -210,48 +209,77 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     // A rollout state carried over while the DaemonSet controller catches up is not news;
     // a conflict or a refused spec is.
     let key = state_key(&status);
-    let known = rollout_state.is_some() || degraded;
-    let event = (known && key.is_some() && key != state_key(obs.previous)).then(|| {
-        if degraded {
-            EventSpec { kind: EventKind::Warning, reason: degraded_reason.clone(), message: degraded_message.clone() }
-        } else {
-            let (r, msg) = rollout_state.clone().unwrap_or_default();
-            EventSpec { kind: EventKind::Normal, reason: r.to_owned(), message: msg }
-        }
-    });
+    let event = (key.is_some() && key != state_key(obs.previous))
+        .then(|| {
+            if health.degraded {
+                Some(EventSpec { kind: EventKind::Warning, reason: health.reason, message: health.message.clone() })
+            } else {
+                rollout_state.map(|r| EventSpec { kind: EventKind::Normal, reason: r.reason, message: r.message })
+            }
+        })
+        .flatten();
 
     // Kernel events: on a change of the KernelAttached reason, once there is something to say
     // (not for the first "nothing scheduled yet").
-    let prev_kernel = find(prev, condition::KERNEL_ATTACHED).map(|c| c.reason.as_str());
-    let first_and_idle = prev_kernel.is_none() && k.reason == reason::NOT_ATTACHED;
-    let kernel_event = (prev_kernel != Some(k.reason) && !first_and_idle).then(|| EventSpec {
+    let prev_kernel = find(prev, condition::KERNEL_ATTACHED);
+    let first_and_idle = prev_kernel.is_none() && k.reason == Reason::NotAttached;
+    let kernel_event = (!prev_kernel.is_some_and(|c| k.reason.is_of(c)) && !first_and_idle).then(|| EventSpec {
         kind: match k.reason {
-            reason::KERNEL_ATTACHED | reason::NOT_ATTACHED => EventKind::Normal,
+            Reason::KernelAttached | Reason::NotAttached => EventKind::Normal,
             _ => EventKind::Warning,
         },
-        reason: k.reason.to_owned(),
+        reason: k.reason,
         message: k.message.clone(),
     });
     Outcome { status, event, kernel_event }
 }
 
-/// The rollout state of an observed DaemonSet: its reason and message.
-fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> (&'static str, String) {
+/// The Degraded condition: a refused spec, then a refused image, then a conflict, then pods
+/// that stopped being available.
+fn health(obs: &Observed<'_>, rollout_state: Option<&RolloutState>) -> Health {
+    if let Some(why) = obs.spec_error {
+        return Health::degraded(
+            Reason::SpecInvalid,
+            format!("The API server refused the DaemonSet built from this spec; fix the Scheduler's spec: {why}"),
+        );
+    }
+    if let Some(why) = obs.image_error {
+        return Health::degraded(
+            Reason::ImageVerificationFailed,
+            format!("{why}. The running DaemonSet (if any) is kept as it was; retrying with backoff"),
+        );
+    }
+    if let Some(msg) = conflict_message(obs.placement) {
+        return Health::degraded(Reason::SchedulerConflict, msg);
+    }
+    match (rollout_state, find(&obs.previous.conditions, condition::DEGRADED)) {
+        (Some(r), _) if r.reason == Reason::NodesUnavailable => Health::degraded(r.reason, r.message.clone()),
+        // Not known yet: keep what was last known.
+        (None, Some(d)) if Reason::NodesUnavailable.is_of(d) => {
+            Health { degraded: d.status == "True", reason: Reason::NodesUnavailable, message: d.message.clone() }
+        }
+        _ => Health::as_expected(),
+    }
+}
+
+/// The rollout state of an observed DaemonSet.
+fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> RolloutState {
+    let state = |reason, message| RolloutState { reason, message };
     let previous = obs.previous;
     let prev_ready = find(&previous.conditions, condition::READY).filter(|c| c.observed_generation == obs.generation);
     let was_ready = prev_ready.is_some_and(|c| c.status == "True");
-    let was_unavailable = prev_ready.is_some_and(|c| c.reason == reason::NODES_UNAVAILABLE);
+    let was_unavailable = prev_ready.is_some_and(|c| Reason::NodesUnavailable.is_of(c));
     if rollout.desired == 0 {
         let why = if obs.placement.lost.is_empty() {
             "no node matches the nodeSelector, or the matching nodes have taints the Scheduler does not tolerate"
         } else {
             "every selected node belongs to an older Scheduler"
         };
-        return (reason::NO_NODES_SCHEDULED, format!("No nodes scheduled: {why}"));
+        return state(Reason::NoNodesScheduled, format!("No nodes scheduled: {why}"));
     }
     if rollout.complete() {
-        return (
-            reason::DAEMONSET_READY,
+        return state(
+            Reason::DaemonSetReady,
             format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired),
         );
     }
@@ -260,13 +288,13 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> (&'sta
     let lost_one = was_ready && rollout.available < previous.number_available;
     if rollout.updated >= rollout.desired && (was_unavailable || lost_one) {
         let down = rollout.desired - rollout.available;
-        return (
-            reason::NODES_UNAVAILABLE,
+        return state(
+            Reason::NodesUnavailable,
             format!("{ds_name}: {down} of {} scheduled pods are not available", rollout.desired),
         );
     }
-    (
-        reason::ROLLOUT_IN_PROGRESS,
+    state(
+        Reason::RolloutInProgress,
         format!("{ds_name}: {} of {} pods updated, {} available", rollout.updated, rollout.desired, rollout.available),
     )
 }
@@ -303,7 +331,7 @@ fn condition(
     previous: &[Condition],
     type_: &str,
     is_true: bool,
-    reason: &str,
+    reason: Reason,
     message: &str,
     generation: Option<i64>,
     now: &Time,
@@ -316,7 +344,7 @@ fn condition(
     Condition {
         type_: type_.to_owned(),
         status: status.to_owned(),
-        reason: reason.to_owned(),
+        reason: reason.as_str().to_owned(),
         message: message.to_owned(),
         observed_generation: generation,
         last_transition_time,
@@ -363,9 +391,10 @@ mod tests {
     }
 
     fn kernel(attached: i32, desired: i32, reason: &'static str) -> KernelSummary {
+        let reason = Reason::parse(reason).unwrap();
         KernelSummary {
             attached,
-            is_true: reason == "KernelAttached",
+            is_true: reason == Reason::KernelAttached,
             reason,
             message: format!("{attached} of {desired}"),
             recheck_in: None,

@@ -14,6 +14,8 @@ use rustls::sign::CertifiedKey;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::sync::lock;
+
 /// How often the files are checked for a change.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
 
@@ -66,7 +68,7 @@ impl ReloadingCert {
             }
             let now = stamps(&self.cert_file, &self.key_file);
             {
-                let mut loaded = self.loaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut loaded = lock(&self.loaded);
                 if *loaded == now {
                     continue;
                 }

@@ -18,9 +18,9 @@ use tokio::sync::watch;
 use tracing::{debug, info};
 
 use crate::api::{Scheduler, SchedulerSpec};
+use crate::error::BoxError;
 use crate::image::ImageRef;
 use crate::metrics::Metrics;
-use crate::reconcile::BoxError;
 use crate::tls::ReloadingCert;
 use crate::trust::Trust;
 

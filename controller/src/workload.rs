@@ -16,8 +16,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
+use sked_proto::contract::{self, env};
 
 use crate::api::Scheduler;
+use crate::config::ControllerFlags;
 
 /// Field manager of every object sked applies.
 pub const FIELD_MANAGER: &str = "sked";
@@ -30,10 +32,6 @@ pub const MANAGED_BY: &str = "sked";
 pub const SCHEDULER_CONTAINER: &str = "scx";
 /// Name of the agent sidecar.
 pub const AGENT_CONTAINER: &str = "agent";
-/// Port of the agent's /readyz and /metrics.
-pub const AGENT_PORT: i32 = 9464;
-/// Audience of the agent's projected token (what the reports server checks).
-pub const REPORTS_AUDIENCE: &str = "sked-reports";
 
 /// Controller settings that shape every DaemonSet.
 #[derive(Clone, Debug)]
@@ -41,6 +39,21 @@ pub struct WorkloadSettings {
     /// Namespace of the DaemonSets.
     pub namespace: String,
     pub agent: AgentSettings,
+}
+
+impl WorkloadSettings {
+    /// The settings the controller's flags give.
+    pub fn from_flags(flags: &ControllerFlags) -> Self {
+        Self {
+            namespace: flags.workload_namespace.clone(),
+            agent: AgentSettings {
+                image: flags.agent_image.clone(),
+                service_account: flags.agent_service_account.clone(),
+                reports_address: flags.reports_address.clone(),
+                ca_configmap: flags.reports_ca_configmap.clone(),
+            },
+        }
+    }
 }
 
 /// How the agent sidecar runs.
@@ -52,17 +65,6 @@ pub struct AgentSettings {
     pub reports_address: String,
     /// ConfigMap with `ca.crt` for the reports server.
     pub ca_configmap: String,
-}
-
-impl Default for AgentSettings {
-    fn default() -> Self {
-        Self {
-            image: concat!("ghcr.io/schedkit/sked-agent:v", env!("CARGO_PKG_VERSION")).into(),
-            service_account: "sked-agent".into(),
-            reports_address: "https://sked-reports.sked-system.svc:8443".into(),
-            ca_configmap: "sked-reports-ca".into(),
-        }
-    }
 }
 
 /// Builds the DaemonSet for `scheduler`, running `image`, kept off `lost_nodes` (nodes an older
@@ -167,17 +169,17 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
         ..EnvVarSource::default()
     };
     let mut env = vec![
-        EnvVar { name: "NODE_NAME".into(), value_from: Some(field("spec.nodeName")), ..EnvVar::default() },
-        EnvVar { name: "POD_NAME".into(), value_from: Some(field("metadata.name")), ..EnvVar::default() },
-        EnvVar { name: "SKED_SCHEDULER".into(), value: Some(scheduler.to_owned()), ..EnvVar::default() },
+        EnvVar { name: env::NODE_NAME.into(), value_from: Some(field("spec.nodeName")), ..EnvVar::default() },
+        EnvVar { name: env::POD_NAME.into(), value_from: Some(field("metadata.name")), ..EnvVar::default() },
+        EnvVar { name: env::SCHEDULER.into(), value: Some(scheduler.to_owned()), ..EnvVar::default() },
         EnvVar {
-            name: "SKED_CONTROLLER_ADDRESS".into(),
+            name: env::CONTROLLER_ADDRESS.into(),
             value: Some(agent.reports_address.clone()),
             ..EnvVar::default()
         },
     ];
     if let Some(ops) = expected_ops {
-        env.push(EnvVar { name: "SKED_EXPECTED_OPS".into(), value: Some(ops.to_owned()), ..EnvVar::default() });
+        env.push(EnvVar { name: env::EXPECTED_OPS.into(), value: Some(ops.to_owned()), ..EnvVar::default() });
     }
     Container {
         name: AGENT_CONTAINER.to_owned(),
@@ -185,13 +187,13 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
         env: Some(env),
         ports: Some(vec![ContainerPort {
             name: Some("agent".into()),
-            container_port: AGENT_PORT,
+            container_port: i32::from(contract::AGENT_PORT),
             ..ContainerPort::default()
         }]),
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
-                path: Some("/readyz".into()),
-                port: IntOrString::Int(AGENT_PORT),
+                path: Some(contract::READYZ_PATH.into()),
+                port: IntOrString::Int(i32::from(contract::AGENT_PORT)),
                 ..HTTPGetAction::default()
             }),
             period_seconds: Some(2),
@@ -201,13 +203,13 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
         volume_mounts: Some(vec![
             VolumeMount {
                 name: "reports-token".into(),
-                mount_path: "/var/run/sked/token".into(),
+                mount_path: contract::TOKEN_DIR.into(),
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
             VolumeMount {
                 name: "reports-ca".into(),
-                mount_path: "/var/run/sked/ca".into(),
+                mount_path: contract::CA_DIR.into(),
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
@@ -234,9 +236,9 @@ fn agent_volumes(agent: &AgentSettings) -> Vec<Volume> {
             projected: Some(ProjectedVolumeSource {
                 sources: Some(vec![VolumeProjection {
                     service_account_token: Some(ServiceAccountTokenProjection {
-                        audience: Some(REPORTS_AUDIENCE.into()),
+                        audience: Some(contract::REPORTS_AUDIENCE.into()),
                         expiration_seconds: Some(3600),
-                        path: "token".into(),
+                        path: contract::TOKEN_FILE_NAME.into(),
                         ..ServiceAccountTokenProjection::default()
                     }),
                     ..VolumeProjection::default()
@@ -282,7 +284,7 @@ mod tests {
     }
 
     fn settings() -> WorkloadSettings {
-        WorkloadSettings { namespace: "sked-system".into(), agent: AgentSettings::default() }
+        WorkloadSettings::from_flags(&ControllerFlags::default())
     }
 
     fn pod(ds: &DaemonSet) -> &PodSpec {

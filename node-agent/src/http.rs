@@ -9,7 +9,7 @@ use axum::routing::get;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
-use crate::observe::Observation;
+use crate::observation::Observation;
 use crate::verdict::Verdict;
 
 #[derive(Clone)]
@@ -20,7 +20,7 @@ struct AppState {
 
 pub fn router(rx: watch::Receiver<Observation>, metrics: Arc<Metrics>) -> Router {
     Router::new()
-        .route("/readyz", get(readyz))
+        .route(sked_proto::contract::READYZ_PATH, get(readyz))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics_text))
         .with_state(AppState { rx, metrics })

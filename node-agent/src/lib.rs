@@ -3,11 +3,13 @@
 //! - [`sysfs`] reads `/sys/kernel/sched_ext` (root directory injectable);
 //! - [`owner`] finds which process holds the scheduler's BPF link;
 //! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
+//! - [`observation`] is one look at the node (what was read, the verdict, why);
 //! - [`uevent`] parses kernel uevents; [`observe`] re-reads on each one and polls as a fallback;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`.
 
 pub mod http;
 pub mod metrics;
+pub mod observation;
 pub mod observe;
 pub mod owner;
 pub mod report;

@@ -8,6 +8,7 @@ use clap::{ArgAction, Parser, ValueEnum};
 use sked_agent::metrics::Metrics;
 use sked_agent::observe::Observer;
 use sked_agent::report::{self, Identity, ReporterConfig};
+use sked_proto::contract::{self, env};
 use tokio::sync::watch;
 use tracing::{error, info};
 use tracing_subscriber::layer::SubscriberExt;
@@ -24,16 +25,16 @@ enum LogFormat {
 #[command(name = "sked-agent", version, about)]
 struct Cli {
     /// Node this agent runs on (downward API: spec.nodeName).
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(long, env = env::NODE_NAME)]
     node_name: String,
     /// Pod this agent runs in (downward API: metadata.name).
-    #[arg(long, env = "POD_NAME", default_value = "")]
+    #[arg(long, env = env::POD_NAME, default_value = "")]
     pod_name: String,
     /// Name of the Scheduler resource this pod runs.
-    #[arg(long, env = "SKED_SCHEDULER")]
+    #[arg(long, env = env::SCHEDULER)]
     scheduler: String,
     /// Ops name the scheduler registers (prefix match); empty: check the link's owner instead.
-    #[arg(long, env = "SKED_EXPECTED_OPS")]
+    #[arg(long, env = env::EXPECTED_OPS)]
     expected_ops: Option<String>,
     #[arg(long, default_value = "/sys")]
     sysfs_root: PathBuf,
@@ -47,11 +48,11 @@ struct Cli {
     uevents: bool,
     /// Controller reports endpoint, e.g. https://sked-reports.sked-system.svc:8443. Unset: no
     /// reporting, only /readyz and /metrics.
-    #[arg(long, env = "SKED_CONTROLLER_ADDRESS")]
+    #[arg(long, env = env::CONTROLLER_ADDRESS)]
     controller_address: Option<String>,
-    #[arg(long, default_value = "/var/run/sked/ca/ca.crt")]
+    #[arg(long, default_value = contract::CA_FILE)]
     ca_file: PathBuf,
-    #[arg(long, default_value = "/var/run/sked/token/token")]
+    #[arg(long, default_value = contract::TOKEN_FILE)]
     token_file: PathBuf,
     /// TLS name of the controller, when it differs from the address's host.
     #[arg(long)]
@@ -59,7 +60,7 @@ struct Cli {
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
     /// Address of /readyz, /healthz and /metrics.
-    #[arg(long, default_value = "0.0.0.0:9464")]
+    #[arg(long, default_value_t = SocketAddr::from(([0, 0, 0, 0], contract::AGENT_PORT)))]
     listen_address: SocketAddr,
     #[arg(long, value_enum, default_value_t = LogFormat::Json)]
     log_format: LogFormat,

@@ -6,7 +6,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::observe::Observation;
+use crate::observation::Observation;
+use crate::verdict::Verdict;
 
 type Labels = Vec<(String, String)>;
 
@@ -79,7 +80,7 @@ impl Metrics {
         self.state.get_or_create(&vec![("state".into(), o.state_name().into())]).set(1);
         self.verdict.clear();
         self.verdict.get_or_create(&vec![("verdict".into(), o.verdict.as_str().into())]).set(1);
-        self.attached.set(i64::from(o.verdict == crate::verdict::Verdict::Attached));
+        self.attached.set(i64::from(o.verdict == Verdict::Attached));
         self.enable_seq.set(o.read.enable_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
         self.nr_rejected.set(o.read.nr_rejected.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
         self.events.clear();

@@ -9,33 +9,11 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
+use crate::observation::Observation;
 use crate::owner::{self, Owner};
-use crate::sysfs::{self, KernelRead, SchedState};
+use crate::sysfs::{self, SchedState};
 use crate::uevent;
-use crate::verdict::{self, Verdict};
-
-/// One look at the node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Observation {
-    pub read: KernelRead,
-    pub verdict: Verdict,
-    pub reason: String,
-}
-
-impl Observation {
-    pub fn state_name(&self) -> &str {
-        if self.read.supported { self.read.state.as_str() } else { "unsupported" }
-    }
-
-    /// Whether `other` differs in anything but counters (which change all the time).
-    pub fn differs_from(&self, other: &Observation) -> bool {
-        self.verdict != other.verdict
-            || self.read.state != other.read.state
-            || self.read.ops != other.read.ops
-            || self.read.enable_seq != other.read.enable_seq
-            || self.reason != other.reason
-    }
-}
+use crate::verdict;
 
 /// Where to look, and what this pod expects.
 #[derive(Clone, Debug)]
@@ -68,7 +46,7 @@ impl Observer {
         Observation { read, verdict, reason }
     }
 
-    /// Observes until `shutdown`, publishing changes on `tx`. Uses kernel uevents when the
+    /// Observes for as long as the task runs, publishing changes on `tx`. Uses kernel uevents when the
     /// socket can be opened (it only receives them in the host's network namespace) and polls
     /// every `poll` in any case.
     pub async fn run(self, tx: watch::Sender<Observation>, metrics: Arc<Metrics>, poll: Duration, uevents: bool) {

@@ -13,7 +13,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
-use crate::observe::Observation;
+use crate::observation::Observation;
 
 /// Who is reporting.
 #[derive(Clone, Debug)]
@@ -55,7 +55,7 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64) -> Report {
             hotplug_seq: r.hotplug_seq.unwrap_or(0),
             events: r.events.clone().into_iter().collect(),
         }),
-        verdict: o.verdict.to_proto() as i32,
+        verdict: o.verdict as i32,
         reason: o.reason.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         sequence,

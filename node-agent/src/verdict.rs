@@ -1,36 +1,9 @@
 //! What the agent concludes from a kernel read: is this pod's scheduler the one running?
 
+pub use sked_proto::Verdict;
+
 use crate::owner::Owner;
 use crate::sysfs::{KernelRead, SchedState};
-
-/// The verdict, mirrored on the wire by `sked.agent.v1.Verdict`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Verdict {
-    Attached,
-    NotAttached,
-    ForeignScheduler,
-    KernelUnsupported,
-}
-
-impl Verdict {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Attached => "Attached",
-            Self::NotAttached => "NotAttached",
-            Self::ForeignScheduler => "ForeignScheduler",
-            Self::KernelUnsupported => "KernelUnsupported",
-        }
-    }
-
-    pub fn to_proto(self) -> sked_proto::Verdict {
-        match self {
-            Self::Attached => sked_proto::Verdict::Attached,
-            Self::NotAttached => sked_proto::Verdict::NotAttached,
-            Self::ForeignScheduler => sked_proto::Verdict::ForeignScheduler,
-            Self::KernelUnsupported => sked_proto::Verdict::KernelUnsupported,
-        }
-    }
-}
 
 /// Decides the verdict and says why.
 ///

@@ -85,7 +85,7 @@ pub struct Fixture {
     pub client: Client,
     pub namespace: String,
     /// Streams the controller's reports server accepted and refused.
-    pub report_stats: std::sync::Arc<sked_controller::reports::ReportStats>,
+    pub report_stats: std::sync::Arc<sked_controller::metrics::ReportStats>,
     /// Where the in-process controller serves /metrics.
     pub metrics_address: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -134,7 +134,7 @@ impl Fixture {
         tokio::spawn(finish_pod_deletions(client.clone(), namespace.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
         let controller_client = client.clone();
-        let report_stats = std::sync::Arc::new(sked_controller::reports::ReportStats::default());
+        let report_stats = std::sync::Arc::new(sked_controller::metrics::ReportStats::default());
         let stats = report_stats.clone();
         let controller = run_controller.then(|| {
             tokio::spawn(async move {

@@ -231,7 +231,8 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
 #[tokio::test]
 async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() -> Result<()> {
     use sked_controller::kernel::KernelTable;
-    use sked_controller::reports::{ReportStats, ReportsService};
+    use sked_controller::metrics::ReportStats;
+    use sked_controller::reports::ReportsService;
     use std::sync::Arc;
 
     let s = setup("leader-reports").await?;

@@ -25,6 +25,8 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::image::ImageRef;
+use crate::metrics::Metrics;
+use crate::sync::lock;
 pub use policy::{Policy, PolicyError, Requirement};
 
 /// Why an image may not run. Messages name the image, what went wrong and what to fix;
@@ -210,7 +212,7 @@ impl Trust {
         let deployed = format!("{}@{digest}", parsed.repository);
         let from_tag = parsed.digest.is_none();
         let key = (digest.clone(), loaded.generation, rule.line);
-        if crate::reconcile::lock(&self.verified).contains(&key) {
+        if lock(&self.verified).contains(&key) {
             return Ok(Admitted { image: deployed, outcome: Outcome::Cached, from_tag });
         }
 
@@ -248,7 +250,7 @@ impl Trust {
             line: rule.line,
             detail: why.to_string(),
         })?;
-        let mut verified = crate::reconcile::lock(&self.verified);
+        let mut verified = lock(&self.verified);
         if verified.len() >= CACHE_CAPACITY {
             verified.clear();
         }
@@ -352,7 +354,7 @@ pub async fn follow_policy_file(
     path: PathBuf,
     interval: Duration,
     sender: watch::Sender<Arc<LoadedPolicy>>,
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut last = std::fs::read(&path).ok();

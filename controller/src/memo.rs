@@ -1,0 +1,28 @@
+//! What the controller remembers of its own writes, so it neither repeats a write nor trusts a
+//! cache that has not caught up with it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kube::ResourceExt;
+
+use crate::api::{Scheduler, SchedulerStatus};
+use crate::sync::lock;
+
+/// Per-Scheduler memory of the last writes, dropped when a Scheduler is deleted.
+#[derive(Default)]
+pub(crate) struct Memo {
+    /// The status last written, per Scheduler uid: newer than a cache that may lag behind.
+    pub(crate) written: Mutex<HashMap<String, SchedulerStatus>>,
+    /// Generation of the DaemonSet last applied, per Scheduler (to log real changes at info).
+    pub(crate) applied: Mutex<HashMap<String, i64>>,
+}
+
+impl Memo {
+    pub(crate) fn forget(&self, scheduler: &Scheduler) {
+        if let Some(uid) = scheduler.uid() {
+            lock(&self.written).remove(&uid);
+        }
+        lock(&self.applied).remove(&scheduler.name_any());
+    }
+}

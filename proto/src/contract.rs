@@ -1,0 +1,49 @@
+//! Names the controller puts into a scheduler pod and the agent reads there. The controller
+//! builds the pod from these; the agent's flag defaults are these; neither side spells them.
+
+/// Audience of the agent's projected service-account token; the reports server reviews tokens
+/// for it.
+pub const REPORTS_AUDIENCE: &str = "sked-reports";
+
+/// Port of the agent's `/readyz`, `/healthz` and `/metrics`.
+pub const AGENT_PORT: u16 = 9464;
+
+/// Path of the agent's readiness endpoint (Ready only while its scheduler is attached).
+pub const READYZ_PATH: &str = "/readyz";
+
+/// Where the projected token is mounted, and its file name there.
+pub const TOKEN_DIR: &str = "/var/run/sked/token";
+pub const TOKEN_FILE_NAME: &str = "token";
+/// `TOKEN_DIR/TOKEN_FILE_NAME`: the agent's default `--token-file`.
+pub const TOKEN_FILE: &str = "/var/run/sked/token/token";
+
+/// Where the reports CA ConfigMap is mounted, and the key holding the CA there.
+pub const CA_DIR: &str = "/var/run/sked/ca";
+pub const CA_FILE_NAME: &str = "ca.crt";
+/// `CA_DIR/CA_FILE_NAME`: the agent's default `--ca-file`.
+pub const CA_FILE: &str = "/var/run/sked/ca/ca.crt";
+
+/// Environment variables the controller sets on the agent container.
+pub mod env {
+    /// The node the pod runs on (downward API `spec.nodeName`).
+    pub const NODE_NAME: &str = "NODE_NAME";
+    /// The pod's name (downward API `metadata.name`).
+    pub const POD_NAME: &str = "POD_NAME";
+    /// The Scheduler resource whose pod this is.
+    pub const SCHEDULER: &str = "SKED_SCHEDULER";
+    /// The Scheduler's `spec.expectedOps`, when set.
+    pub const EXPECTED_OPS: &str = "SKED_EXPECTED_OPS";
+    /// The reports server's address.
+    pub const CONTROLLER_ADDRESS: &str = "SKED_CONTROLLER_ADDRESS";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_paths_are_their_directory_and_name() {
+        assert_eq!(TOKEN_FILE, format!("{TOKEN_DIR}/{TOKEN_FILE_NAME}"));
+        assert_eq!(CA_FILE, format!("{CA_DIR}/{CA_FILE_NAME}"));
+    }
+}
