@@ -100,11 +100,6 @@ impl Arbiter {
         Self::default()
     }
 
-    /// The stored generation of a Scheduler, if the arbiter knows it.
-    pub fn generation(&self, scheduler: &str) -> Option<i64> {
-        self.claims.get(scheduler).map(|c| c.generation)
-    }
-
     pub fn schedulers(&self) -> impl Iterator<Item = &str> {
         self.claims.keys().map(String::as_str)
     }

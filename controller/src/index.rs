@@ -1,5 +1,9 @@
-//! The arbiter's view of the cluster, kept current by its own watches of Schedulers and Nodes
-//! (metadata only); every Scheduler whose placement moves is triggered for a reconcile.
+//! What the controller knows of the cluster: every Scheduler (the store the reconcile loop reads)
+//! and the arbiter's view of Schedulers and Nodes. One watch per kind feeds it, each owned by one
+//! task and applied event by event (a relist replaces the whole set at once). The Scheduler store
+//! and the arbiter change under one lock, so a reconcile reads a spec and the placement computed
+//! from that same spec ([`Index::snapshot`]). Every Scheduler an event touches is triggered for a
+//! reconcile: the one that changed, and every one whose placement moved.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,17 +12,67 @@ use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::warn;
 
 use crate::api::Scheduler;
-use crate::arbiter::{Arbiter, Changed, Claim};
+use crate::arbiter::{Arbiter, Changed, Claim, Placement};
 use crate::memo::Memo;
 use crate::metrics::Metrics;
 use crate::sync::lock;
+
+/// Schedulers to reconcile, sent by the indexes, the reports server and policy changes.
+pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
+
+/// Read side of the index, shared by the reconcile loop and the servers.
+#[derive(Clone)]
+pub(crate) struct Index {
+    arbiter: Arc<Mutex<Arbiter>>,
+    schedulers: Store<Scheduler>,
+}
+
+/// Write side of the index: the two feeds, each run by one task ([`Feeds::schedulers`],
+/// [`Feeds::nodes`]).
+pub(crate) struct Feeds {
+    arbiter: Arc<Mutex<Arbiter>>,
+    store: reflector::store::Writer<Scheduler>,
+}
+
+/// An empty index and its feeds.
+pub(crate) fn index() -> (Index, Feeds) {
+    let arbiter = Arc::new(Mutex::new(Arbiter::new()));
+    let (schedulers, store) = reflector::store();
+    (Index { arbiter: arbiter.clone(), schedulers }, Feeds { arbiter, store })
+}
+
+impl Index {
+    /// The Scheduler store (what the reconcile loop is built on).
+    pub(crate) fn store(&self) -> Store<Scheduler> {
+        self.schedulers.clone()
+    }
+
+    /// The current copy of the Scheduler `name` and its placement, read at the same moment; `None`
+    /// once it is deleted.
+    pub(crate) fn snapshot(&self, name: &str) -> Option<(Arc<Scheduler>, Placement)> {
+        let arbiter = lock(&self.arbiter);
+        let scheduler = self.schedulers.get(&ObjectRef::new(name))?;
+        Some((scheduler, arbiter.placement(name)))
+    }
+
+    /// Names of every known Scheduler.
+    pub(crate) fn scheduler_names(&self) -> Vec<String> {
+        lock(&self.arbiter).schedulers().map(str::to_owned).collect()
+    }
+
+    /// How many Schedulers and Nodes are known.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let arbiter = lock(&self.arbiter);
+        (arbiter.schedulers().count(), arbiter.nodes().count())
+    }
+}
 
 fn claim_of(s: &Scheduler) -> Claim {
     Claim {
@@ -30,100 +84,151 @@ fn claim_of(s: &Scheduler) -> Claim {
     }
 }
 
-fn trigger(tx: &UnboundedSender<ObjectRef<Scheduler>>, changed: Changed) {
+fn trigger(tx: &Triggers, changed: Changed) {
     for name in changed {
         let _ = tx.unbounded_send(ObjectRef::new(&name));
     }
 }
 
-/// Drives the arbiter from one watch: a relist replaces the whole set at once, single events
-/// apply one by one; every Scheduler whose placement moved is triggered. `ready` turns true
-/// after the first full list.
+/// How one kind of object changes the arbiter. Each method runs under the arbiter's lock.
+trait Feed<K> {
+    /// Called first for every event, with the lock held.
+    fn observe(&mut self, _event: &Event<K>) {}
+    fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<K>) -> Changed;
+    fn applied(&mut self, arbiter: &mut Arbiter, obj: K) -> Changed;
+    fn deleted(&mut self, arbiter: &mut Arbiter, obj: K) -> Changed;
+}
+
+/// Applies a watch's events to the arbiter, one at a time; triggers every Scheduler whose
+/// placement moved. `ready` turns true after the first full list.
 async fn feed_arbiter<K, S>(
     what: &str,
+    arbiter: &Mutex<Arbiter>,
     events: S,
-    tx: UnboundedSender<ObjectRef<Scheduler>>,
+    mut feed: impl Feed<K>,
+    tx: Triggers,
     ready: watch::Sender<bool>,
-    mut relisted: impl FnMut(Vec<K>) -> Changed,
-    mut applied: impl FnMut(K) -> Changed,
-    mut deleted: impl FnMut(K) -> Changed,
 ) where
     S: futures::Stream<Item = Result<Event<K>, watcher::Error>>,
 {
     let mut relist: Vec<K> = Vec::new();
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
-        let changed = match event {
-            Ok(Event::Init) => {
-                relist.clear();
-                Changed::new()
-            }
-            Ok(Event::InitApply(obj)) => {
-                relist.push(obj);
-                Changed::new()
-            }
-            Ok(Event::InitDone) => {
-                let changed = relisted(std::mem::take(&mut relist));
-                let _ = ready.send(true);
-                changed
-            }
-            Ok(Event::Apply(obj)) => applied(obj),
-            Ok(Event::Delete(obj)) => deleted(obj),
+        let event = match event {
+            Ok(event) => event,
             Err(e) => {
                 warn!(err = %e, "{what} watch failed; retrying");
-                Changed::new()
+                continue;
+            }
+        };
+        let changed = {
+            let mut arbiter = lock(arbiter);
+            feed.observe(&event);
+            match event {
+                Event::Init => {
+                    relist.clear();
+                    Changed::new()
+                }
+                Event::InitApply(obj) => {
+                    relist.push(obj);
+                    Changed::new()
+                }
+                Event::InitDone => {
+                    let changed = feed.relisted(&mut arbiter, std::mem::take(&mut relist));
+                    let _ = ready.send(true);
+                    changed
+                }
+                Event::Apply(obj) => feed.applied(&mut arbiter, obj),
+                Event::Delete(obj) => feed.deleted(&mut arbiter, obj),
             }
         };
         trigger(&tx, changed);
     }
 }
 
-/// Feeds Scheduler selectors and ages into the arbiter.
-pub(crate) async fn index_schedulers(
-    api: Api<Scheduler>,
-    arbiter: Arc<Mutex<Arbiter>>,
-    memo: Arc<Memo>,
-    metrics: Arc<Metrics>,
-    tx: UnboundedSender<ObjectRef<Scheduler>>,
-    ready: watch::Sender<bool>,
-) {
-    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    feed_arbiter(
-        "Scheduler",
-        events,
-        tx,
-        ready,
-        |all: Vec<Scheduler>| lock(&arbiter).replace_schedulers(all.iter().map(claim_of).collect()),
-        |s| lock(&arbiter).upsert_scheduler(claim_of(&s)),
-        |s| {
-            memo.forget(&s);
-            metrics.forget_scheduler(&s.name_any());
-            lock(&arbiter).remove_scheduler(&s.name_any())
-        },
-    )
-    .await;
+/// The Scheduler feed: the reconcile loop's store and the arbiter's claims.
+struct SchedulerFeed<'a> {
+    store: &'a mut reflector::store::Writer<Scheduler>,
+    memo: &'a Memo,
+    metrics: &'a Metrics,
 }
 
-/// Feeds Node labels (metadata only) into the arbiter.
-pub(crate) async fn index_nodes(
-    api: Api<PartialObjectMeta<Node>>,
-    arbiter: Arc<Mutex<Arbiter>>,
-    tx: UnboundedSender<ObjectRef<Scheduler>>,
-    ready: watch::Sender<bool>,
-) {
-    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    let labels = |n: PartialObjectMeta<Node>| (n.name_any(), n.metadata.labels.unwrap_or_default());
-    feed_arbiter(
-        "Node",
-        events,
-        tx,
-        ready,
-        |all| lock(&arbiter).replace_nodes(all.into_iter().map(labels).collect()),
-        |n| {
-            let (name, l) = labels(n);
-            lock(&arbiter).upsert_node(&name, l)
-        },
-        |n| lock(&arbiter).remove_node(&n.name_any()),
-    )
-    .await;
+impl Feed<Scheduler> for SchedulerFeed<'_> {
+    fn observe(&mut self, event: &Event<Scheduler>) {
+        self.store.apply_watcher_event(event);
+    }
+
+    fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<Scheduler>) -> Changed {
+        let mut changed = arbiter.replace_schedulers(all.iter().map(claim_of).collect());
+        // Every Scheduler is reconciled after a (re)list, as a fresh watch would.
+        changed.extend(all.iter().map(ResourceExt::name_any));
+        changed
+    }
+
+    fn applied(&mut self, arbiter: &mut Arbiter, s: Scheduler) -> Changed {
+        let mut changed = arbiter.upsert_scheduler(claim_of(&s));
+        // Any change of the Scheduler itself is reconciled, placement moved or not.
+        changed.insert(s.name_any());
+        changed
+    }
+
+    fn deleted(&mut self, arbiter: &mut Arbiter, s: Scheduler) -> Changed {
+        self.memo.forget(&s);
+        self.metrics.forget_scheduler(&s.name_any());
+        arbiter.remove_scheduler(&s.name_any())
+    }
+}
+
+/// The Node feed: labels only.
+struct NodeFeed;
+
+fn labels_of(n: PartialObjectMeta<Node>) -> (String, std::collections::BTreeMap<String, String>) {
+    (n.name_any(), n.metadata.labels.unwrap_or_default())
+}
+
+impl Feed<PartialObjectMeta<Node>> for NodeFeed {
+    fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<PartialObjectMeta<Node>>) -> Changed {
+        arbiter.replace_nodes(all.into_iter().map(labels_of).collect())
+    }
+
+    fn applied(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
+        let (name, labels) = labels_of(n);
+        arbiter.upsert_node(&name, labels)
+    }
+
+    fn deleted(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
+        arbiter.remove_node(&n.name_any())
+    }
+}
+
+impl Feeds {
+    /// Runs both feeds: every Scheduler into the store and the arbiter, from the one Scheduler
+    /// watch; Node labels into the arbiter, from a metadata-only watch. `ready` turns true once
+    /// both were listed in full.
+    pub(crate) async fn run(
+        self,
+        client: Client,
+        memo: &Memo,
+        metrics: &Metrics,
+        tx: Triggers,
+        ready: watch::Sender<bool>,
+    ) {
+        let Feeds { arbiter, mut store } = self;
+        let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
+        let (nodes_listed, mut nodes_ready) = watch::channel(false);
+        let schedulers = watcher::watcher(Api::<Scheduler>::all(client.clone()), watcher::Config::default());
+        // Metadata only: names and labels are all the arbiter reads.
+        let nodes = watcher::watcher(Api::<PartialObjectMeta<Node>>::all(client), watcher::Config::default());
+        let feed = SchedulerFeed { store: &mut store, memo, metrics };
+        futures::join!(
+            feed_arbiter("Scheduler", &arbiter, schedulers.default_backoff(), feed, tx.clone(), schedulers_listed),
+            feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx, nodes_listed),
+            async {
+                // Both lists, or nothing: a partial view could hand a node to the wrong Scheduler.
+                if schedulers_ready.wait_for(|r| *r).await.is_ok() && nodes_ready.wait_for(|r| *r).await.is_ok() {
+                    let _ = ready.send(true);
+                }
+            },
+        );
+    }
 }

@@ -1,13 +1,12 @@
-//! Starting and running the controller: one shutdown signal fanned out to every server and
-//! the reconcile loop; the CRD wait; the metrics, health and reports servers; and leadership
-//! terms (the reconcile loop runs only while this replica holds the lease).
+//! Starting and running the controller: named parts (servers, index feeds, the reconcile loop)
+//! composed under one shutdown; the CRD wait; leadership as a `watch` input that gates writes.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::channel::mpsc::{UnboundedSender, unbounded};
+use futures::channel::mpsc::unbounded;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
@@ -18,24 +17,23 @@ use kube::runtime::{wait, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::api::Scheduler;
-use crate::arbiter::Arbiter;
 use crate::config::ControllerFlags;
 use crate::crd::CRD_NAME;
 use crate::error::BoxError;
-use crate::index::{index_nodes, index_schedulers};
+use crate::index::{self, Index, Triggers};
 use crate::kernel::KernelTable;
+use crate::leader::Leadership;
 use crate::memo::Memo;
-use crate::metrics::ReportStats;
+use crate::metrics::{Metrics, ReportStats};
 use crate::pacing::TokenBucket;
 use crate::reconcile::{Context, error_policy, reconcile};
 use crate::reports::ReportsService;
-use crate::sync::lock;
 use crate::trust::{Trust, TrustRootSource, TrustSettings};
 use crate::webhook::WebhookState;
-use crate::workload::{self, AgentSettings, FIELD_MANAGER, WorkloadSettings};
+use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
 
 /// Trust settings from the flags.
 fn trust_settings(flags: &ControllerFlags) -> TrustSettings {
@@ -57,267 +55,349 @@ pub async fn run(
     client: Client,
     flags: ControllerFlags,
     instance: String,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BoxError> {
     run_with_stats(client, flags, instance, shutdown, Arc::default()).await
 }
 
 /// [`run`], counting the reports server's accepted and refused streams in `report_stats`.
+///
+/// The controller is a composition of named parts under one shutdown: the metrics and health
+/// server, the admission webhook and the trust policy follower run on every replica from the
+/// start; [`control`] loads the cluster, campaigns for leadership and runs the reports server and
+/// the reconcile loop. A part that fails (a port taken, a certificate missing) stops them all
+/// and the process exits with its error.
 pub async fn run_with_stats(
     client: Client,
     flags: ControllerFlags,
     instance: String,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
     report_stats: Arc<ReportStats>,
 ) -> Result<(), BoxError> {
-    // One shutdown signal, fanned out to every server and the controller.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-
-    let metrics = Arc::new(crate::metrics::Metrics::new(report_stats.clone()));
+    let stop = Stop::on(shutdown);
+    let metrics = Arc::new(Metrics::new(report_stats.clone()));
     let (ready_tx, ready_rx) = watch::channel(false);
-    {
-        let (metrics, address, stop) = (metrics.clone(), flags.metrics_bind_address, stopped(stop_rx.clone()));
-        tokio::spawn(async move {
-            if let Err(e) = crate::metrics::serve(address, metrics, ready_rx, stop).await {
-                error!(err = %e, %address, "metrics and health server failed: choose another --metrics-bind-address");
-            }
-        });
-    }
-
     // The trust policy is checked before anything else: a file that does not parse stops the
     // controller here, naming the line.
     let loaded = crate::trust::load_policy(flags.trust_policy.as_deref())?;
     info!(logger = "trust", source = %loaded.source, rules = loaded.policy.rules().len(), "trust policy loaded");
     let (policy_tx, policy_rx) = watch::channel(Arc::new(loaded));
     let trust = Arc::new(Trust::new(trust_settings(&flags), policy_rx.clone()));
-    if let Some(path) = flags.trust_policy.clone() {
-        tokio::spawn(crate::trust::follow_policy_file(
-            path,
-            flags.trust_policy_poll_interval,
-            policy_tx,
-            metrics.clone(),
-            stop_rx.clone(),
-        ));
-    }
-    // Every replica serves the webhook, leader or not.
-    let webhook_task = flags.webhook_cert_dir.clone().map(|cert_dir| {
-        let state = Arc::new(WebhookState {
-            trust: trust.clone(),
-            client: client.clone(),
-            metrics: metrics.clone(),
-            timeout: flags.registry_timeout * 2,
-        });
-        let (address, stop) = (flags.webhook_bind_address, stop_rx.clone());
-        tokio::spawn(async move {
-            if let Err(e) = crate::webhook::serve(address, cert_dir, state, stop).await {
-                error!(logger = "webhook", err = %e, %address, "admission webhook failed");
-            }
-        })
-    });
-    if webhook_task.is_none() {
-        info!(logger = "webhook", "no --webhook-cert-dir: the admission webhook is off");
-    }
 
-    wait_for_crd(&client).await?;
-    ensure_workload_namespace(&client, &flags).await;
-
-    let arbiter = Arc::new(Mutex::new(Arbiter::new()));
-    let memo = Arc::new(Memo::default());
-    let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Scheduler>>();
-    let (sched_ready_tx, mut sched_ready) = watch::channel(false);
-    let (node_ready_tx, mut node_ready) = watch::channel(false);
-    let index_tasks = [
-        tokio::spawn(index_schedulers(
-            Api::all(client.clone()),
-            arbiter.clone(),
-            memo.clone(),
-            metrics.clone(),
-            trigger_tx.clone(),
-            sched_ready_tx,
-        )),
-        tokio::spawn(index_nodes(Api::all(client.clone()), arbiter.clone(), trigger_tx.clone(), node_ready_tx)),
-    ];
-    // Arbitrate only once every Scheduler and Node is known: a partial view could hand a node
-    // to the wrong Scheduler and roll its pods for nothing.
-    let _ = sched_ready.wait_for(|r| *r).await;
-    let _ = node_ready.wait_for(|r| *r).await;
-    let (schedulers, nodes) = {
-        let arbiter = lock(&arbiter);
-        (arbiter.schedulers().count(), arbiter.nodes().count())
-    };
-    info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
-    let _ = ready_tx.send(true);
-
-    // Reconcile only while leading. Each term gets a fresh Controller; triggers from the
-    // indexes and the reports server go to the current term, if any.
-    let leadership = if flags.leader_elect {
-        let identity = format!("{}_{:x}", instance, jiff::Timestamp::now().as_nanosecond() as u64);
-        crate::leader::Leadership::elect(
-            client.clone(),
-            &flags.leader_election_namespace,
-            &flags.leader_election_id,
-            &identity,
-            flags.leader_election_lease_duration,
-            flags.leader_election_renew_grace,
-        )
-        .await
-        .map_err(|e| {
-            format!(
-                "starting leader election on Lease {}/{}: {e}",
-                flags.leader_election_namespace, flags.leader_election_id
-            )
-        })?
-    } else {
-        crate::leader::Leadership::always()
-    };
-    let kernel_table = Arc::new(KernelTable::default());
-    let reports_task = match (&flags.reports_cert_file, &flags.reports_key_file) {
-        (Some(cert), Some(key)) => {
-            let tls = crate::tls::ReloadingCert::load(cert, key)
-                .map_err(|e| format!("reports server certificate (--reports-cert-file, --reports-key-file): {e}"))?;
-            tokio::spawn(tls.clone().follow("reports server", stop_rx.clone()));
-            let service = ReportsService::new(
-                client.clone(),
-                &flags.workload_namespace,
-                &flags.agent_service_account,
-                kernel_table.clone(),
-                flags.report_stale_after,
-                trigger_tx.clone(),
-                report_stats.clone(),
-                leadership.rx.clone(),
-            );
-            let address = flags.reports_bind_address;
-            info!(%address, "serving agent reports");
-            let stop = stopped(stop_rx.clone());
-            Some(tokio::spawn(async move {
-                if let Err(e) = crate::reports::serve(service, address, tls, stop).await {
-                    error!(err = %sked_logging::error_chain(e.as_ref()), %address, "reports server failed");
-                }
-            }))
-        }
-        _ => {
-            warn!(
-                "no --reports-cert-file/--reports-key-file: the reports server is off and no node can be shown as kernel-attached"
-            );
-            None
-        }
-    };
-
-    // A new policy re-verifies every Scheduler's image.
-    let reverify = {
-        let (arbiter, trigger_tx, mut policy) = (arbiter.clone(), trigger_tx.clone(), policy_rx);
-        tokio::spawn(async move {
-            while policy.changed().await.is_ok() {
-                let names: Vec<String> = lock(&arbiter).schedulers().map(str::to_owned).collect();
-                for name in names {
-                    let _ = trigger_tx.unbounded_send(ObjectRef::new(&name));
-                }
-            }
-        })
-    };
-
-    let ctx = Arc::new(Context {
-        limiter: TokenBucket::new(
-            flags.reconcile_rate_limit_qps,
-            flags.reconcile_rate_limit_burst,
-            tokio::time::Instant::now(),
+    tokio::try_join!(
+        metrics_server(&flags, metrics.clone(), ready_rx, stop.clone()),
+        webhook_server(&flags, &client, &trust, &metrics, stop.clone()),
+        follow_trust_policy(&flags, policy_tx, &metrics, stop.clone()),
+        control(
+            Control { client: &client, flags: &flags, instance, trust: &trust, metrics: &metrics, report_stats },
+            policy_rx,
+            ready_tx,
+            stop.clone()
         ),
-        recorder: Recorder::new(client.clone(), Reporter { controller: "sked".into(), instance: Some(instance) }),
-        settings: WorkloadSettings {
-            namespace: flags.workload_namespace.clone(),
-            agent: AgentSettings {
-                image: flags.agent_image.clone(),
-                service_account: flags.agent_service_account.clone(),
-                reports_address: flags.reports_address.clone(),
-                ca_configmap: flags.reports_ca_configmap.clone(),
-            },
-        },
-        client: client.clone(),
-        flags: flags.clone(),
-        arbiter,
-        memo,
-        failures: Mutex::default(),
-        kernel: kernel_table,
-        report_stats,
-        leader: leadership.rx.clone(),
-        metrics: metrics.clone(),
-        trust,
-    });
-
-    let term: Arc<Mutex<Option<UnboundedSender<ObjectRef<Scheduler>>>>> = Arc::default();
-    let forward_term = term.clone();
-    let forwarder = tokio::spawn(async move {
-        let mut triggers = trigger_rx;
-        while let Some(target) = triggers.next().await {
-            if let Some(tx) = lock(&forward_term).as_ref() {
-                let _ = tx.unbounded_send(target);
-            }
-        }
-    });
-
-    loop {
-        let mut leader = leadership.rx.clone();
-        tokio::select! {
-            _ = leader.wait_for(|l| *l) => {}
-            () = stopped(stop_rx.clone()) => break,
-        }
-        if *stop_rx.borrow() {
-            break;
-        }
-        info!("leading: reconciling Schedulers");
-        metrics.set_leader(true);
-        label_own_pod(&client, true).await;
-        let (tx, rx) = unbounded::<ObjectRef<Scheduler>>();
-        *lock(&term) = Some(tx);
-        let mut lost = leadership.rx.clone();
-        let stop = stopped(stop_rx.clone());
-        let term_end = async move {
-            tokio::select! {
-                _ = lost.wait_for(|l| !*l) => {}
-                () = stop => {}
-            }
-        };
-        let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
-        let managed =
-            watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
-        Controller::new(Api::<Scheduler>::all(client.clone()), watcher::Config::default())
-            // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
-            .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
-            .reconcile_on(rx)
-            .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
-            .graceful_shutdown_on(term_end)
-            .run(reconcile, error_policy, ctx.clone())
-            .for_each(|_| futures::future::ready(()))
-            .await;
-        *lock(&term) = None;
-        metrics.set_leader(false);
-        label_own_pod(&client, false).await;
-        if *stop_rx.borrow() {
-            break;
-        }
-        warn!("lost leadership: stopped reconciling and writing");
-    }
-    forwarder.abort();
-    reverify.abort();
-    leadership.release().await;
-    for task in index_tasks {
-        task.abort();
-    }
-    if let Some(task) = reports_task {
-        let _ = task.await;
-    }
-    if let Some(task) = webhook_task {
-        let _ = task.await;
-    }
+    )?;
     info!("controller stopped");
     Ok(())
+}
+
+/// The one shutdown signal, fanned out to every part.
+#[derive(Clone)]
+struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    fn on(shutdown: impl Future<Output = ()> + Send + 'static) -> Self {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = tx.send(true);
+        });
+        Self(rx)
+    }
+
+    /// Resolves once shutdown began.
+    async fn requested(mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+
+    fn receiver(&self) -> watch::Receiver<bool> {
+        self.0.clone()
+    }
+}
+
+/// `/metrics`, `/healthz` and `/readyz` (ready once the Scheduler and Node lists are loaded).
+async fn metrics_server(
+    flags: &ControllerFlags,
+    metrics: Arc<Metrics>,
+    ready: watch::Receiver<bool>,
+    stop: Stop,
+) -> Result<(), BoxError> {
+    let address = flags.metrics_bind_address;
+    crate::metrics::serve(address, metrics, ready, stop.requested()).await.map_err(|e| {
+        format!("metrics and health server on {address} failed: {e}; choose another --metrics-bind-address").into()
+    })
+}
+
+/// The validating admission webhook, on every replica (leader or not), when it has a certificate.
+async fn webhook_server(
+    flags: &ControllerFlags,
+    client: &Client,
+    trust: &Arc<Trust>,
+    metrics: &Arc<Metrics>,
+    stop: Stop,
+) -> Result<(), BoxError> {
+    let Some(cert_dir) = flags.webhook_cert_dir.clone() else {
+        info!(logger = "webhook", "no --webhook-cert-dir: the admission webhook is off");
+        return Ok(());
+    };
+    let state = Arc::new(WebhookState {
+        trust: trust.clone(),
+        client: client.clone(),
+        metrics: metrics.clone(),
+        timeout: flags.registry_timeout * 2,
+    });
+    let address = flags.webhook_bind_address;
+    crate::webhook::serve(address, cert_dir, state, stop.receiver())
+        .await
+        .map_err(|e| format!("admission webhook on {address} (--webhook-bind-address): {e}").into())
+}
+
+/// Re-reads the trust policy file when it changes (nothing to follow for the built-in default).
+async fn follow_trust_policy(
+    flags: &ControllerFlags,
+    policy: watch::Sender<Arc<crate::trust::LoadedPolicy>>,
+    metrics: &Arc<Metrics>,
+    stop: Stop,
+) -> Result<(), BoxError> {
+    if let Some(path) = flags.trust_policy.clone() {
+        let interval = flags.trust_policy_poll_interval;
+        crate::trust::follow_policy_file(path, interval, policy, metrics.clone(), stop.receiver()).await;
+    }
+    Ok(())
+}
+
+/// What [`control`] shares with its parts.
+struct Control<'a> {
+    client: &'a Client,
+    flags: &'a ControllerFlags,
+    instance: String,
+    trust: &'a Arc<Trust>,
+    metrics: &'a Arc<Metrics>,
+    report_stats: Arc<ReportStats>,
+}
+
+/// Waits for the CRD, loads every Scheduler and Node, then campaigns for leadership and runs the
+/// index feeds, the reports server, the policy re-verifier and the reconcile loop until
+/// shutdown; releases the lease at the end.
+async fn control(
+    parts: Control<'_>,
+    policy: watch::Receiver<Arc<crate::trust::LoadedPolicy>>,
+    ready: watch::Sender<bool>,
+    stop: Stop,
+) -> Result<(), BoxError> {
+    let Control { client, flags, instance, trust, metrics, report_stats } = parts;
+    wait_for_crd(client).await?;
+    ensure_workload_namespace(client, flags).await;
+
+    let (index, feeds) = index::index();
+    let memo = Arc::new(Memo::default());
+    let (triggers, trigger_rx) = unbounded::<ObjectRef<Scheduler>>();
+    let (listed_tx, mut listed) = watch::channel(false);
+    let feeds = until(stop.clone(), feeds.run(client.clone(), &memo, metrics, triggers.clone(), listed_tx));
+
+    let lead_and_reconcile = async {
+        // Arbitrate only once every Scheduler and Node is known: a partial view could hand a
+        // node to the wrong Scheduler and roll its pods for nothing.
+        tokio::select! {
+            loaded = listed.wait_for(|l| *l) => if loaded.is_err() { return Ok(()) },
+            () = stop.clone().requested() => return Ok(()),
+        }
+        let (schedulers, nodes) = index.counts();
+        info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
+        let _ = ready.send(true);
+
+        let leadership = elect(client, flags, &instance).await?;
+        let kernel = Arc::new(KernelTable::default());
+        let ctx = Arc::new(Context {
+            limiter: TokenBucket::new(
+                flags.reconcile_rate_limit_qps,
+                flags.reconcile_rate_limit_burst,
+                tokio::time::Instant::now(),
+            ),
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter { controller: "sked".into(), instance: Some(instance.clone()) },
+            ),
+            settings: WorkloadSettings::from_flags(flags),
+            client: client.clone(),
+            flags: flags.clone(),
+            index: index.clone(),
+            memo: memo.clone(),
+            failures: Mutex::default(),
+            kernel: kernel.clone(),
+            report_stats: report_stats.clone(),
+            leader: leadership.rx.clone(),
+            metrics: metrics.clone(),
+            trust: trust.clone(),
+        });
+        let result = tokio::try_join!(
+            reports_server(flags, client, &kernel, &triggers, &report_stats, &leadership, stop.clone()),
+            until(stop.clone(), reverify_on_policy_change(policy, &index, &triggers)),
+            until(stop.clone(), mark_leadership(client, metrics, leadership.rx.clone())),
+            reconcile_loop(client, flags, &index, ctx, trigger_rx, leadership.rx.clone(), stop.clone()),
+        );
+        leadership.release().await;
+        result.map(|_| ())
+    };
+    let (fed, result) = tokio::join!(feeds, lead_and_reconcile);
+    fed.and(result)
+}
+
+/// Runs `part` until shutdown.
+async fn until(stop: Stop, part: impl Future<Output = ()>) -> Result<(), BoxError> {
+    tokio::select! {
+        () = part => {}
+        () = stop.requested() => {}
+    }
+    Ok(())
+}
+
+/// Campaigns for the leader Lease, or leads from the start without election.
+async fn elect(client: &Client, flags: &ControllerFlags, instance: &str) -> Result<Leadership, BoxError> {
+    if !flags.leader_elect {
+        return Ok(Leadership::always());
+    }
+    let identity = format!("{}_{:x}", instance, jiff::Timestamp::now().as_nanosecond() as u64);
+    Leadership::elect(
+        client.clone(),
+        &flags.leader_election_namespace,
+        &flags.leader_election_id,
+        &identity,
+        flags.leader_election_lease_duration,
+        flags.leader_election_renew_grace,
+    )
+    .await
+    .map_err(|e| {
+        format!(
+            "starting leader election on Lease {}/{}: {e}",
+            flags.leader_election_namespace, flags.leader_election_id
+        )
+        .into()
+    })
+}
+
+/// The gRPC server agents stream kernel reports to, when it has a certificate.
+async fn reports_server(
+    flags: &ControllerFlags,
+    client: &Client,
+    kernel: &Arc<KernelTable>,
+    triggers: &Triggers,
+    report_stats: &Arc<ReportStats>,
+    leadership: &Leadership,
+    stop: Stop,
+) -> Result<(), BoxError> {
+    let (Some(cert), Some(key)) = (&flags.reports_cert_file, &flags.reports_key_file) else {
+        warn!(
+            "no --reports-cert-file/--reports-key-file: the reports server is off and no node can be shown as kernel-attached"
+        );
+        return Ok(());
+    };
+    let tls = crate::tls::ReloadingCert::load(cert, key)
+        .map_err(|e| format!("reports server certificate (--reports-cert-file, --reports-key-file): {e}"))?;
+    let service = ReportsService::new(
+        client.clone(),
+        &flags.workload_namespace,
+        &flags.agent_service_account,
+        kernel.clone(),
+        flags.report_stale_after,
+        triggers.clone(),
+        report_stats.clone(),
+        leadership.rx.clone(),
+    );
+    let address = flags.reports_bind_address;
+    info!(%address, "serving agent reports");
+    let follow = tls.clone().follow("reports server", stop.receiver());
+    let serve = crate::reports::serve(service, address, tls, stop.requested());
+    let ((), served) = tokio::join!(follow, serve);
+    served.map_err(|e| format!("reports server on {address}: {}", sked_logging::error_chain(e.as_ref())).into())
+}
+
+/// A new trust policy re-verifies every Scheduler's image.
+async fn reverify_on_policy_change(
+    mut policy: watch::Receiver<Arc<crate::trust::LoadedPolicy>>,
+    index: &Index,
+    triggers: &Triggers,
+) {
+    while policy.changed().await.is_ok() {
+        for name in index.scheduler_names() {
+            let _ = triggers.unbounded_send(ObjectRef::new(&name));
+        }
+    }
+}
+
+/// Follows this replica's leadership: the leader metric and the leader label on its pod.
+async fn mark_leadership(client: &Client, metrics: &Metrics, mut leader: watch::Receiver<bool>) {
+    let mut leading = false;
+    loop {
+        let now = *leader.borrow_and_update();
+        if now != leading {
+            leading = now;
+            if leading {
+                info!("leading: reconciling Schedulers");
+            } else {
+                warn!("lost leadership: stopped reconciling and writing");
+            }
+            metrics.set_leader(leading);
+            label_own_pod(client, leading).await;
+        }
+        if leader.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The reconcile loop: one `Controller` for the life of the process, fed by the shared
+/// Scheduler store, the managed DaemonSets, and the triggers of the indexes, the reports server
+/// and policy changes. Every replica runs it; a reconcile writes only while this replica leads
+/// (it returns at once otherwise), and gaining leadership reconciles every Scheduler.
+async fn reconcile_loop(
+    client: &Client,
+    flags: &ControllerFlags,
+    index: &Index,
+    ctx: Arc<Context>,
+    triggers: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Scheduler>>,
+    leader: watch::Receiver<bool>,
+    stop: Stop,
+) -> Result<(), BoxError> {
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
+    let managed =
+        watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
+    // The Scheduler feed triggers every change of a Scheduler itself (after the arbiter saw it),
+    // so the Controller's own trigger stream stays empty.
+    Controller::for_shared_stream(futures::stream::pending(), index.store())
+        // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
+        .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
+        .reconcile_on(triggers)
+        .reconcile_all_on(leadership_gained(leader))
+        .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
+        .graceful_shutdown_on(stop.requested())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    Ok(())
+}
+
+/// Emits once each time this replica becomes the leader (including at start, if it leads).
+fn leadership_gained(leader: watch::Receiver<bool>) -> impl futures::Stream<Item = ()> + Send {
+    futures::stream::unfold((leader, false), |(mut leader, mut leading)| async move {
+        loop {
+            let now = *leader.borrow_and_update();
+            let gained = now && !leading;
+            leading = now;
+            if gained {
+                return Some(((), (leader, leading)));
+            }
+            leader.changed().await.ok()?;
+        }
+    })
 }
 
 /// Creates the workload namespace if needed and sets its Pod Security labels, so the

@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::{Reason, Scheduler, SchedulerStatus};
-use crate::arbiter::Arbiter;
 use crate::config::ControllerFlags;
+use crate::index::Index;
 use crate::kernel::{self, KernelTable};
 use crate::memo::Memo;
 use crate::metrics::{Metrics, ReportStats};
@@ -69,7 +69,8 @@ pub struct Context {
     pub client: Client,
     pub flags: ControllerFlags,
     pub settings: WorkloadSettings,
-    pub(crate) arbiter: Arc<Mutex<Arbiter>>,
+    /// The Schedulers and their placements.
+    pub(crate) index: Index,
     pub(crate) recorder: Recorder,
     pub(crate) limiter: TokenBucket,
     pub(crate) memo: Arc<Memo>,
@@ -106,11 +107,10 @@ pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> R
     let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());
     let timeout = ctx.flags.reconcile_timeout;
     let started = std::time::Instant::now();
-    let result =
-        match tokio::time::timeout(timeout, reconcile_scheduler(&scheduler, &ctx).instrument(span.clone())).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
-        };
+    let result = match tokio::time::timeout(timeout, reconcile_scheduler(&name, &ctx).instrument(span.clone())).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
+    };
     ctx.metrics.reconciled(started.elapsed(), result.as_ref().err().map(Error::metric_label));
     if result.is_ok() {
         lock(&ctx.failures).remove(&name);
@@ -118,23 +118,19 @@ pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> R
     result
 }
 
-async fn reconcile_scheduler(scheduler: &Scheduler, ctx: &Context) -> Result<Action, Error> {
-    let name = scheduler.name_any();
+async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error> {
     if !ctx.leading() {
         debug!("not leading; no writes");
         return Ok(Action::await_change());
     }
-    let generation = scheduler.metadata.generation;
-    let placement = {
-        let arbiter = lock(&ctx.arbiter);
-        if arbiter.generation(&name) != Some(generation.unwrap_or(0)) {
-            // The arbiter and this copy disagree on the spec; whichever is behind will trigger
-            // another reconcile when it catches up.
-            debug!(?generation, known = ?arbiter.generation(&name), "arbiter has not seen this generation yet");
-            return Ok(Action::await_change());
-        }
-        arbiter.placement(&name)
+    // The spec and the placement computed from it, read together.
+    let Some((scheduler, placement)) = ctx.index.snapshot(name) else {
+        debug!("Scheduler is gone");
+        return Ok(Action::await_change());
     };
+    let scheduler = scheduler.as_ref();
+    let name = name.to_owned();
+    let generation = scheduler.metadata.generation;
 
     let namespace = &ctx.settings.namespace;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
