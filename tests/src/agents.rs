@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::cluster::{TestCa, free_port};
+use crate::cluster::free_port;
+use crate::pki::TestCa;
 
 /// TLS material of a reports server: a CA and a serving certificate for localhost.
 pub struct ReportsTls {

@@ -10,8 +10,9 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 
-use crate::cluster::{self, TestCa, tools_dir};
-use crate::run_command as run;
+use crate::cluster::{self, tools_dir};
+use crate::command::run_command as run;
+use crate::pki::{IssuedCert, TestCa};
 
 /// A registry process with its storage in a temporary directory.
 pub struct TestRegistry {
@@ -179,13 +180,7 @@ impl Cosign {
     /// A keyless-style signature: the payload signed with a code-signing certificate's key,
     /// the certificate and its chain attached, and a transparency-log entry signed by `tlog`
     /// (the test's stand-in for Rekor, trusted through the custom trusted root).
-    pub fn sign_keyless_style(
-        &self,
-        image: &str,
-        cert: &cluster::IssuedCert,
-        ca: &TestCa,
-        tlog: &TestLog,
-    ) -> Result<()> {
+    pub fn sign_keyless_style(&self, image: &str, cert: &IssuedCert, ca: &TestCa, tlog: &TestLog) -> Result<()> {
         let dir = tempfile::tempdir_in(self.home.path())?;
         let payload = run(self.cmd().args(["generate", "--allow-http-registry", "--allow-insecure-registry", image]))?;
         let payload_path = dir.path().join("payload.json");
@@ -248,7 +243,7 @@ impl Cosign {
     /// over an in-toto statement naming the digest) attached to the image as an OCI referrer.
     /// The bundle's transparency-log entry is the test log's: a one-leaf Merkle tree whose
     /// checkpoint and entry timestamp `tlog` signs. Every signature is made by `cosign sign-blob`.
-    pub fn sign_keyless_bundle(&self, pinned: &str, cert: &cluster::IssuedCert, tlog: &TestLog) -> Result<()> {
+    pub fn sign_keyless_bundle(&self, pinned: &str, cert: &IssuedCert, tlog: &TestLog) -> Result<()> {
         let (repository, digest) = pinned.split_once("@sha256:").ok_or_else(|| anyhow!("{pinned} is not pinned"))?;
         let dir = tempfile::tempdir_in(self.home.path())?;
         let name = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

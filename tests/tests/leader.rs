@@ -96,7 +96,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
     let fx = Fixture::without_controller().await?;
     let dir = tempfile::tempdir()?;
     // One serving certificate for both replicas' webhooks.
-    let ca = sked_tests::cluster::TestCa::new("sked webhook ca")?;
+    let ca = sked_tests::pki::TestCa::new("sked webhook ca")?;
     let serving = ca.server("sked-webhook", &["localhost"], &["127.0.0.1"])?;
     std::fs::create_dir_all(dir.path().join("webhook"))?;
     std::fs::write(dir.path().join("webhook/tls.crt"), &serving.cert_pem)?;

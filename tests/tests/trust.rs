@@ -13,7 +13,8 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use sked_controller::Scheduler;
 use sked_controller::config::ControllerFlags;
-use sked_tests::cluster::{IssuedCert, TestCa, free_port};
+use sked_tests::cluster::free_port;
+use sked_tests::pki::{IssuedCert, TestCa};
 use sked_tests::registry::{Cosign, KeyPairFiles, TestLog, TestRegistry, trusted_root_json};
 use sked_tests::{Fixture, has_condition, spec_on, wait_for};
 

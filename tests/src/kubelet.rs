@@ -1,0 +1,103 @@
+//! Stand-ins for the kubelet: there is none on the test control plane, so the harness makes the
+//! moves it would (a Node reporting Ready, pods turning Ready, deleted pods going away).
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::fixture::{Fixture, wait_for};
+
+impl Fixture {
+    /// Plays the kubelet for a DaemonSet's pods: marks every pod of `scheduler` Running and
+    /// Ready. Returns how many pods it marked.
+    pub async fn mark_pods_ready(&self, scheduler: &str) -> Result<usize> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let list = pods.list(&ListParams::default().labels(&format!("name={scheduler}"))).await?;
+        let now = jiff::Timestamp::now().to_string();
+        for pod in &list.items {
+            let status = json!({
+                "status": {
+                    "phase": "Running",
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now},
+                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                    ],
+                }
+            });
+            pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
+        }
+        Ok(list.items.len())
+    }
+}
+
+/// Creates a Node and plays its kubelet's first moves: reports it Ready with some capacity
+/// (so kube-scheduler places pods on it) and lifts the
+/// `node.kubernetes.io/not-ready` taint the API server puts on every new Node (there is no
+/// kubelet here, and no node lifecycle controller to do it).
+pub async fn create_ready_node(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "labels": labels },
+    }))?;
+    nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating Node {name}"))?;
+    let now = jiff::Timestamp::now().to_string();
+    let resources = json!({"cpu": "8", "memory": "16Gi", "pods": "110"});
+    let ready = json!({"status": {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sked test kubelet",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }],
+    }});
+    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready)).await?;
+    let untainted = json!({"spec": {"taints": null}});
+    Ok(nodes.patch(name, &PatchParams::default(), &Patch::Merge(&untainted)).await?)
+}
+
+/// Plays the kubelet's last move: a pod being deleted is gone once its kubelet confirms, so
+/// pods marked for deletion are removed at once (there is no kubelet to do it).
+pub async fn finish_pod_deletions(client: Client, namespace: String) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let mut stream = watcher(pods.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    while let Some(Ok(pod)) = stream.next().await {
+        if pod.metadata.deletion_timestamp.is_some() {
+            let _ = pods
+                .delete(&pod.name_any(), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                .await;
+        }
+    }
+}
+
+/// Waits until `count` live pods of the Scheduler's DaemonSet are bound to nodes; keyed by node.
+pub async fn wait_bound_pods(
+    client: &Client,
+    namespace: &str,
+    scheduler: &str,
+    count: usize,
+) -> Result<BTreeMap<String, Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    wait_for(&format!("{count} pods of {scheduler} bound to nodes"), || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default().labels(&format!("name={scheduler}"))).await?;
+            let bound: BTreeMap<String, Pod> = list
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+                .collect();
+            Ok((bound.len() == count).then_some(bound))
+        }
+    })
+    .await
+}
