@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all build tools crds test test-unit test-integration test-kernel coverage coverage-gate lint actionlint fmt demo clean
+.PHONY: all setup build tools crds test test-unit test-integration test-kernel coverage coverage-gate lint actionlint fmt demo clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -16,9 +16,14 @@ all: build
 build:
 	$(CARGO) build --workspace --all-targets
 
+## setup: install what a fresh Debian machine lacks (idempotent; `make demo`, `make test`
+## and .ci/run start with it). Stops at once with the command to run where it cannot install.
+setup:
+	@hack/setup.sh
+
 ## tools: build (once, cached per user) the pinned etcd, kube-apiserver,
-## kube-controller-manager and kubectl the tests run.
-tools:
+## kube-controller-manager, kubectl, helm, actionlint, cosign and crane the tests run.
+tools: setup
 	@hack/build-tools.sh $(TOOLS_BIN) >/dev/null
 
 ## crds: regenerate crds/ from the Rust types.
@@ -45,6 +50,7 @@ test-kernel: tools
 ## coverage: run every test instrumented (cargo-llvm-cov), write an lcov report and fail
 ## when total line coverage is below COVERAGE_THRESHOLD (default 40).
 coverage: tools
+	@hack/setup.sh coverage
 	@mkdir -p $(dir $(COVERAGE_REPORT))
 	$(CARGO) llvm-cov --workspace --lcov --output-path $(COVERAGE_REPORT)
 	@hack/coverage-gate.sh $(COVERAGE_REPORT) $(COVERAGE_THRESHOLD)
@@ -66,8 +72,9 @@ fmt:
 
 ## demo: local control plane + CRD + controller + example Scheduler; runs until Ctrl-C.
 demo: tools
-	$(CARGO) build -p sked-controller -p sked-tests --bins
-	$(CARGO) run --quiet -p sked-tests --bin sked-demo
+	@echo "demo: building sked (debug; about 8 min the first time on 2 cores)" >&2
+	@$(CARGO) build --quiet -p sked-controller -p sked-tests --bins
+	@$(CARGO) run --quiet -p sked-tests --bin sked-demo
 
 clean:
 	$(CARGO) clean

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane) from the Go module proxy with the local Go
-# toolchain, the way envtest ships downloaded binaries. Each tool set is built
-# once into a per-user cache keyed by its version; later runs (from any clone)
-# only link it. Prints the directory that holds the binaries.
+# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane) from the Go
+# module proxy with the local Go toolchain, the way envtest ships downloaded binaries. Each tool
+# set is built once into a per-user cache keyed by its version; later runs (from any clone) only
+# link it. Prints one line per tool set it builds (the Go tool's own output goes to a log file,
+# shown when a build fails), then the directory that holds the binaries on stdout.
 #
 # Usage: hack/build-tools.sh [BIN_DIR]   (default: .tools/bin in the repo)
 set -euo pipefail
@@ -25,57 +26,86 @@ log() { echo "build-tools: $*" >&2; }
 command -v go >/dev/null || { log "Go is required to build the test binaries (install golang >= 1.26)"; exit 1; }
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
-# build_set NAME VERSION MODFILE_BODY PACKAGES... : builds into $cache/NAME-VERSION, unless
-# every package's binary is already there.
-build_set() {
-  local name=$1 version=$2 gomod=$3
-  shift 3
-  local out=$cache/$name-$version missing=0 pkg
-  for pkg in "$@"; do
-    [[ -x $out/${pkg##*/} ]] || missing=1
+# Each tool set: name, version, the binaries it makes, and how long a first build takes on
+# 2 cores (measured; the download is most of it on a slow link).
+sets=(
+  "kubernetes $KUBERNETES_VERSION kube-apiserver,kube-controller-manager,kube-scheduler,kubectl 9"
+  "etcd $ETCD_VERSION etcd 2"
+  "helm $HELM_VERSION helm 2"
+  "actionlint $ACTIONLINT_VERSION actionlint 1"
+  "cosign $COSIGN_VERSION cosign 5"
+  "crane $CRANE_VERSION crane 1"
+)
+built() { # NAME VERSION BINARIES
+  local bin
+  for bin in ${3//,/ }; do
+    [[ -x $cache/$1-$2/$bin ]] || return 1
   done
-  if ((missing == 0)); then
-    return 0
+}
+todo=()
+minutes=0
+for set in "${sets[@]}"; do
+  read -r name version bins mins <<<"$set"
+  built "$name" "$version" "$bins" || { todo+=("$name"); minutes=$((minutes + mins)); }
+done
+if ((${#todo[@]})); then
+  log "building ${#todo[@]} pinned tool set(s) once (about $minutes min on 2 cores; cached in $cache)"
+fi
+step=0
+
+# run_build NAME VERSION MINUTES COMMAND...: one numbered line, the Go output in a log file.
+run_build() {
+  local name=$1 version=$2 mins=$3
+  shift 3
+  step=$((step + 1))
+  mkdir -p "$cache/logs"
+  local logfile=$cache/logs/$name-$version.log started=$SECONDS
+  log "[$step/${#todo[@]}] $name $version (about $mins min)"
+  if ! "$@" >"$logfile" 2>&1; then
+    log "building $name $version failed; the last lines of $logfile:"
+    tail -n 30 "$logfile" >&2
+    exit 1
   fi
-  log "building $name $version (first run only; cached in $out)"
-  local work
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' RETURN
-  printf '%s\n' "$gomod" >"$work/go.mod"
-  mkdir -p "$out"
-  (cd "$work" && go build -mod=mod -trimpath -ldflags "-s -w $LDFLAGS" -o "$out/" "$@")
+  log "[$step/${#todo[@]}] $name $version built in $((SECONDS - started))s"
 }
 
-# Kubernetes: a wrapper module that requires k8s.io/kubernetes and replaces every
-# staging module (./staging/src/k8s.io/X in its go.mod) by the published
-# k8s.io/X of the same release (v0.MINOR.PATCH).
-k8s_mod=$(cd "$(mktemp -d)" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
-  sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-staging_version=v0.${KUBERNETES_VERSION#v1.}
-replaces=$(sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1 => \1 '"$staging_version"'#p' "$k8s_mod")
-[[ -n $replaces ]] || { log "no staging replacements found in $k8s_mod"; exit 1; }
-minor=${KUBERNETES_VERSION#v1.}
-minor=${minor%%.*}
-LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION \
+# go_build DIR OUT LDFLAGS PACKAGES...: `go build` of PACKAGES in the wrapper module in DIR.
+go_build() {
+  local dir=$1 out=$2 ldflags=$3
+  shift 3
+  (cd "$dir" && go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$out" "$@")
+}
+
+# Kubernetes: a wrapper module that requires k8s.io/kubernetes and replaces every staging
+# module (./staging/src/k8s.io/X in its go.mod) by the published k8s.io/X of the same release
+# (v0.MINOR.PATCH).
+build_kubernetes() {
+  local work k8s_mod staging_version replaces minor ldflags
+  work=$(mktemp -d)
+  k8s_mod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/.*"GoMod": "\(.*\)".*/\1/p') || return 1
+  staging_version=v0.${KUBERNETES_VERSION#v1.}
+  replaces=$(sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1 => \1 '"$staging_version"'#p' "$k8s_mod")
+  [[ -n $replaces ]] || { echo "no staging replacements found in $k8s_mod"; return 1; }
+  minor=${KUBERNETES_VERSION#v1.}
+  minor=${minor%%.*}
+  ldflags="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION \
  -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
  -X k8s.io/component-base/version.gitTreeState=clean"
-build_set kubernetes "$KUBERNETES_VERSION" "module sked.local/tools/kubernetes
-
-go 1.26.0
-
-godebug default=go1.26
-
-require k8s.io/kubernetes $KUBERNETES_VERSION
-
-replace (
-$replaces
-)" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  printf 'module sked.local/tools/kubernetes\n\ngo 1.26.0\n\ngodebug default=go1.26\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n%s\n)\n' \
+    "$KUBERNETES_VERSION" "$replaces" >"$work/go.mod"
+  mkdir -p "$cache/kubernetes-$KUBERNETES_VERSION"
+  go_build "$work" "$cache/kubernetes-$KUBERNETES_VERSION/" "$ldflags" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl || return 1
+  rm -rf "$work"
+}
 
 # etcd: etcdmain behind a two-line main package.
-LDFLAGS=""
-etcd_src=$(mktemp -d)
-cat >"$etcd_src/main.go" <<'GO'
+build_etcd() {
+  local work
+  work=$(mktemp -d)
+  cat >"$work/main.go" <<'GO'
 package main
 
 import (
@@ -86,37 +116,50 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-if [[ ! -x $cache/etcd-$ETCD_VERSION/etcd ]]; then
-  log "building etcd $ETCD_VERSION (first run only)"
-  printf 'module sked.local/tools/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$etcd_src/go.mod"
+  printf 'module sked.local/tools/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$work/go.mod"
   mkdir -p "$cache/etcd-$ETCD_VERSION"
-  (cd "$etcd_src" && go build -mod=mod -trimpath -ldflags "-s -w" -o "$cache/etcd-$ETCD_VERSION/etcd.tmp" .)
+  go_build "$work" "$cache/etcd-$ETCD_VERSION/etcd.tmp" "" . || return 1
   mv "$cache/etcd-$ETCD_VERSION/etcd.tmp" "$cache/etcd-$ETCD_VERSION/etcd"
-fi
-rm -rf "$etcd_src"
+  rm -rf "$work"
+}
 
-# go_tool NAME VERSION MODULE PACKAGE [LDFLAGS]: builds a tool whose module needs no replace
-# directives from a one-line wrapper module, into $cache/NAME-VERSION/NAME.
+# go_tool NAME VERSION MODULE PACKAGE [LDFLAGS]: a tool whose module needs no replace
+# directives, from a one-line wrapper module, into $cache/NAME-VERSION/NAME.
 go_tool() {
   local name=$1 version=$2 module=$3 package=$4 ldflags=${5:-}
-  local out=$cache/$name-$version
-  [[ -x $out/$name ]] && return 0
-  log "building $name $version (first run only)"
-  local src
-  src=$(mktemp -d)
-  printf 'module sked.local/tools/%s\n\ngo 1.26.0\n\nrequire %s %s\n' "$name" "$module" "$version" >"$src/go.mod"
+  local out=$cache/$name-$version work
+  work=$(mktemp -d)
+  printf 'module sked.local/tools/%s\n\ngo 1.26.0\n\nrequire %s %s\n' "$name" "$module" "$version" >"$work/go.mod"
   mkdir -p "$out"
-  (cd "$src" && go build -mod=mod -trimpath -ldflags "-s -w $ldflags" -o "$out/$name.tmp" "$package")
+  go_build "$work" "$out/$name.tmp" "$ldflags" "$package" || return 1
   mv "$out/$name.tmp" "$out/$name"
-  rm -rf "$src"
+  rm -rf "$work"
 }
-go_tool helm "$HELM_VERSION" helm.sh/helm/v4 helm.sh/helm/v4/cmd/helm \
-  "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
-go_tool actionlint "$ACTIONLINT_VERSION" github.com/rhysd/actionlint github.com/rhysd/actionlint/cmd/actionlint \
-  "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
-go_tool cosign "$COSIGN_VERSION" github.com/sigstore/cosign/v3 github.com/sigstore/cosign/v3/cmd/cosign \
-  "-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION"
-go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry github.com/google/go-containerregistry/cmd/crane
+
+for set in "${sets[@]}"; do
+  read -r name version bins mins <<<"$set"
+  built "$name" "$version" "$bins" && continue
+  case $name in
+    kubernetes) run_build "$name" "$version" "$mins" build_kubernetes ;;
+    etcd) run_build "$name" "$version" "$mins" build_etcd ;;
+    helm)
+      run_build "$name" "$version" "$mins" go_tool helm "$HELM_VERSION" helm.sh/helm/v4 helm.sh/helm/v4/cmd/helm \
+        "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
+      ;;
+    actionlint)
+      run_build "$name" "$version" "$mins" go_tool actionlint "$ACTIONLINT_VERSION" github.com/rhysd/actionlint \
+        github.com/rhysd/actionlint/cmd/actionlint "-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
+      ;;
+    cosign)
+      run_build "$name" "$version" "$mins" go_tool cosign "$COSIGN_VERSION" github.com/sigstore/cosign/v3 \
+        github.com/sigstore/cosign/v3/cmd/cosign "-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION"
+      ;;
+    crane)
+      run_build "$name" "$version" "$mins" go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry \
+        github.com/google/go-containerregistry/cmd/crane
+      ;;
+  esac
+done
 
 mkdir -p "$bin_dir"
 for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl; do

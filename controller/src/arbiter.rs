@@ -43,6 +43,8 @@ pub struct Placement {
     pub owned: BTreeSet<String>,
     /// Selected nodes an older Scheduler owns, with that winner.
     pub lost: BTreeMap<String, String>,
+    /// The winners created in the same second as this Scheduler: they won on name, not age.
+    pub tied: BTreeSet<String>,
 }
 
 impl Placement {
@@ -61,6 +63,11 @@ impl Placement {
     pub fn winners(&self) -> BTreeSet<&str> {
         self.lost.values().map(String::as_str).collect()
     }
+
+    /// Fills [`Placement::tied`]: the winners whose creation second (`created`) is `mine`.
+    fn mark_ties(&mut self, mine: Option<i64>, created: impl Fn(&str) -> Option<i64>) {
+        self.tied = self.lost.values().filter(|w| mine.is_some() && created(w.as_str()) == mine).cloned().collect();
+    }
 }
 
 /// The placement of every Scheduler.
@@ -78,6 +85,10 @@ pub fn assign(claims: &[Claim], nodes: &BTreeMap<String, BTreeMap<String, String
         for loser in matching {
             out.entry(loser.name.clone()).or_default().lost.insert(node.clone(), winner.name.clone());
         }
+    }
+    let created: HashMap<&str, i64> = claims.iter().map(|c| (c.name.as_str(), c.created)).collect();
+    for (name, placement) in &mut out {
+        placement.mark_ties(created.get(name.as_str()).copied(), |w| created.get(w).copied());
     }
     out
 }
@@ -196,7 +207,12 @@ impl Arbiter {
                 placement.lost.insert(node.clone(), order[0].clone());
             }
         }
+        placement.mark_ties(self.created(scheduler), |w| self.created(w));
         placement
+    }
+
+    fn created(&self, scheduler: &str) -> Option<i64> {
+        self.claims.get(scheduler).map(|c| c.created)
     }
 
     /// The placement of every Scheduler (what [`assign`] would return).
@@ -208,6 +224,9 @@ impl Arbiter {
             for loser in losers {
                 out.entry(loser.clone()).or_default().lost.insert(node.clone(), winner.clone());
             }
+        }
+        for (name, placement) in &mut out {
+            placement.mark_ties(self.created(name), |w| self.created(w));
         }
         out
     }
@@ -277,6 +296,21 @@ mod tests {
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_winner_of_the_same_second_is_marked_tied() {
+        let claims = vec![claim("tie-b", 100, &[]), claim("tie-a", 100, &[]), claim("old", 50, &[("pool", "x")])];
+        let nodes = BTreeMap::from([("n1".to_string(), labels(&[])), ("n2".to_string(), labels(&[("pool", "x")]))]);
+        let out = assign(&claims, &nodes);
+        // n1: tie-a beats tie-b on name; n2: old beats both on age.
+        assert_eq!(out["tie-b"].tied, BTreeSet::from(["tie-a".to_string()]));
+        assert_eq!(out["tie-a"].tied, BTreeSet::new());
+        let mut arbiter = Arbiter::new();
+        arbiter.replace_nodes(nodes);
+        arbiter.replace_schedulers(claims);
+        assert_eq!(arbiter.placement("tie-b"), out["tie-b"]);
+        assert_eq!(arbiter.assignment(), out);
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //! task and applied event by event (a relist replaces the whole set at once). The Scheduler store
 //! and the arbiter change under one lock, so a reconcile reads a spec and the placement computed
 //! from that same spec ([`Index::snapshot`]). Every Scheduler an event touches is triggered for a
-//! reconcile: the one that changed, and every one whose placement moved.
+//! reconcile: the one that changed, and every one whose placement moved. The scheduler pods are
+//! kept too, so a Scheduler's kernel view counts the nodes that really run its pod.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -23,6 +25,7 @@ use crate::arbiter::{Arbiter, Changed, Claim, Placement};
 use crate::memo::Memo;
 use crate::metrics::Metrics;
 use crate::sync::lock;
+use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL};
 
 /// Schedulers to reconcile, sent by the indexes, the reports server and policy changes.
 pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
@@ -32,6 +35,8 @@ pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
 pub(crate) struct Index {
     arbiter: Arc<Mutex<Arbiter>>,
     schedulers: Store<Scheduler>,
+    /// The scheduler pods (those sked manages in the workload namespace).
+    pods: Store<Pod>,
 }
 
 /// Write side of the index: the two feeds, each run by one task ([`Feeds::schedulers`],
@@ -39,13 +44,15 @@ pub(crate) struct Index {
 pub(crate) struct Feeds {
     arbiter: Arc<Mutex<Arbiter>>,
     store: reflector::store::Writer<Scheduler>,
+    pods: reflector::store::Writer<Pod>,
 }
 
 /// An empty index and its feeds.
 pub(crate) fn index() -> (Index, Feeds) {
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
     let (schedulers, store) = reflector::store();
-    (Index { arbiter: arbiter.clone(), schedulers }, Feeds { arbiter, store })
+    let (pod_reader, pods) = reflector::store();
+    (Index { arbiter: arbiter.clone(), schedulers, pods: pod_reader }, Feeds { arbiter, store, pods })
 }
 
 impl Index {
@@ -60,6 +67,18 @@ impl Index {
         let arbiter = lock(&self.arbiter);
         let scheduler = self.schedulers.get(&ObjectRef::new(name))?;
         Some((scheduler, arbiter.placement(name)))
+    }
+
+    /// The nodes that run a live pod of the Scheduler `name`.
+    pub(crate) fn scheduled_nodes(&self, name: &str) -> BTreeSet<String> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none() && p.labels().get(NAME_LABEL).is_some_and(|n| n == name)
+            })
+            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .collect()
     }
 
     /// Names of every known Scheduler.
@@ -201,28 +220,64 @@ impl Feed<PartialObjectMeta<Node>> for NodeFeed {
     }
 }
 
+/// Keeps the scheduler pods, and triggers a Scheduler whose pod was bound to a node or went away
+/// (the nodes its kernel view counts changed).
+async fn feed_pods<S>(events: S, mut store: reflector::store::Writer<Pod>, tx: Triggers)
+where
+    S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>>,
+{
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let owner_of = |p: &Pod| p.labels().get(NAME_LABEL).cloned();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                warn!(err = %e, "scheduler Pod watch failed; retrying");
+                continue;
+            }
+        };
+        let moved = match &event {
+            Event::Apply(p) => {
+                let before = store.as_reader().get(&ObjectRef::from_obj(p));
+                (before.as_deref().and_then(node_of) != node_of(p)).then(|| owner_of(p)).flatten()
+            }
+            Event::Delete(p) => owner_of(p),
+            _ => None,
+        };
+        store.apply_watcher_event(&event);
+        if let Some(scheduler) = moved {
+            let _ = tx.unbounded_send(ObjectRef::new(&scheduler));
+        }
+    }
+}
+
 impl Feeds {
-    /// Runs both feeds: every Scheduler into the store and the arbiter, from the one Scheduler
-    /// watch; Node labels into the arbiter, from a metadata-only watch. `ready` turns true once
-    /// both were listed in full.
+    /// Runs the feeds: every Scheduler into the store and the arbiter, from the one Scheduler
+    /// watch; Node labels into the arbiter, from a metadata-only watch; the scheduler pods of
+    /// `workload_namespace`. `ready` turns true once Schedulers and Nodes were listed in full.
     pub(crate) async fn run(
         self,
         client: Client,
+        workload_namespace: &str,
         memo: &Memo,
         metrics: &Metrics,
         tx: Triggers,
         ready: watch::Sender<bool>,
     ) {
-        let Feeds { arbiter, mut store } = self;
+        let Feeds { arbiter, mut store, pods } = self;
         let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
         let (nodes_listed, mut nodes_ready) = watch::channel(false);
         let schedulers = watcher::watcher(Api::<Scheduler>::all(client.clone()), watcher::Config::default());
         // Metadata only: names and labels are all the arbiter reads.
-        let nodes = watcher::watcher(Api::<PartialObjectMeta<Node>>::all(client), watcher::Config::default());
+        let nodes = watcher::watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default());
+        let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let scheduler_pods = watcher::watcher(Api::<Pod>::namespaced(client, workload_namespace), managed);
         let feed = SchedulerFeed { store: &mut store, memo, metrics };
         futures::join!(
             feed_arbiter("Scheduler", &arbiter, schedulers.default_backoff(), feed, tx.clone(), schedulers_listed),
-            feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx, nodes_listed),
+            feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx.clone(), nodes_listed),
+            feed_pods(scheduler_pods.default_backoff(), pods, tx),
             async {
                 // Both lists, or nothing: a partial view could hand a node to the wrong Scheduler.
                 if schedulers_ready.wait_for(|r| *r).await.is_ok() && nodes_ready.wait_for(|r| *r).await.is_ok() {

@@ -70,7 +70,10 @@ pub struct KernelSummary {
     pub recheck_in: Option<Duration>,
 }
 
-/// Folds the reports of `nodes` (the nodes this Scheduler owns) into its KernelAttached view.
+/// Folds the reports of `nodes` into a Scheduler's KernelAttached view. `nodes` are the nodes
+/// that run a pod of this Scheduler: the message counts them and lists among them, so its numbers
+/// and its names are about the same nodes. `desired` is the DaemonSet's count of nodes that should
+/// run a pod; the condition is true only once every one of them does and is attached.
 pub fn summarize(
     scheduler: &str,
     nodes: &BTreeSet<String>,
@@ -105,15 +108,17 @@ pub fn summarize(
         };
         by_kind.entry(kind).or_default().push(format!("{node}: {}", r.reason));
     }
-    let attached = attached.min(desired.max(0));
-    let (is_true, reason, message) = if desired <= 0 {
+    let scheduled = i32::try_from(nodes.len()).unwrap_or(i32::MAX);
+    let attached = attached.min(scheduled);
+    let counted = format!("{attached} of {scheduled} scheduled nodes run this scheduler in the kernel");
+    let (is_true, reason, message) = if scheduled == 0 && desired <= 0 {
         (false, Reason::NotAttached, "No node is scheduled to run this scheduler".to_owned())
-    } else if attached >= desired {
-        (
-            true,
-            Reason::KernelAttached,
-            format!("{attached} of {desired} scheduled nodes run this scheduler in the kernel"),
-        )
+    } else if attached >= scheduled && scheduled >= desired {
+        (true, Reason::KernelAttached, counted)
+    } else if attached >= scheduled {
+        let waiting = desired - scheduled;
+        let nodes = if waiting == 1 { "node waits" } else { "nodes wait" };
+        (false, Reason::NotAttached, format!("{counted}; {waiting} more {nodes} for a pod"))
     } else {
         // The most telling problem names the condition.
         let reason = [Reason::ForeignScheduler, Reason::KernelUnsupported, Reason::ReportStale, Reason::NotAttached]
@@ -121,7 +126,7 @@ pub fn summarize(
             .find(|k| by_kind.contains_key(k))
             .unwrap_or(Reason::NotAttached);
         let listed = by_kind.get(&reason).map(|v| list(v)).unwrap_or_default();
-        (false, reason, format!("{attached} of {desired} scheduled nodes run this scheduler in the kernel; {listed}"))
+        (false, reason, format!("{counted}; {listed}"))
     };
     KernelSummary { attached, is_true, reason, message, recheck_in }
 }
@@ -152,6 +157,19 @@ mod tests {
     }
 
     const STALE: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn the_message_counts_and_lists_the_same_nodes() {
+        let now = Instant::now();
+        let reports = HashMap::from([("a".to_string(), report("s", Verdict::Attached, now))]);
+        // Two nodes run a pod (the DaemonSet wants 2); nodes without a pod are not named.
+        let k = summarize("s", &nodes(&["a", "b"]), 2, &reports, now, STALE);
+        assert_eq!(k.message, "1 of 2 scheduled nodes run this scheduler in the kernel; b: no report yet");
+        // Every node with a pod is attached, but the DaemonSet wants one more pod.
+        let k = summarize("s", &nodes(&["a"]), 2, &reports, now, STALE);
+        assert!(!k.is_true);
+        assert_eq!(k.message, "1 of 1 scheduled nodes run this scheduler in the kernel; 1 more node waits for a pod");
+    }
 
     #[test]
     fn all_attached_is_true_and_rechecks_before_going_stale() {

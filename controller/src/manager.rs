@@ -201,7 +201,10 @@ async fn control(
     let memo = Arc::new(Memo::default());
     let (triggers, trigger_rx) = unbounded::<ObjectRef<Scheduler>>();
     let (listed_tx, mut listed) = watch::channel(false);
-    let feeds = until(stop.clone(), feeds.run(client.clone(), &memo, metrics, triggers.clone(), listed_tx));
+    let feeds = until(
+        stop.clone(),
+        feeds.run(client.clone(), &flags.workload_namespace, &memo, metrics, triggers.clone(), listed_tx),
+    );
 
     let lead_and_reconcile = async {
         // Arbitrate only once every Scheduler and Node is known: a partial view could hand a

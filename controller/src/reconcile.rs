@@ -4,7 +4,7 @@
 //! [`crate::workload`], [`crate::status`] and [`crate::kernel`]; startup and leadership in
 //! [`crate::manager`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -193,8 +193,10 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     let desired = daemonset.as_ref().and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
     let now = std::time::Instant::now();
     let stale_after = ctx.flags.report_stale_after;
-    let kernel =
-        ctx.kernel.read(|reports| kernel::summarize(&name, &placement.owned, desired, reports, now, stale_after));
+    // The nodes that run this Scheduler's pod (and are still its own).
+    let scheduled: BTreeSet<String> =
+        ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
+    let kernel = ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
     let uid = scheduler.uid().unwrap_or_default();
     let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
     let outcome = status::compute(&Observed {

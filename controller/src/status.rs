@@ -119,12 +119,18 @@ impl Health {
         Self { degraded: true, reason, message }
     }
 
-    fn as_expected() -> Self {
-        Self {
-            degraded: false,
-            reason: Reason::AsExpected,
-            message: "No conflicts and every scheduled pod is available".to_owned(),
-        }
+    /// Not degraded, with a message that says what is true of the pods right now.
+    fn as_expected(rollout: Option<&Rollout>) -> Self {
+        let message = match rollout {
+            None => "No conflicts; the DaemonSet controller has not counted the pods yet".to_owned(),
+            Some(r) if r.desired <= 0 => "No conflicts; no node is scheduled".to_owned(),
+            Some(r) if r.complete() => "No conflicts and every scheduled pod is available".to_owned(),
+            Some(r) => format!(
+                "No conflicts; {} of {} scheduled pods are available, the rollout is in progress",
+                r.available, r.desired
+            ),
+        };
+        Self { degraded: false, reason: Reason::AsExpected, message }
     }
 }
 
@@ -146,7 +152,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
 
     // Rollout axis, known only once the DaemonSet controller has seen the current DaemonSet.
     let rollout_state = rollout.observed.then(|| rollout_state(&rollout, obs, &ds_name));
-    let health = health(obs, rollout_state.as_ref());
+    let health = health(obs, &rollout, rollout_state.as_ref());
 
     let mut conditions = Vec::new();
     match &rollout_state {
@@ -236,7 +242,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
 
 /// The Degraded condition: a refused spec, then a refused image, then a conflict, then pods
 /// that stopped being available.
-fn health(obs: &Observed<'_>, rollout_state: Option<&RolloutState>) -> Health {
+fn health(obs: &Observed<'_>, rollout: &Rollout, rollout_state: Option<&RolloutState>) -> Health {
     if let Some(why) = obs.spec_error {
         return Health::degraded(
             Reason::SpecInvalid,
@@ -258,7 +264,7 @@ fn health(obs: &Observed<'_>, rollout_state: Option<&RolloutState>) -> Health {
         (None, Some(d)) if Reason::NodesUnavailable.is_of(d) => {
             Health { degraded: d.status == "True", reason: Reason::NodesUnavailable, message: d.message.clone() }
         }
-        _ => Health::as_expected(),
+        _ => Health::as_expected(rollout.observed.then_some(rollout)),
     }
 }
 
@@ -323,7 +329,15 @@ fn conflict_message(placement: &Placement) -> Option<String> {
     let lost = placement.lost.len();
     let of = lost + placement.owned.len();
     listed.sort_unstable();
-    Some(format!("{lost} of {of} selected nodes belong to older Schedulers: {}{more}", listed.join(", ")))
+    // Say why they won: a winner created in the same second won on its name, not its age.
+    let whose = if placement.tied.is_empty() {
+        "older Schedulers"
+    } else if placement.tied.len() == winners.len() {
+        "Schedulers created in the same second and earlier by name"
+    } else {
+        "Schedulers that are older, or created in the same second and earlier by name"
+    };
+    Some(format!("{lost} of {of} selected nodes belong to {whose}: {}{more}", listed.join(", ")))
 }
 
 /// A condition, keeping the previous transition time unless its status flips.
@@ -570,6 +584,7 @@ mod tests {
         let p = Placement {
             owned: BTreeSet::from(["n1".into()]),
             lost: BTreeMap::from([("n2".into(), "old-b".into()), ("n3".into(), "old-a".into())]),
+            ..Default::default()
         };
         let mut run = Run::new();
         let out = run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
@@ -590,7 +605,7 @@ mod tests {
     #[test]
     fn total_conflict_without_daemonset_and_capped_winner_list() {
         let lost: BTreeMap<String, String> = (0..6).map(|i| (format!("n{i}"), format!("w{i}"))).collect();
-        let p = Placement { owned: BTreeSet::new(), lost };
+        let p = Placement { lost, ..Default::default() };
         let mut run = Run::new();
         let out = run.step(None, &p);
         assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SchedulerConflict")));
@@ -601,6 +616,66 @@ mod tests {
             cond(&out.status, "Degraded").message,
             "6 of 6 selected nodes belong to older Schedulers: w0, w1, w2 and 3 more"
         );
+    }
+
+    #[test]
+    fn conflict_message_says_when_a_winner_won_on_its_name() {
+        let lost = |winners: &[&str]| -> BTreeMap<String, String> {
+            winners.iter().enumerate().map(|(i, w)| (format!("n{i}"), w.to_string())).collect()
+        };
+        let degraded = |p: &Placement| cond(&Run::new().step(None, p).status, "Degraded").message.clone();
+
+        let tie = Placement { lost: lost(&["tie-a"]), tied: BTreeSet::from(["tie-a".into()]), ..Default::default() };
+        assert_eq!(
+            degraded(&tie),
+            "1 of 1 selected nodes belong to Schedulers created in the same second and earlier by name: tie-a"
+        );
+        let mixed =
+            Placement { lost: lost(&["old", "tie-a"]), tied: BTreeSet::from(["tie-a".into()]), ..Default::default() };
+        assert_eq!(
+            degraded(&mixed),
+            "2 of 2 selected nodes belong to Schedulers that are older, or created in the same second and earlier by name: old, tie-a"
+        );
+        let older = Placement { lost: lost(&["old"]), ..Default::default() };
+        assert_eq!(degraded(&older), "1 of 1 selected nodes belong to older Schedulers: old");
+    }
+
+    #[test]
+    fn degraded_false_says_what_is_true_of_the_pods() {
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        let degraded = |out: &Outcome| {
+            let d = cond(&out.status, "Degraded");
+            (d.status.clone(), d.reason.clone(), d.message.clone())
+        };
+        let mut run = Run::new();
+        // The DaemonSet controller has not counted the pods yet.
+        let out = run.step(Some(&ds(1, 0, 0, 0, 0)), &p);
+        assert_eq!(
+            degraded(&out),
+            (
+                "False".into(),
+                "AsExpected".into(),
+                "No conflicts; the DaemonSet controller has not counted the pods yet".into()
+            )
+        );
+        // Rolling out: 0 of 2 available is not "every pod is available".
+        let out = run.step(Some(&ds(1, 1, 2, 2, 0)), &p);
+        assert_eq!(
+            degraded(&out),
+            (
+                "False".into(),
+                "AsExpected".into(),
+                "No conflicts; 0 of 2 scheduled pods are available, the rollout is in progress".into()
+            )
+        );
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        assert_eq!(
+            degraded(&out),
+            ("False".into(), "AsExpected".into(), "No conflicts and every scheduled pod is available".into())
+        );
+        let none = Placement::default();
+        let out = Run::new().step(Some(&ds(1, 1, 0, 0, 0)), &none);
+        assert_eq!(degraded(&out), ("False".into(), "AsExpected".into(), "No conflicts; no node is scheduled".into()));
     }
 
     #[test]

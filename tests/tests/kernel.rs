@@ -167,6 +167,25 @@ async fn a_foreign_scheduler_and_a_silent_agent_are_reported() -> Result<()> {
 }
 
 #[tokio::test]
+async fn the_kernel_message_counts_and_names_only_nodes_that_run_a_pod() -> Result<()> {
+    let s = setup("counted-kernel").await?;
+    // Three more nodes match the selector but are tainted against the Scheduler's pods: the
+    // Scheduler owns them, the DaemonSet wants no pod there.
+    for n in ["tainted-1", "tainted-2", "tainted-3"] {
+        s.fx.create_node(n, &[("pool", "k")]).await?;
+        let taint =
+            serde_json::json!({"spec": {"taints": [{"key": "dedicated", "value": "other", "effect": "NoSchedule"}]}});
+        s.fx.nodes().patch(n, &Default::default(), &kube::api::Patch::Merge(&taint)).await?;
+    }
+    let a1 = s.agent("k-1").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    let sched = s.wait_kernel("k-1 attached, k-2 not reporting", 1, "NotAttached").await?;
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert_eq!(msg, "1 of 2 scheduled nodes run this scheduler in the kernel; k-2: no report yet");
+    Ok(())
+}
+
+#[tokio::test]
 async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()> {
     use sked_proto::v1::reports_client::ReportsClient;
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};

@@ -16,10 +16,17 @@ use sked_tests::{
 
 const NODES: [&str; 2] = ["demo-node-1", "demo-node-2"];
 
+/// One line per step of the demo's start.
+fn step(what: &str) {
+    eprintln!("demo: {what}");
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
+    step("starting the control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)");
     let cluster = tokio::task::spawn_blocking(TestCluster::start).await??;
     let client = cluster.client().await?;
+    step("installing the Scheduler CRD and two demo Nodes");
     install_crds(&client).await?;
     ensure_namespace(&client, "sked-system").await?;
     ensure_service_account(&client, "sked-system", "sked-agent").await?;
@@ -43,6 +50,7 @@ async fn main() -> Result<()> {
     // example's repository run unsigned. The built-in default requires schedkit's signature.
     let policy = cluster.dir.join("demo-trust-policy.yaml");
     std::fs::write(&policy, "rules:\n  - repository: ghcr.io/schedkit/*\n    unsigned: allow\n")?;
+    step("starting sked-controller with its reports server");
     let log = std::fs::File::create(cluster.dir.join("sked-controller.log"))?;
     let mut controller = Command::new(&controller_bin)
         .env("KUBECONFIG", &cluster.kubeconfig)
@@ -59,6 +67,7 @@ async fn main() -> Result<()> {
         .spawn()
         .context("starting sked-controller")?;
 
+    step("applying examples/scx-rusty.yaml");
     let example = cluster::workspace_root().join("examples/scx-rusty.yaml");
     let out = cluster.kubectl(&["apply", "-f", &example.to_string_lossy()])?;
     print!("{}", String::from_utf8_lossy(&out.stdout));
@@ -68,6 +77,7 @@ async fn main() -> Result<()> {
 
     // An agent per node, with a token bound to that node's scheduler pod. The fake kernel of
     // demo-node-1 runs scx_rusty; demo-node-2's has no scheduler attached.
+    step("starting an agent per node on a fake sched_ext sysfs");
     let pods = wait_bound_pods(&client, "sked-system", "scx-rusty", NODES.len()).await?;
     let mut agents = Vec::new();
     for node in NODES {
