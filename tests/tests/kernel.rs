@@ -171,11 +171,13 @@ async fn the_kernel_message_counts_and_names_only_nodes_that_run_a_pod() -> Resu
     let s = setup("counted-kernel").await?;
     // Three more nodes match the selector but are tainted against the Scheduler's pods: the
     // Scheduler owns them, the DaemonSet wants no pod there.
+    // (Tainted before they match, so no pod lands there first.)
     for n in ["tainted-1", "tainted-2", "tainted-3"] {
-        s.fx.create_node(n, &[("pool", "k")]).await?;
+        s.fx.create_node(n, &[]).await?;
         let taint =
             serde_json::json!({"spec": {"taints": [{"key": "dedicated", "value": "other", "effect": "NoSchedule"}]}});
         s.fx.nodes().patch(n, &Default::default(), &kube::api::Patch::Merge(&taint)).await?;
+        s.fx.relabel_node(n, &[("pool", "k")]).await?;
     }
     let a1 = s.agent("k-1").await?;
     a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
