@@ -103,6 +103,11 @@ fn claim_of(s: &Scheduler) -> Claim {
     }
 }
 
+/// Whether the Scheduler is being deleted (a finalizer or foreground deletion holds it).
+fn terminating(s: &Scheduler) -> bool {
+    s.metadata.deletion_timestamp.is_some()
+}
+
 fn trigger(tx: &Triggers, changed: Changed) {
     for name in changed {
         let _ = tx.unbounded_send(ObjectRef::new(&name));
@@ -178,14 +183,20 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
     }
 
     fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<Scheduler>) -> Changed {
-        let mut changed = arbiter.replace_schedulers(all.iter().map(claim_of).collect());
+        let live = all.iter().filter(|s| !terminating(s)).map(claim_of).collect();
+        let mut changed = arbiter.replace_schedulers(live);
         // Every Scheduler is reconciled after a (re)list, as a fresh watch would.
         changed.extend(all.iter().map(ResourceExt::name_any));
         changed
     }
 
     fn applied(&mut self, arbiter: &mut Arbiter, s: Scheduler) -> Changed {
-        let mut changed = arbiter.upsert_scheduler(claim_of(&s));
+        // A Scheduler being deleted claims nothing: its nodes go to the next oldest at once.
+        let mut changed = if terminating(&s) {
+            arbiter.remove_scheduler(&s.name_any())
+        } else {
+            arbiter.upsert_scheduler(claim_of(&s))
+        };
         // Any change of the Scheduler itself is reconciled, placement moved or not.
         changed.insert(s.name_any());
         changed

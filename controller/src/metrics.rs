@@ -26,6 +26,21 @@ pub struct ReportStats {
     pub refused_streams: AtomicU64,
     pub open_streams: AtomicU64,
     pub reports: AtomicU64,
+    /// Refused streams by reason.
+    refusals: Family<Labels, Counter>,
+}
+
+impl ReportStats {
+    /// Counts a refused stream and why.
+    pub fn refused(&self, reason: &'static str) {
+        self.refused_streams.fetch_add(1, Ordering::Relaxed);
+        self.refusals.get_or_create(&vec![("reason".into(), reason.into())]).inc();
+    }
+
+    /// Streams refused for `reason` so far.
+    pub fn refusals(&self, reason: &'static str) -> u64 {
+        self.refusals.get_or_create(&vec![("reason".into(), reason.into())]).get()
+    }
 }
 
 /// Every controller metric.
@@ -80,6 +95,11 @@ impl Metrics {
             report_streams_refused.clone(),
         );
         registry.register("reports_received", "Agent reports received since start", reports_received.clone());
+        registry.register(
+            "report_refusals",
+            "Agent report streams refused, by reason (missing_token, token_rejected, not_agent, not_pod_bound, pod_gone, not_scheduler_pod, wrong_node, wrong_scheduler)",
+            report_stats.refusals.clone(),
+        );
         registry.register(
             "image_verifications",
             "Image admissions by caller (reconcile, webhook) and outcome (verified, cached, unsigned_allowed, or the failure kind)",

@@ -129,6 +129,11 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         return Ok(Action::await_change());
     };
     let scheduler = scheduler.as_ref();
+    if scheduler.metadata.deletion_timestamp.is_some() {
+        // Being deleted: the garbage collector removes its DaemonSet; nothing is applied again.
+        debug!("Scheduler is being deleted; nothing to apply");
+        return Ok(Action::await_change());
+    }
     let name = name.to_owned();
     let generation = scheduler.metadata.generation;
 

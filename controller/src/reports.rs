@@ -1,8 +1,10 @@
 //! The gRPC service agents stream their kernel reports to.
 //!
-//! A stream is accepted only when the caller's bearer token, checked with a TokenReview for the
-//! `sked-reports` audience, belongs to the agent service account and is bound to a pod on the
-//! node being reported. Anything else is refused, logged and counted.
+//! A report proves one pod on one node. A stream is accepted only when the caller's bearer token,
+//! checked with a TokenReview for the `sked-reports` audience, belongs to the agent service
+//! account and is bound to a live pod that a Scheduler's DaemonSet controls and that runs on a
+//! node; every report on it must name that node, that pod and that Scheduler. Anything else is
+//! refused with a [`Refusal`], logged and counted by reason.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -30,6 +32,7 @@ use crate::error::BoxError;
 use crate::kernel::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
 use crate::tls::ReloadingCert;
+use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL};
 
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
@@ -79,15 +82,109 @@ impl ReportsService {
     }
 }
 
+/// Why a report stream was refused: the `reason` label of `sked_report_refusals_total`, and
+/// what the agent logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No bearer token.
+    MissingToken,
+    /// The API server did not authenticate the token for the reports audience (expired, for
+    /// another audience, or bound to an object that is gone).
+    TokenRejected,
+    /// The token is not the agent service account's.
+    NotAgent,
+    /// The token is not bound to a pod (a plain or node-bound token).
+    NotPodBound,
+    /// The pod the token is bound to is gone, replaced, or not on a node.
+    PodGone,
+    /// The pod is not a scheduler pod of a Scheduler's DaemonSet.
+    NotSchedulerPod,
+    /// A report for another node than the pod's.
+    WrongNode,
+    /// A report for another Scheduler or pod than the token's.
+    WrongScheduler,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 8] = [
+        Refusal::MissingToken,
+        Refusal::TokenRejected,
+        Refusal::NotAgent,
+        Refusal::NotPodBound,
+        Refusal::PodGone,
+        Refusal::NotSchedulerPod,
+        Refusal::WrongNode,
+        Refusal::WrongScheduler,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::MissingToken => "missing_token",
+            Refusal::TokenRejected => "token_rejected",
+            Refusal::NotAgent => "not_agent",
+            Refusal::NotPodBound => "not_pod_bound",
+            Refusal::PodGone => "pod_gone",
+            Refusal::NotSchedulerPod => "not_scheduler_pod",
+            Refusal::WrongNode => "wrong_node",
+            Refusal::WrongScheduler => "wrong_scheduler",
+        }
+    }
+}
+
+/// Who is reporting: one pod on one node, of one Scheduler. A stream may report for nothing else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub node: String,
+    pub pod: String,
+    pub scheduler: String,
+}
+
+impl Caller {
+    /// Whether `report` speaks only for this caller.
+    fn check(&self, report: &Report) -> Result<(), (Refusal, String)> {
+        if report.node != self.node {
+            return Err((
+                Refusal::WrongNode,
+                format!(
+                    "this token is bound to a pod on node {}; it cannot report for node {}",
+                    self.node, report.node
+                ),
+            ));
+        }
+        if report.scheduler != self.scheduler || report.pod != self.pod {
+            return Err((
+                Refusal::WrongScheduler,
+                format!(
+                    "this token is bound to pod {} of Scheduler {}; it cannot report for pod {:?} of Scheduler {:?}",
+                    self.pod, self.scheduler, report.pod, report.scheduler
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The Scheduler whose DaemonSet controls `pod`, if it is a scheduler pod sked manages.
+fn scheduler_of(pod: &Pod) -> Option<String> {
+    let labels = pod.metadata.labels.as_ref()?;
+    if labels.get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
+        return None;
+    }
+    let owner = pod.metadata.owner_references.as_ref()?.iter().find(|o| o.controller == Some(true))?;
+    let named = labels.get(NAME_LABEL)?;
+    (owner.kind == "DaemonSet" && owner.api_version == "apps/v1" && &owner.name == named).then(|| named.clone())
+}
+
 impl Inner {
-    fn refuse(&self, status: Status) -> Status {
-        self.stats.refused_streams.fetch_add(1, Ordering::Relaxed);
-        warn!(code = ?status.code(), err = %status.message(), "refused a report stream");
-        status
+    fn refuse(&self, refusal: Refusal, status: Status) -> Status {
+        self.stats.refused(refusal.as_str());
+        warn!(code = ?status.code(), reason = refusal.as_str(), err = %status.message(), "refused a report stream");
+        Status::new(status.code(), format!("{}: {}", refusal.as_str(), status.message()))
     }
 
-    /// Checks the token and returns the node its pod runs on.
-    async fn authenticate(&self, token: &str) -> Result<String, Status> {
+    /// Checks the token: the agent service account's, for the reports audience, bound to a live
+    /// pod of a Scheduler's DaemonSet on a node. Returns who that pod is.
+    async fn authenticate(&self, token: &str) -> Result<Caller, Status> {
         let review = TokenReview {
             metadata: Default::default(),
             spec: TokenReviewSpec { token: token.to_owned(), audiences: Some(vec![REPORTS_AUDIENCE.to_owned()]) },
@@ -98,40 +195,68 @@ impl Inner {
             .await
             .map_err(|e| Status::unavailable(format!("cannot check the token with the API server: {e}")))?;
         let status = reviewed.status.unwrap_or_default();
-        if !status.authenticated.unwrap_or(false) {
-            let why = status.error.unwrap_or_else(|| "not authenticated".into());
-            return Err(self.refuse(Status::unauthenticated(format!(
-                "the API server refused the token for audience {REPORTS_AUDIENCE}: {why}"
-            ))));
+        let for_reports = status.audiences.as_ref().is_some_and(|a| a.iter().any(|a| a == REPORTS_AUDIENCE));
+        if !status.authenticated.unwrap_or(false) || !for_reports {
+            let why = status.error.unwrap_or_else(|| format!("not valid for the audience {REPORTS_AUDIENCE}"));
+            return Err(self.refuse(
+                Refusal::TokenRejected,
+                Status::unauthenticated(format!(
+                    "the API server refused the token for audience {REPORTS_AUDIENCE}: {why}"
+                )),
+            ));
         }
         let user = status.user.unwrap_or_default();
         let username = user.username.unwrap_or_default();
         if username != self.agent_user {
-            return Err(self.refuse(Status::permission_denied(format!(
-                "token belongs to {username}, not to the agent service account {}",
-                self.agent_user
-            ))));
+            return Err(self.refuse(
+                Refusal::NotAgent,
+                Status::permission_denied(format!(
+                    "token belongs to {username}, not to the agent service account {}",
+                    self.agent_user
+                )),
+            ));
         }
         let extra = user.extra.unwrap_or_default();
         let first = |k: &str| extra.get(k).and_then(|v| v.first()).cloned();
-        if let Some(node) = first(NODE_NAME_EXTRA) {
-            return Ok(node);
-        }
-        // Older API servers bind the token to the pod only: look the pod up.
         let (Some(pod_name), Some(pod_uid)) = (first(POD_NAME_EXTRA), first(POD_UID_EXTRA)) else {
-            return Err(self.refuse(Status::permission_denied("token is not bound to a pod: use the projected token")));
+            return Err(self.refuse(
+                Refusal::NotPodBound,
+                Status::permission_denied("token is not bound to a pod: use the projected token of the scheduler pod"),
+            ));
         };
         let pod = Api::<Pod>::namespaced(self.client.clone(), &self.agent_namespace)
             .get_opt(&pod_name)
             .await
             .map_err(|e| Status::unavailable(format!("cannot look up pod {pod_name}: {e}")))?
-            .filter(|p| p.metadata.uid.as_deref() == Some(pod_uid.as_str()));
-        match pod.and_then(|p| p.spec).and_then(|s| s.node_name) {
-            Some(node) => Ok(node),
-            None => Err(self.refuse(Status::permission_denied(format!(
-                "the pod {pod_name} the token is bound to is gone or not on a node"
-            )))),
+            .filter(|p| p.metadata.uid.as_deref() == Some(pod_uid.as_str()) && p.metadata.deletion_timestamp.is_none());
+        let Some(pod) = pod else {
+            return Err(self.refuse(
+                Refusal::PodGone,
+                Status::permission_denied(format!("the pod {pod_name} the token is bound to is gone")),
+            ));
+        };
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return Err(self.refuse(
+                Refusal::PodGone,
+                Status::permission_denied(format!("the pod {pod_name} the token is bound to is not on a node")),
+            ));
+        };
+        // A token that also names a node must name the pod's.
+        if first(NODE_NAME_EXTRA).is_some_and(|n| n != node) {
+            return Err(self.refuse(
+                Refusal::WrongNode,
+                Status::permission_denied(format!("the token names another node than pod {pod_name}'s ({node})")),
+            ));
         }
+        let Some(scheduler) = scheduler_of(&pod) else {
+            return Err(self.refuse(
+                Refusal::NotSchedulerPod,
+                Status::permission_denied(format!(
+                    "pod {pod_name} is not a scheduler pod: only the agent in a Scheduler's DaemonSet pod may report"
+                )),
+            ));
+        };
+        Ok(Caller { node, pod: pod_name, scheduler })
     }
 }
 
@@ -153,10 +278,11 @@ impl Reports for ReportsService {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::to_owned)
-            .ok_or_else(|| self.0.refuse(Status::unauthenticated("missing bearer token")))?;
-        let node = self.0.authenticate(&token).await?;
+            .ok_or_else(|| self.0.refuse(Refusal::MissingToken, Status::unauthenticated("missing bearer token")))?;
+        let caller = self.0.authenticate(&token).await?;
         self.0.stats.accepted_streams.fetch_add(1, Ordering::Relaxed);
-        info!(node = %node, "report stream accepted");
+        info!(node = %caller.node, pod = %caller.pod, scheduler = %caller.scheduler, "report stream accepted");
+        let node = caller.node.clone();
 
         let mut inbound = request.into_inner();
         let (tx, mut rx) = mpsc::channel::<Result<Ack, Status>>(16);
@@ -182,11 +308,8 @@ impl Reports for ReportsService {
                         break;
                     }
                 };
-                if report.node != node {
-                    let status = service.refuse(Status::permission_denied(format!(
-                        "this token is bound to a pod on node {node}; it cannot report for node {}",
-                        report.node
-                    )));
+                if let Err((refusal, why)) = caller.check(&report) {
+                    let status = service.refuse(refusal, Status::permission_denied(why));
                     let _ = tx.send(Err(status)).await;
                     break;
                 }

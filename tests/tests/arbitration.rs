@@ -169,6 +169,33 @@ async fn deleting_the_winner_hands_its_nodes_to_the_loser() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_terminating_winner_applies_nothing_and_its_nodes_pass_on() -> Result<()> {
+    let fx = Fixture::start().await?;
+    fx.create_node("t-1", &[("pool", "t")]).await?;
+    let winner = fx.create_scheduler("leaving", spec_on(IMAGE, &[("pool", "t")])).await?;
+    next_second_after(winner.creation_timestamp().as_ref().expect("created")).await?;
+    fx.create_scheduler("heir", spec_on(IMAGE, &[("pool", "t")])).await?;
+    fx.wait_scheduler("heir", "total conflict", |s| has_condition(s, "Degraded", "True", "SchedulerConflict")).await?;
+    let before = fx.wait_daemonset("leaving", "applied", |_| true).await?;
+
+    // A finalizer holds the winner in deletion (as foreground deletion or another controller
+    // would): it is terminating, not gone.
+    let hold = json!({"metadata": {"finalizers": ["sked.test/hold"]}});
+    fx.schedulers().patch("leaving", &PatchParams::default(), &Patch::Merge(&hold)).await?;
+    fx.schedulers().delete("leaving", &Default::default()).await?;
+    fx.wait_daemonset("heir", "created for the node the terminating winner held", |_| true).await?;
+    fx.wait_scheduler("heir", "owns the node", |s| conflicting(s) == 0).await?;
+    // Nothing was applied to the terminating Scheduler's DaemonSet.
+    let after = fx.daemonsets().get("leaving").await?;
+    assert_eq!(after.metadata.generation, before.metadata.generation);
+    assert_eq!(after.metadata.resource_version, before.metadata.resource_version);
+
+    let release = json!({"metadata": {"finalizers": null}});
+    fx.schedulers().patch("leaving", &PatchParams::default(), &Patch::Merge(&release)).await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn relabelling_a_node_moves_its_ownership() -> Result<()> {
     let fx = Fixture::start().await?;
     fx.create_node("r-1", &[("pool", "a")]).await?;

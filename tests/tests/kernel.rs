@@ -187,6 +187,35 @@ async fn the_kernel_message_counts_and_names_only_nodes_that_run_a_pod() -> Resu
     Ok(())
 }
 
+/// A token of `service_account` for `audience`, bound to the object `kind`/`name`/`uid`.
+async fn token_for(
+    fx: &Fixture,
+    service_account: &str,
+    audience: &str,
+    bound: Option<(&str, String, Option<String>)>,
+) -> Result<String> {
+    use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let api: kube::Api<ServiceAccount> = kube::Api::namespaced(fx.client.clone(), &fx.namespace);
+    let request = TokenRequest {
+        metadata: Default::default(),
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![audience.into()]),
+            bound_object_ref: bound.map(|(kind, name, uid)| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some(kind.into()),
+                name: Some(name),
+                uid,
+            }),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        status: None,
+    };
+    let issued = api.create_token_request(service_account, &Default::default(), &request).await?;
+    issued.status.and_then(|s| s.token).context("TokenRequest returned no token")
+}
+
 #[tokio::test]
 async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()> {
     use sked_proto::v1::reports_client::ReportsClient;
@@ -194,17 +223,23 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
 
     let s = setup("guarded-reports").await?;
     let ca = std::fs::read(&s.tls.ca)?;
-    let stream = |token: String, node: &str| {
+    let k1_pod = s.pods["k-1"].name_any();
+    // One stream with one report (node, pod, Scheduler), with `token`.
+    let stream = |token: String, node: &str, pod: &str, scheduler: &str| {
         let ca = ca.clone();
         let address = s.controller.clone();
-        let node = node.to_owned();
+        let report = sked_proto::Report {
+            node: node.to_owned(),
+            pod: pod.to_owned(),
+            scheduler: scheduler.to_owned(),
+            sequence: 1,
+            ..Default::default()
+        };
         async move {
             let channel = Endpoint::from_shared(address)?
                 .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?
                 .connect()
                 .await?;
-            let report =
-                sked_proto::Report { node, scheduler: "guarded-reports".into(), sequence: 1, ..Default::default() };
             let mut req = tonic::Request::new(futures::stream::iter(vec![report]));
             req.metadata_mut().insert("authorization", format!("Bearer {token}").parse()?);
             let result: Result<Option<sked_proto::Ack>, tonic::Status> = async {
@@ -215,37 +250,106 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
             anyhow::Ok(result)
         }
     };
+    let refused = |result: Result<Option<sked_proto::Ack>, tonic::Status>, code: tonic::Code, reason: &str| {
+        let err = result.expect_err("refused");
+        assert_eq!(err.code(), code, "{err}");
+        assert!(err.message().starts_with(reason), "the agent is told why ({reason}): {err}");
+        err
+    };
 
-    // The right token, for its own node: accepted.
+    // The right token, for its own node, pod and Scheduler: accepted.
     let good = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(&s.pods["k-1"])).await?;
-    let ack = stream(good.clone(), "k-1").await?.map_err(|e| anyhow::anyhow!("refused: {e}"))?;
+    let ack =
+        stream(good.clone(), "k-1", &k1_pod, "guarded-reports").await?.map_err(|e| anyhow::anyhow!("refused: {e}"))?;
     assert_eq!(ack.map(|a| a.sequence), Some(1));
 
     // The right token, reporting for another node: refused.
-    let err = stream(good, "k-2").await?.expect_err("a report for another node is refused");
-    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    let err = refused(
+        stream(good.clone(), "k-2", &k1_pod, "guarded-reports").await?,
+        tonic::Code::PermissionDenied,
+        "wrong_node",
+    );
     assert!(err.message().contains("cannot report for node k-2"), "{err}");
+
+    // A pod of one Scheduler reporting for another Scheduler: refused.
+    let err =
+        refused(stream(good, "k-1", &k1_pod, "someone-else").await?, tonic::Code::PermissionDenied, "wrong_scheduler");
+    assert!(err.message().contains("someone-else"), "{err}");
 
     // A token of another service account (for the right audience): refused.
     sked_tests::ensure_service_account(&s.fx.client, &s.fx.namespace, "intruder").await?;
     let other = bound_token(&s.fx.client, &s.fx.namespace, "intruder", None).await?;
-    let err = stream(other, "k-1").await?.expect_err("another service account is refused");
-    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
-    assert!(err.message().contains("not to the agent service account"), "{err}");
+    refused(stream(other, "k-1", &k1_pod, "guarded-reports").await?, tonic::Code::PermissionDenied, "not_agent");
 
     // The agent's own service account, but not bound to a pod: refused.
     let unbound = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", None).await?;
-    let err = stream(unbound, "k-1").await?.expect_err("an unbound token is refused");
-    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
-    assert!(err.message().contains("not bound to a pod"), "{err}");
+    refused(stream(unbound, "k-1", &k1_pod, "guarded-reports").await?, tonic::Code::PermissionDenied, "not_pod_bound");
+
+    // Bound to the Node, not to a pod: refused.
+    let node = s.fx.nodes().get("k-1").await?;
+    let node_bound = token_for(&s.fx, "sked-agent", "sked-reports", Some(("Node", "k-1".into(), node.uid()))).await?;
+    refused(
+        stream(node_bound, "k-1", &k1_pod, "guarded-reports").await?,
+        tonic::Code::PermissionDenied,
+        "not_pod_bound",
+    );
+
+    // Issued for another audience: refused.
+    let pod = &s.pods["k-1"];
+    let elsewhere = token_for(&s.fx, "sked-agent", "elsewhere", Some(("Pod", pod.name_any(), pod.uid()))).await?;
+    refused(
+        stream(elsewhere, "k-1", &k1_pod, "guarded-reports").await?,
+        tonic::Code::Unauthenticated,
+        "token_rejected",
+    );
+
+    // Another pod that runs as the agent service account on k-1, not a scheduler pod: refused.
+    let pods: kube::Api<Pod> = kube::Api::namespaced(s.fx.client.clone(), &s.fx.namespace);
+    let stray: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "stray", "labels": {"app": "stray"}},
+        "spec": {"nodeName": "k-1", "serviceAccountName": "sked-agent",
+                 "containers": [{"name": "c", "image": "example.invalid/stray:v1"}]},
+    }))?;
+    let stray = pods.create(&Default::default(), &stray).await?;
+    let stray_token = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(&stray)).await?;
+    refused(
+        stream(stray_token.clone(), "k-1", "stray", "guarded-reports").await?,
+        tonic::Code::PermissionDenied,
+        "not_scheduler_pod",
+    );
+
+    // The pod the token was bound to is deleted: refused.
+    pods.delete("stray", &kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await?;
+    wait_for("the stray pod to be gone", || async { Ok(pods.get_opt("stray").await?.is_none().then_some(())) }).await?;
+    let err = stream(stray_token, "k-1", "stray", "guarded-reports").await?.expect_err("a gone pod's token is refused");
+    assert!(
+        err.message().starts_with("token_rejected") || err.message().starts_with("pod_gone"),
+        "the agent is told why: {err}"
+    );
 
     // Garbage: refused.
-    let err = stream("not-a-token".into(), "k-1").await?.expect_err("garbage is refused");
-    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err}");
+    refused(
+        stream("not-a-token".into(), "k-1", &k1_pod, "guarded-reports").await?,
+        tonic::Code::Unauthenticated,
+        "token_rejected",
+    );
 
     let stats = &s.fx.report_stats;
-    assert_eq!(stats.accepted_streams.load(Ordering::Relaxed), 2, "the other-node stream was accepted, then cut");
-    assert_eq!(stats.refused_streams.load(Ordering::Relaxed), 4);
+    assert_eq!(
+        stats.accepted_streams.load(Ordering::Relaxed),
+        3,
+        "the wrong-node and wrong-Scheduler streams were accepted, then cut"
+    );
+    assert_eq!(stats.refused_streams.load(Ordering::Relaxed), 9);
+    for (reason, count) in
+        [("wrong_node", 1), ("wrong_scheduler", 1), ("not_agent", 1), ("not_pod_bound", 2), ("not_scheduler_pod", 1)]
+    {
+        assert_eq!(stats.refusals(reason), count, "{reason}");
+    }
+    assert_eq!(stats.refusals("token_rejected") + stats.refusals("pod_gone"), 3);
+    let metrics = s.fx.scrape_metrics().await?;
+    assert!(metrics.contains("sked_report_refusals_total{reason=\"not_scheduler_pod\"} 1"), "{metrics}");
     Ok(())
 }
 
