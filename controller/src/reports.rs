@@ -20,6 +20,7 @@ use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use sked_proto::contract::REPORTS_AUDIENCE;
+use sked_proto::text::{MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
 use sked_proto::v1::reports_server::{Reports, ReportsServer};
 use sked_proto::{Ack, Report, Verdict};
 use tokio::sync::mpsc;
@@ -315,14 +316,7 @@ impl Reports for ReportsService {
                 }
                 service.stats.reports.fetch_add(1, Ordering::Relaxed);
                 let sequence = report.sequence;
-                let entry = NodeReport {
-                    scheduler: report.scheduler.clone(),
-                    pod: report.pod.clone(),
-                    verdict: Verdict::from_wire(report.verdict),
-                    reason: report.reason.clone(),
-                    ops: report.kernel.as_ref().map(|k| k.ops.clone()).unwrap_or_default(),
-                    received: Instant::now(),
-                };
+                let entry = node_report(&report, Instant::now());
                 for scheduler in service.table.record(&node, entry, service.stale_after) {
                     debug!(node = %node, scheduler = %scheduler, verdict = Verdict::from_wire(report.verdict).as_str(), "kernel view changed");
                     let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
@@ -335,6 +329,19 @@ impl Reports for ReportsService {
         });
         let acks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         Ok(Response::new(Box::pin(acks)))
+    }
+}
+
+/// What the table keeps of a report: the node's words escaped and capped, so no raw byte from a
+/// node reaches a status, an event or a log line.
+fn node_report(report: &Report, received: Instant) -> NodeReport {
+    NodeReport {
+        scheduler: report.scheduler.clone(),
+        pod: report.pod.clone(),
+        verdict: Verdict::from_wire(report.verdict),
+        reason: escape_and_cap(&report.reason, MAX_REASON_CHARS),
+        ops: report.kernel.as_ref().map(|k| escape_and_cap(&k.ops, MAX_NAME_CHARS)).unwrap_or_default(),
+        received,
     }
 }
 
@@ -392,4 +399,25 @@ pub async fn serve(
         .await;
     accept.abort();
     served.map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_keeps_no_raw_bytes_and_no_megabytes() {
+        let report = Report {
+            reason: format!("bad\0state\u{1b}[2J{}", "x".repeat(4 << 20)),
+            kernel: Some(sked_proto::KernelState { ops: "rusty\u{202e}".into(), ..Default::default() }),
+            verdict: 42,
+            ..Default::default()
+        };
+        let kept = node_report(&report, Instant::now());
+        assert!(kept.reason.starts_with("bad\\u{0}state\\u{1b}[2J"), "{}", kept.reason);
+        assert!(kept.reason.len() < 400, "capped: {} bytes", kept.reason.len());
+        assert!(!kept.reason.chars().any(char::is_control));
+        assert_eq!(kept.ops, "rusty\\u{202e}");
+        assert_eq!(kept.verdict, Verdict::NotAttached, "an unknown verdict is not attached");
+    }
 }

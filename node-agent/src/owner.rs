@@ -11,6 +11,8 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
 
+use sked_proto::text::{MAX_NAME_CHARS, escape_and_cap};
+
 /// Ownership of the attached scheduler, as far as this pod can see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
@@ -87,7 +89,8 @@ pub fn find(proc_root: &Path, self_pid: u32, sched_ext_maps: Option<&HashSet<u32
             if let Some(map_id) = struct_ops_link(&text)
                 && sched_ext_maps.is_none_or(|ids| map_id.is_some_and(|id| ids.contains(&id)))
             {
-                let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default().trim().to_owned();
+                let comm = fs::read(entry.path().join("comm")).unwrap_or_default();
+                let comm = escape_and_cap(String::from_utf8_lossy(&comm).trim(), MAX_NAME_CHARS);
                 return Owner::Ours { pid, comm };
             }
         }

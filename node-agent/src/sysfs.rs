@@ -14,6 +14,8 @@ use std::fs;
 use std::io::Read;
 use std::path::Path;
 
+use sked_proto::text::{MAX_NAME_CHARS, escape_and_cap};
+
 /// Largest file this reader accepts; sched_ext files are a few hundred bytes.
 const MAX_FILE: u64 = 64 * 1024;
 
@@ -37,7 +39,7 @@ impl SchedState {
             "disabled" => Self::Disabled,
             "enabling" => Self::Enabling,
             "disabling" => Self::Disabling,
-            other => Self::Other(other.chars().take(64).collect()),
+            other => Self::Other(escape_and_cap(other, 64)),
         }
     }
 
@@ -116,7 +118,7 @@ pub fn read(sysfs_root: &Path) -> KernelRead {
             Ok(text) => {
                 let ops = text.trim();
                 if !ops.is_empty() {
-                    out.ops = Some(ops.chars().take(128).collect());
+                    out.ops = Some(escape_and_cap(ops, MAX_NAME_CHARS));
                 }
             }
             // root/ disappears while a scheduler detaches: not a problem, just gone.
@@ -297,6 +299,20 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("state"), "x".repeat(10 * 1024 * 1024)).unwrap();
         let r = read(tmp.path());
-        assert!(matches!(r.state, SchedState::Other(ref s) if s.len() == 64));
+        assert!(matches!(r.state, SchedState::Other(ref s) if s.starts_with(&"x".repeat(64)) && s.len() < 100));
+    }
+
+    #[test]
+    fn garbage_in_state_and_ops_is_escaped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("kernel/sched_ext");
+        fs::create_dir_all(dir.join("root")).unwrap();
+        fs::write(dir.join("state"), b"en\0abled\xff\x1b[2J").unwrap();
+        fs::write(dir.join("root/ops"), b"rusty\0\xfe").unwrap();
+        let r = read(tmp.path());
+        let SchedState::Other(state) = &r.state else { panic!("{:?}", r.state) };
+        assert_eq!(state, "en\\u{0}abled\\u{fffd}\\u{1b}[2J");
+        assert_eq!(r.ops.as_deref(), Some("rusty\\u{0}\\u{fffd}"));
+        assert!(!state.chars().chain(r.ops.iter().flat_map(|o| o.chars())).any(char::is_control));
     }
 }

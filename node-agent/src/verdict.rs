@@ -24,7 +24,7 @@ pub fn decide(read: &KernelRead, expected_ops: Option<&str>, owner: &Owner) -> (
         SchedState::Enabling | SchedState::Disabling => {
             return (Verdict::NotAttached, format!("sched_ext is {}", read.state.as_str()));
         }
-        SchedState::Other(s) => return (Verdict::NotAttached, format!("unknown sched_ext state {s:?}")),
+        SchedState::Other(s) => return (Verdict::NotAttached, format!("unknown sched_ext state \"{s}\"")),
         SchedState::Unreadable => {
             let why = read.problems.first().map_or("unreadable", String::as_str);
             return (Verdict::NotAttached, format!("cannot read sched_ext state: {why}"));
@@ -39,22 +39,22 @@ pub fn decide(read: &KernelRead, expected_ops: Option<&str>, owner: &Owner) -> (
     let matches_expected = expected.is_some_and(|e| !ops.is_empty() && ops.starts_with(e));
     match (owner, expected) {
         (Owner::Ours { pid, comm }, _) => {
-            (Verdict::Attached, format!("kernel runs ops {ops:?}, attached by {comm} (pid {pid}) in this pod"))
+            (Verdict::Attached, format!("kernel runs ops \"{ops}\", attached by {comm} (pid {pid}) in this pod"))
         }
         (_, Some(e)) if matches_expected => {
-            (Verdict::Attached, format!("kernel runs ops {ops:?}, which matches expectedOps {e:?}"))
+            (Verdict::Attached, format!("kernel runs ops \"{ops}\", which matches expectedOps {e:?}"))
         }
         (Owner::NotOurs, Some(e)) | (Owner::Unknown(_), Some(e)) => (
             Verdict::ForeignScheduler,
-            format!("kernel runs ops {ops:?}, not this pod's scheduler (expectedOps {e:?})"),
+            format!("kernel runs ops \"{ops}\", not this pod's scheduler (expectedOps {e:?})"),
         ),
         (Owner::NotOurs, None) => {
-            (Verdict::ForeignScheduler, format!("kernel runs ops {ops:?}, attached by a process outside this pod"))
+            (Verdict::ForeignScheduler, format!("kernel runs ops \"{ops}\", attached by a process outside this pod"))
         }
         (Owner::Unknown(why), None) => (
             Verdict::NotAttached,
             format!(
-                "kernel runs ops {ops:?} but its owner cannot be checked ({why}): set spec.expectedOps, or give the agent CAP_BPF and CAP_SYS_PTRACE"
+                "kernel runs ops \"{ops}\" but its owner cannot be checked ({why}): set spec.expectedOps, or give the agent CAP_BPF and CAP_SYS_PTRACE"
             ),
         ),
     }

@@ -12,6 +12,7 @@ pub mod v1 {
 }
 
 pub mod contract;
+pub mod text;
 
 pub use v1::{Ack, KernelState, Report, Verdict};
 

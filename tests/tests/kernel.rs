@@ -167,6 +167,23 @@ async fn a_foreign_scheduler_and_a_silent_agent_are_reported() -> Result<()> {
 }
 
 #[tokio::test]
+async fn garbage_in_a_node_s_sysfs_reaches_the_status_escaped() -> Result<()> {
+    let s = setup("garbled").await?;
+    let a1 = s.agent("k-1").await?;
+    let state = a1.sysfs.join("kernel/sched_ext/state");
+    std::fs::write(&state, b"en\0abled\xff\x1b[2J")?;
+    let sched =
+        s.fx.wait_scheduler(&s.name, "the garbled state reported", |s| {
+            condition(s, "KernelAttached").is_some_and(|c| c.message.contains("unknown sched_ext state"))
+        })
+        .await?;
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert!(msg.contains(r#"k-1: unknown sched_ext state "en\u{0}abled\u{fffd}\u{1b}[2J""#), "{msg}");
+    assert!(!msg.chars().any(char::is_control), "{msg:?}");
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_kernel_message_counts_and_names_only_nodes_that_run_a_pod() -> Result<()> {
     let s = setup("counted-kernel").await?;
     // Three more nodes match the selector but are tainted against the Scheduler's pods: the
