@@ -1,7 +1,13 @@
-//! Leader election on a Lease (kube-lease-manager). Leadership is a `watch` channel: the
-//! reconcile loop runs only while it is `true`, and every write checks it, so losing the lease
-//! stops writes at once. Webhook and reports servers run on every replica.
+//! Leader election on a Lease (kube-lease-manager). Leadership is a `watch` channel that gates
+//! writes: the reconcile loop checks it before every write and abandons a reconcile in flight
+//! when it turns false; webhook and reports servers run on every replica.
+//!
+//! The lease manager's own channel is held here alone and forwarded, so stepping down is in this
+//! replica's hands: [`Leadership::step_down`] first tells every reader "not leading", then drops
+//! the manager's channel, which makes the manager clear the Lease's holder so a standby takes
+//! over at once instead of after the lease expires.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use kube::Client;
@@ -10,19 +16,27 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::sync::lock;
+
+/// How long stepping down waits for the Lease to be released.
+const RELEASE_WITHIN: Duration = Duration::from_secs(2);
+
 /// This replica's leadership.
 pub struct Leadership {
+    /// Whether this replica leads; clone it for every reader.
     pub rx: watch::Receiver<bool>,
-    task: Option<JoinHandle<kube_lease_manager::Result<LeaseManager>>>,
-    /// Keeps the channel open when there is no election.
-    _always: Option<watch::Sender<bool>>,
+    tx: watch::Sender<bool>,
+    /// Forwards the lease manager's channel (the only holder of it) into `tx`.
+    forward: Mutex<Option<JoinHandle<()>>>,
+    /// The lease manager's task: it releases the Lease when its channel closes.
+    task: Mutex<Option<JoinHandle<kube_lease_manager::Result<LeaseManager>>>>,
 }
 
 impl Leadership {
     /// Leader from the start (no election: a single replica, or tests).
     pub fn always() -> Self {
         let (tx, rx) = watch::channel(true);
-        Self { rx, task: None, _always: Some(tx) }
+        Self { rx, tx, forward: Mutex::new(None), task: Mutex::new(None) }
     }
 
     /// Campaigns for the Lease `name` in `namespace` as `identity`.
@@ -42,25 +56,46 @@ impl Leadership {
             .with_field_manager(format!("sked-leader-{identity}"))
             .build()
             .await?;
-        let (rx, task) = manager.watch().await;
+        let (mut manager_rx, task) = manager.watch().await;
+        let (tx, rx) = watch::channel(*manager_rx.borrow_and_update());
+        let forward_tx = tx.clone();
+        let forward = tokio::spawn(async move {
+            while manager_rx.changed().await.is_ok() {
+                let leading = *manager_rx.borrow_and_update();
+                forward_tx.send_replace(leading);
+            }
+            forward_tx.send_replace(false);
+        });
         info!(lease = %format!("{namespace}/{name}"), %identity, "campaigning for leadership");
-        Ok(Self { rx, task: Some(task), _always: None })
+        Ok(Self { rx, tx, forward: Mutex::new(Some(forward)), task: Mutex::new(Some(task)) })
     }
 
     pub fn is_leader(&self) -> bool {
         *self.rx.borrow()
     }
 
-    /// Releases the Lease (so another replica takes over at once) and stops campaigning.
-    pub async fn release(self) {
-        let Self { rx, task, _always } = self;
-        drop(rx);
+    /// Stops leading now: every reader sees `false` (writes stop, reconciles in flight are
+    /// abandoned, report streams close), then the Lease is released so another replica takes
+    /// over at once. Waits at most two seconds for the release; the lease expires on its own
+    /// otherwise. Calling it again does nothing.
+    pub async fn step_down(&self) {
+        self.tx.send_replace(false);
+        if let Some(forward) = lock(&self.forward).take() {
+            // Dropping the forwarder drops the manager's only receiver: the manager releases.
+            forward.abort();
+        }
+        let task = lock(&self.task).take();
         if let Some(task) = task {
-            match tokio::time::timeout(Duration::from_secs(5), task).await {
+            match tokio::time::timeout(RELEASE_WITHIN, task).await {
                 Ok(Ok(Ok(_))) => info!("released the leader lease"),
                 Ok(Ok(Err(e))) => warn!(err = %e, "could not release the leader lease; it expires on its own"),
-                _ => warn!("leader lease manager did not stop in time; the lease expires on its own"),
+                _ => warn!("the leader lease was not released in time; it expires on its own"),
             }
         }
     }
+}
+
+/// Resolves once `leader` is false (or its sender is gone).
+pub async fn lost(mut leader: watch::Receiver<bool>) {
+    let _ = leader.wait_for(|leading| !*leading).await;
 }

@@ -84,20 +84,34 @@ pub async fn run_with_stats(
     let (policy_tx, policy_rx) = watch::channel(Arc::new(loaded));
     let trust = Arc::new(Trust::new(trust_settings(&flags), policy_rx.clone()));
 
-    tokio::try_join!(
-        metrics_server(&flags, metrics.clone(), ready_rx, stop.clone()),
-        webhook_server(&flags, &client, &trust, &metrics, stop.clone()),
-        follow_trust_policy(&flags, policy_tx, &metrics, stop.clone()),
-        control(
-            Control { client: &client, flags: &flags, instance, trust: &trust, metrics: &metrics, report_stats },
-            policy_rx,
-            ready_tx,
-            stop.clone()
-        ),
-    )?;
+    let parts = async {
+        tokio::try_join!(
+            metrics_server(&flags, metrics.clone(), ready_rx, stop.clone()),
+            webhook_server(&flags, &client, &trust, &metrics, stop.clone()),
+            follow_trust_policy(&flags, policy_tx, &metrics, stop.clone()),
+            control(
+                Control { client: &client, flags: &flags, instance, trust: &trust, metrics: &metrics, report_stats },
+                policy_rx,
+                ready_tx,
+                stop.clone()
+            ),
+        )
+    };
+    // Parts get a bounded time to drain after the shutdown signal: a peer that keeps a
+    // connection open must not keep the process alive until it is killed.
+    tokio::select! {
+        result = parts => { result?; }
+        () = async {
+            stop.clone().requested().await;
+            tokio::time::sleep(DRAIN_WITHIN).await;
+        } => warn!(?DRAIN_WITHIN, "stopping without waiting longer for every part to drain"),
+    }
     info!("controller stopped");
     Ok(())
 }
+
+/// How long the parts may drain after the shutdown signal.
+const DRAIN_WITHIN: Duration = Duration::from_secs(8);
 
 /// The one shutdown signal, fanned out to every part.
 #[derive(Clone)]
@@ -246,8 +260,14 @@ async fn control(
             until(stop.clone(), reverify_on_policy_change(policy, &index, &triggers)),
             until(stop.clone(), mark_leadership(client, metrics, leadership.rx.clone())),
             reconcile_loop(client, flags, &index, ctx, trigger_rx, leadership.rx.clone(), stop.clone()),
+            // On shutdown, hand leadership over first, while the rest drains.
+            async {
+                stop.clone().requested().await;
+                leadership.step_down().await;
+                Ok(())
+            },
         );
-        leadership.release().await;
+        leadership.step_down().await;
         result.map(|_| ())
     };
     let (fed, result) = tokio::join!(feeds, lead_and_reconcile);
@@ -370,6 +390,9 @@ async fn reconcile_loop(
     leader: watch::Receiver<bool>,
     stop: Stop,
 ) -> Result<(), BoxError> {
+    // A new term starts from what the API server says, not from what an earlier term wrote.
+    let memo = ctx.memo.clone();
+    let gained = leadership_gained(leader).map(move |()| memo.clear());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
     let managed =
         watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
@@ -379,7 +402,7 @@ async fn reconcile_loop(
         // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
         .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
         .reconcile_on(triggers)
-        .reconcile_all_on(leadership_gained(leader))
+        .reconcile_all_on(gained)
         .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
         .graceful_shutdown_on(stop.requested())
         .run(reconcile, error_policy, ctx)

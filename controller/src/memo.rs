@@ -19,6 +19,12 @@ pub(crate) struct Memo {
 }
 
 impl Memo {
+    /// Forgets everything (a new leadership term).
+    pub(crate) fn clear(&self) {
+        lock(&self.written).clear();
+        lock(&self.applied).clear();
+    }
+
     pub(crate) fn forget(&self, scheduler: &Scheduler) {
         if let Some(uid) = scheduler.uid() {
             lock(&self.written).remove(&uid);

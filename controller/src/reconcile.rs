@@ -107,9 +107,17 @@ pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> R
     let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());
     let timeout = ctx.flags.reconcile_timeout;
     let started = std::time::Instant::now();
-    let result = match tokio::time::timeout(timeout, reconcile_scheduler(&name, &ctx).instrument(span.clone())).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
+    let bounded = tokio::time::timeout(timeout, reconcile_scheduler(&name, &ctx).instrument(span.clone()));
+    let result = tokio::select! {
+        result = bounded => match result {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
+        },
+        // Leadership lost mid-reconcile: abandon it; the new leader reconciles from scratch.
+        () = crate::leader::lost(ctx.leader.clone()) => {
+            debug!(parent: &span, "leadership lost; reconcile abandoned");
+            Ok(Action::await_change())
+        }
     };
     ctx.metrics.reconciled(started.elapsed(), result.as_ref().err().map(Error::metric_label));
     if result.is_ok() {
@@ -161,6 +169,9 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         (Ok(admitted), true) => {
             let image = &admitted.image;
             let desired = workload::desired_daemonset(scheduler, image, &placement.lost_nodes(), &ctx.settings)?;
+            if !ctx.leading() {
+                return Ok(Action::await_change());
+            }
             match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
                 Ok(applied) => {
                     let generation = applied.metadata.generation.unwrap_or(0);
@@ -182,6 +193,9 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         }
         (Err(_), true) => get_current().await?,
         (_, false) => {
+            if !ctx.leading() {
+                return Ok(Action::await_change());
+            }
             match daemonsets.delete(&name, &DeleteParams::background()).await {
                 Ok(_) => {
                     info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
@@ -271,6 +285,9 @@ async fn write_status(ctx: &Context, scheduler: &Scheduler, status: &SchedulerSt
 }
 
 async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
+    if !ctx.leading() {
+        return;
+    }
     let ev = KubeEvent {
         type_: match event.kind {
             EventKind::Normal => EventType::Normal,

@@ -290,7 +290,7 @@ impl Reports for ReportsService {
         let service = Arc::clone(&self.0);
         tokio::spawn(async move {
             service.stats.open_streams.fetch_add(1, Ordering::Relaxed);
-            let lost = until_not_leading(service.leader.clone());
+            let lost = crate::leader::lost(service.leader.clone());
             tokio::pin!(lost);
             loop {
                 let next = tokio::select! {
@@ -342,16 +342,6 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
         reason: escape_and_cap(&report.reason, MAX_REASON_CHARS),
         ops: report.kernel.as_ref().map(|k| escape_and_cap(&k.ops, MAX_NAME_CHARS)).unwrap_or_default(),
         received,
-    }
-}
-
-/// Resolves when `leader` turns false (or its sender is gone).
-async fn until_not_leading(mut leader: tokio::sync::watch::Receiver<bool>) {
-    loop {
-        let leading = *leader.borrow_and_update();
-        if !leading || leader.changed().await.is_err() {
-            return;
-        }
     }
 }
 

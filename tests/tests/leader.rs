@@ -11,8 +11,9 @@ use anyhow::{Context as _, Result};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::Value;
-use sked_tests::agents::workspace_binary;
-use sked_tests::{Fixture, spec, wait_for};
+use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token, workspace_binary};
+use sked_tests::cluster::free_port;
+use sked_tests::{Fixture, spec, spec_on, wait_for};
 
 const LEASE: &str = "sked-controller-leader-test";
 
@@ -26,25 +27,32 @@ struct ControllerProcess {
 
 impl ControllerProcess {
     fn start(fx: &Fixture, dir: &Path, name: &str) -> Result<Self> {
+        Self::start_with(fx, dir, name, &[])
+    }
+
+    /// Starts a controller with more flags (`--flag=value`; one replaces the default of the same
+    /// flag).
+    fn start_with(fx: &Fixture, dir: &Path, name: &str, extra: &[String]) -> Result<Self> {
         let log = dir.join(format!("{name}.log"));
         let metrics = sked_tests::cluster::free_port()?;
         let webhook = std::net::SocketAddr::from(([127, 0, 0, 1], sked_tests::cluster::free_port()?));
+        let defaults = [
+            format!("--leader-election-id={LEASE}"),
+            "--leader-election-lease-duration=4s".to_owned(),
+            "--leader-election-renew-grace=1s".to_owned(),
+            "--reconcile-rate-limit-qps=100".to_owned(),
+            format!("--metrics-bind-address=127.0.0.1:{metrics}"),
+            format!("--trust-policy={}", sked_tests::allow_unsigned_policy(dir)?.display()),
+            format!("--webhook-bind-address={webhook}"),
+            format!("--webhook-cert-dir={}", dir.join("webhook").display()),
+        ];
+        let flag = |arg: &str| arg.split('=').next().unwrap_or(arg).to_owned();
+        let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
+        let args = defaults.iter().filter(|a| !overridden.contains(&flag(a))).chain(extra);
         let child = Command::new(workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?)
             .env("KUBECONFIG", &fx.cluster.kubeconfig)
             .env("POD_NAME", name)
-            .args([
-                "--leader-election-id",
-                LEASE,
-                "--leader-election-lease-duration=4s",
-                "--leader-election-renew-grace=1s",
-                "--reconcile-rate-limit-qps=100",
-                &format!("--metrics-bind-address=127.0.0.1:{metrics}"),
-            ])
-            .arg("--trust-policy")
-            .arg(sked_tests::allow_unsigned_policy(dir)?)
-            .arg(format!("--webhook-bind-address={webhook}"))
-            .arg("--webhook-cert-dir")
-            .arg(dir.join("webhook"))
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
@@ -195,5 +203,106 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
         assert!(line["logger"].as_str().is_some_and(|l| l.contains('/')), "slash-separated logger: {line}");
     }
     drop(second);
+    Ok(())
+}
+
+/// Writes the webhook's serving certificate into `dir/webhook` (both replicas share it).
+fn webhook_cert(dir: &Path) -> Result<()> {
+    let ca = sked_tests::pki::TestCa::new("sked webhook ca")?;
+    let serving = ca.server("sked-webhook", &["localhost"], &["127.0.0.1"])?;
+    std::fs::create_dir_all(dir.join("webhook"))?;
+    std::fs::write(dir.join("webhook/tls.crt"), &serving.cert_pem)?;
+    std::fs::write(dir.join("webhook/tls.key"), &serving.key_pem)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_releases_the_lease_at_once_and_exits_with_streams_open() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    let dir = tempfile::tempdir()?;
+    webhook_cert(dir.path())?;
+    let tls = ReportsTls::generate(dir.path())?;
+    let reports_port = free_port()?;
+    // A lease far longer than the test's deadline: its holder can only be cleared in time if the
+    // leader releases it.
+    let reports = |port: u16| {
+        vec![
+            "--leader-election-lease-duration=600s".to_owned(),
+            "--leader-election-renew-grace=5s".to_owned(),
+            format!("--reports-bind-address=127.0.0.1:{port}"),
+            format!("--reports-cert-file={}", tls.cert.display()),
+            format!("--reports-key-file={}", tls.key.display()),
+        ]
+    };
+    let mut first = ControllerProcess::start_with(&fx, dir.path(), "handoff-a", &reports(reports_port))?;
+    wait_for("handoff-a to hold the lease", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("handoff-a"))) })
+        .await?;
+    // An agent streams to the leader.
+    fx.create_node("h-1", &[("pool", "h")]).await?;
+    fx.create_scheduler("handed", spec_on("ghcr.io/schedkit/scx_rusty:v1", &[("pool", "h")])).await?;
+    let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "handed", 1).await?;
+    let pod = &pods["h-1"];
+    let token = bound_token(&fx.client, &fx.namespace, "sked-agent", Some(pod)).await?;
+    let agent = AgentProcess::start(&AgentSpec {
+        dir: dir.path(),
+        node: "h-1",
+        pod: &kube::ResourceExt::name_any(pod),
+        scheduler: "handed",
+        expected_ops: Some("rusty"),
+        controller: &format!("https://localhost:{reports_port}"),
+        ca: &tls.ca,
+        token: &token,
+    })?;
+    wait_for("the agent's stream to be open", || async {
+        let (_, body) = agent.get("/metrics")?;
+        Ok(body.lines().any(|l| l == "sked_agent_report_stream_connected 1").then_some(()))
+    })
+    .await?;
+
+    // SIGTERM: the lease is released (not left to expire) and the process exits cleanly.
+    let signalled = Instant::now();
+    let pid = libc::pid_t::try_from(first.child.id())?;
+    // SAFETY: sending a signal to a child process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    wait_for("the lease's holder to be cleared", || async { Ok(holder(&fx).await?.is_none().then_some(())) }).await?;
+    eprintln!("measured: SIGTERM -> lease holder cleared: {:?}", signalled.elapsed());
+    let status = wait_for("handoff-a to exit", || {
+        let status = first.child.try_wait();
+        async move { Ok(status?) }
+    })
+    .await?;
+    eprintln!("measured: SIGTERM -> leader exited: {:?}", signalled.elapsed());
+    assert!(status.success(), "exit status {status}");
+    let released = first.lines()?.iter().any(|l| l["msg"] == "released the leader lease");
+    assert!(released, "the leader says it released the lease");
+    drop(agent);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_stops_the_process_with_the_flag_to_change() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    let dir = tempfile::tempdir()?;
+    webhook_cert(dir.path())?;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = taken.local_addr()?.port();
+    for (flag, extra) in [
+        ("--metrics-bind-address", vec![format!("--metrics-bind-address=127.0.0.1:{port}")]),
+        ("--webhook-bind-address", vec![format!("--webhook-bind-address=127.0.0.1:{port}")]),
+    ] {
+        let mut controller = ControllerProcess::start_with(&fx, dir.path(), "blocked", &extra)?;
+        let status = wait_for(&format!("the controller with a taken {flag} to exit"), || {
+            let status = controller.child.try_wait();
+            async move { Ok(status?) }
+        })
+        .await?;
+        assert!(!status.success(), "{flag}: a failed server is a failed process");
+        let log = std::fs::read_to_string(&controller.log)?;
+        assert!(
+            log.contains(flag) && log.contains("Address already in use"),
+            "{flag}: the error names the flag: {log}"
+        );
+    }
+    drop(taken);
     Ok(())
 }
