@@ -23,17 +23,73 @@ pub struct TestRegistry {
 }
 
 impl TestRegistry {
+    /// A registry anyone may read and write.
     pub fn start() -> Result<Self> {
+        Self::start_inner(None)
+    }
+
+    /// A registry that answers only to `user` with `password` (htpasswd, bcrypt), for reads and
+    /// writes alike. `crane` pushes to it with those credentials ([`TestRegistry::docker_config`]).
+    pub fn start_private(user: &str, password: &str) -> Result<Self> {
+        Self::start_inner(Some((user, password)))
+    }
+
+    fn start_inner(credentials: Option<(&str, &str)>) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("sked-registry-").tempdir()?;
         let host = format!("127.0.0.1:{}", cluster::free_port()?);
-        let config = format!(
+        let mut config = format!(
             "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n  secret: sked-test\n",
             dir.path().join("data").display()
         );
+        if let Some((user, password)) = credentials {
+            let hash = bcrypt::hash(password, 4)?;
+            std::fs::write(dir.path().join("htpasswd"), format!("{user}:{hash}\n"))?;
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: sked-test\n    path: {}\n",
+                dir.path().join("htpasswd").display()
+            ));
+            // crane reads credentials from $DOCKER_CONFIG/config.json.
+            let auth = B64.encode(format!("{user}:{password}"));
+            let docker = format!(r#"{{"auths":{{"{host}":{{"auth":"{auth}"}}}}}}"#);
+            std::fs::create_dir_all(dir.path().join("docker"))?;
+            std::fs::write(dir.path().join("docker/config.json"), docker)?;
+        }
         std::fs::write(dir.path().join("config.yml"), config)?;
         let mut registry = Self { host, dir, child: None };
         registry.resume()?;
         Ok(registry)
+    }
+
+    /// The `DOCKER_CONFIG` directory holding this registry's credentials (empty for an open one).
+    pub fn docker_config(&self) -> PathBuf {
+        self.dir.path().join("docker")
+    }
+
+    /// `crane` with this registry's credentials.
+    fn crane(&self) -> Command {
+        let mut cmd = Command::new(tool("crane"));
+        cmd.env("DOCKER_CONFIG", self.docker_config());
+        cmd
+    }
+
+    /// Copies `source_host/source_repository@digest` (readable anonymously) to `repository:tag`
+    /// here, with the cosign signature tag of that digest (`sha256-<hex>.sig`).
+    pub fn copy_signed(
+        &self,
+        source_host: &str,
+        source_repository: &str,
+        digest: &str,
+        repository: &str,
+        tag: &str,
+    ) -> Result<()> {
+        let from = format!("{source_host}/{source_repository}@{digest}");
+        let to = format!("{}/{repository}:{tag}", self.host);
+        run(self.crane().args(["copy", "--insecure", &from, &to]))?;
+        let sig_tag = format!("{}.sig", digest.replace(':', "-"));
+        let sig_from = format!("{source_host}/{source_repository}:{sig_tag}");
+        let sig_to = format!("{}/{repository}:{sig_tag}", self.host);
+        run(self.crane().args(["copy", "--insecure", &sig_from, &sig_to]))?;
+        Ok(())
     }
 
     /// Stops the registry (its storage stays), as if it went down.
@@ -66,7 +122,9 @@ impl TestRegistry {
                 let _ = write!(s, "GET /v2/ HTTP/1.0\r\nHost: {}\r\n\r\n", self.host);
                 let mut answer = String::new();
                 let _ = s.read_to_string(&mut answer);
-                if answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200") {
+                // 401: a private registry is up and asks for credentials.
+                let up = ["HTTP/1.0 200", "HTTP/1.1 200", "HTTP/1.0 401", "HTTP/1.1 401"];
+                if up.iter().any(|status| answer.starts_with(status)) {
                     return Ok(());
                 }
             }

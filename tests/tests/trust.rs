@@ -411,6 +411,74 @@ async fn a_stopped_registry_keeps_the_old_daemonset_and_is_reported() -> Result<
     Ok(())
 }
 
+/// A `kubernetes.io/dockerconfigjson` Secret for `host` in the workload namespace.
+async fn pull_secret(fx: &Fixture, name: &str, host: &str, user: &str, password: &str) -> Result<()> {
+    use base64::Engine;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let config = format!(r#"{{"auths":{{"{host}":{{"auth":"{auth}"}}}}}}"#);
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": name},
+        "stringData": {".dockerconfigjson": config},
+    }))?;
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(fx.client.clone(), &fx.namespace);
+    secrets.patch(name, &PatchParams::apply("sked-tests").force(), &Patch::Apply(&secret)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_credentials_belong_to_one_scheduler_and_follow_rotation() -> Result<()> {
+    let world = world()?;
+    world.registry().resume()?;
+    let private = TestRegistry::start_private("team", "s3cret")?;
+    let dir = tempfile::Builder::new().prefix("sked-trust-test-").tempdir()?;
+    let mut flags = flags(world, dir.path())?;
+    flags.insecure_registries.push(private.host.clone());
+    // The private registry's images need the world's key too.
+    let key = world.key.public_pem.lines().map(|l| format!("      {l}\n")).collect::<String>();
+    let policy = format!(
+        "{}  - repository: {}/team/*\n    publicKey: |\n{key}",
+        world.policy(&world.key.public_pem),
+        private.host
+    );
+    std::fs::write(dir.path().join("policy.yaml"), policy)?;
+    let fx = Fixture::start_with(flags).await?;
+    fx.create_node("trust-node", &[POOL]).await?;
+    unregister_webhook(&fx).await?;
+
+    // A signed image, copied with its signature into the private registry.
+    let pinned = world.push("keyed/private-source", "v1", "private")?;
+    world.sign_with_key(&pinned)?;
+    let digest = pinned.rsplit('@').next().context("digest")?.to_owned();
+    private.copy_signed(&world.host, "keyed/private-source", &digest, "team/private", "v1")?;
+    let image = format!("{}/team/private:v1", private.host);
+    let deployed = format!("{}/team/private@{digest}", private.host);
+
+    // With the team's pull secret: verified and deployed.
+    pull_secret(&fx, "team-cred", &private.host, "team", "s3cret").await?;
+    let mut with_creds = spec_on(&image, &[POOL]);
+    with_creds.image_pull_secrets = vec![k8s_openapi::api::core::v1::LocalObjectReference { name: "team-cred".into() }];
+    fx.create_scheduler("with-creds", with_creds).await?;
+    wait_daemonset_image(&fx, "with-creds", &deployed).await?;
+
+    // Another Scheduler without credentials, same image, after the first was verified: it
+    // borrows nothing, and the verified digest does not let it in.
+    fx.create_scheduler("no-creds", spec_on(&image, &[POOL])).await?;
+    let s = wait_image_refused(&fx, "no-creds", "refused without credentials").await?;
+    let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains("refused access") && message.contains("imagePullSecrets"), "{message}");
+    assert_eq!(daemonset_image(&fx, "no-creds").await?, None, "never deployed");
+
+    // The team's secret is rotated to a wrong password: the next check uses it at once.
+    pull_secret(&fx, "team-cred", &private.host, "team", "wrong").await?;
+    let s = wait_image_refused(&fx, "with-creds", "refused with the rotated secret").await?;
+    let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains("refused access"), "{message}");
+    assert_eq!(daemonset_image(&fx, "with-creds").await?, Some(deployed), "the running DaemonSet is kept");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<()> {
     let (fx, world, dir, flags) = start(false).await?;

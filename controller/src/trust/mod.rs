@@ -157,7 +157,6 @@ const CACHE_CAPACITY: usize = 4096;
 pub struct Trust {
     policy: watch::Receiver<Arc<LoadedPolicy>>,
     settings: TrustSettings,
-    oci: oci_client::Client,
     root: tokio::sync::Mutex<Option<Arc<SigstoreTrustRoot>>>,
     /// (digest, policy generation, rule line) that verified.
     verified: Mutex<HashSet<(String, u64, u64)>>,
@@ -165,8 +164,7 @@ pub struct Trust {
 
 impl Trust {
     pub fn new(settings: TrustSettings, policy: watch::Receiver<Arc<LoadedPolicy>>) -> Self {
-        let oci = oci_client::Client::new(settings.registry.oci_config());
-        Self { policy, settings, oci, root: tokio::sync::Mutex::new(None), verified: Mutex::new(HashSet::new()) }
+        Self { policy, settings, root: tokio::sync::Mutex::new(None), verified: Mutex::new(HashSet::new()) }
     }
 
     /// The policy currently in force.
@@ -175,7 +173,10 @@ impl Trust {
     }
 
     /// Decides whether `image` may run, and what to deploy. `pull_secrets` are names of Secrets
-    /// in the workload namespace, read only when the registry must be contacted.
+    /// in the workload namespace, read only when the registry must be contacted, and read again
+    /// every time (a rotated secret counts at once). A digest verified before is admitted from
+    /// the cache only after this Scheduler's own credentials resolved it: the cache never lets
+    /// a Scheduler run an image it cannot read.
     pub async fn admit(&self, client: &Client, image: &str, pull_secrets: &[String]) -> Result<Admitted, TrustError> {
         let loaded = self.policy();
         let parsed = ImageRef::parse(image)
@@ -198,8 +199,12 @@ impl Trust {
                 name: pull_secrets.join(","),
                 detail: e.to_string(),
             })?;
+        // A client of its own for every admission: an OCI client keeps the first credentials
+        // (and tokens) it saw per registry, which must never serve another Scheduler, nor
+        // outlive a rotated secret. The registry sees exactly this Scheduler's credentials.
+        let oci = oci_client::Client::new(self.settings.registry.oci_config());
         let digest =
-            self.bounded(image, &reference, registry::resolve_digest(&self.oci, &reference, &auth, image)).await??;
+            self.bounded(image, &reference, registry::resolve_digest(&oci, &reference, &auth, image)).await??;
         if let Some(pinned) = &parsed.digest
             && pinned != &digest
         {

@@ -79,6 +79,7 @@ pub fn credentials_for<'a>(
     registry: &str,
     documents: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<RegistryAuth, SecretError> {
+    let registry = server_host(registry);
     for document in documents {
         let config: DockerConfig = serde_json::from_slice(document).map_err(|_| SecretError::Format)?;
         for (server, auth) in &config.auths {
@@ -102,8 +103,9 @@ pub fn credentials_for<'a>(
     Ok(RegistryAuth::Anonymous)
 }
 
-/// `https://index.docker.io/v1/` and `docker.io` both name Docker Hub; keys may carry a scheme
-/// and a path.
+/// The registry a pull-secret key or an image reference names, one name per registry:
+/// `https://index.docker.io/v1/`, `index.docker.io` (what image references resolve to) and
+/// `docker.io` all name Docker Hub; keys may carry a scheme and a path.
 fn server_host(server: &str) -> &str {
     let host = server.strip_prefix("https://").or_else(|| server.strip_prefix("http://")).unwrap_or(server);
     let host = host.split('/').next().unwrap_or(host);
@@ -168,6 +170,17 @@ mod tests {
         assert_eq!(basic(credentials_for("reg.example:5000", [hub, private]).unwrap()), ("u".into(), "p:w".into()));
         assert_eq!(basic(credentials_for("docker.io", [hub, private]).unwrap()), ("hub".into(), "pw".into()));
         assert!(matches!(credentials_for("ghcr.io", [hub, private]).unwrap(), RegistryAuth::Anonymous));
+    }
+
+    #[test]
+    fn docker_hub_secrets_match_what_hub_references_resolve_to() {
+        // `docker.io/library/x` resolves to the registry `index.docker.io`.
+        let resolved = Reference::try_from("scx/rusty:v1").unwrap().resolve_registry().to_owned();
+        for key in ["docker.io", "https://index.docker.io/v1/", "index.docker.io", "registry-1.docker.io"] {
+            let secret = format!(r#"{{"auths":{{"{key}":{{"username":"u","password":"p"}}}}}}"#);
+            let auth = credentials_for(&resolved, [secret.as_bytes()]).unwrap();
+            assert_eq!(basic(auth), ("u".into(), "p".into()), "{key} for {resolved}");
+        }
     }
 
     #[test]
