@@ -7,10 +7,11 @@ use std::time::Duration;
 use clap::{ArgAction, Parser, ValueEnum};
 use sked_agent::metrics::Metrics;
 use sked_agent::observe::Observer;
+use sked_agent::owner::Capabilities;
 use sked_agent::report::{self, Identity, ReporterConfig};
 use sked_proto::contract::{self, env};
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -83,6 +84,12 @@ async fn main() -> ExitCode {
         expected_ops: cli.expected_ops.clone().filter(|s| !s.is_empty()),
     };
     let metrics = Arc::new(Metrics::new());
+    // Say at once what the owner check cannot do, rather than a verdict that looks wrong later.
+    let missing = Capabilities::of_self(&cli.proc_root).missing();
+    for (capability, cost) in &missing {
+        warn!(capability, "the agent lacks {capability}: {cost}");
+    }
+    metrics.capabilities_missing(&missing);
     let first = observer.observe();
     metrics.observe(&first);
     info!(node = %cli.node_name, scheduler = %cli.scheduler, verdict = first.verdict.as_str(), reason = %first.reason, "sked-agent started");

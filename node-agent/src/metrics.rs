@@ -20,6 +20,7 @@ pub struct Metrics {
     enable_seq: Gauge,
     nr_rejected: Gauge,
     events: Family<Labels, Gauge>,
+    capability_missing: Family<Labels, Gauge>,
     pub stream_connected: Gauge,
     pub reports_sent: Counter,
     pub stream_failures: Counter,
@@ -42,6 +43,7 @@ impl Metrics {
             enable_seq: Gauge::default(),
             nr_rejected: Gauge::default(),
             events: Family::default(),
+            capability_missing: Family::default(),
             stream_connected: Gauge::default(),
             reports_sent: Counter::default(),
             stream_failures: Counter::default(),
@@ -59,6 +61,11 @@ impl Metrics {
         registry.register("sched_ext_nr_rejected", "Tasks sched_ext rejected", m.nr_rejected.clone());
         registry.register("sched_ext_events", "Counters of root/events of the attached scheduler", m.events.clone());
         registry.register(
+            "capability_missing",
+            "1 for each capability the owner check needs and the agent lacks (CAP_SYS_ADMIN, CAP_SYS_PTRACE)",
+            m.capability_missing.clone(),
+        );
+        registry.register(
             "report_stream_connected",
             "1 while the report stream to the controller is up",
             m.stream_connected.clone(),
@@ -71,6 +78,13 @@ impl Metrics {
         );
         registry.register("kernel_reads", "Reads of the sched_ext sysfs files", m.kernel_reads.clone());
         Self { registry, ..m }
+    }
+
+    /// Records the capabilities the agent lacks.
+    pub fn capabilities_missing(&self, missing: &[(&'static str, &'static str)]) {
+        for (capability, _) in missing {
+            self.capability_missing.get_or_create(&vec![("capability".into(), (*capability).into())]).set(1);
+        }
     }
 
     /// Records an observation.

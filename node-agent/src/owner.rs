@@ -2,10 +2,11 @@
 //!
 //! The pod shares one process namespace, so the agent sees the scheduler container's processes
 //! under /proc. A process that attached a sched_ext scheduler holds a BPF link of type
-//! `struct_ops` (its fdinfo shows `link_type: struct_ops` and the `map_id` of the ops map). With
-//! CAP_BPF (or CAP_SYS_ADMIN) the agent also lists the kernel's struct_ops maps with libbpf and
-//! keeps only those whose vmlinux value type is `sched_ext_ops`, so another kind of struct_ops
-//! (a TCP congestion control, say) is not mistaken for a scheduler.
+//! `struct_ops` (its fdinfo shows `link_type: struct_ops` and the `map_id` of the ops map);
+//! reading another container's fdinfo needs CAP_SYS_PTRACE. With CAP_SYS_ADMIN (walking the
+//! kernel's map ids needs it; CAP_BPF alone does not allow it) the agent also lists the kernel's
+//! struct_ops maps with libbpf and keeps only those whose vmlinux value type is `sched_ext_ops`,
+//! so another kind of struct_ops (a TCP congestion control, say) is not mistaken for a scheduler.
 
 use std::collections::HashSet;
 use std::fs;
@@ -27,9 +28,10 @@ pub enum Owner {
 /// Ids of the kernel's struct_ops maps whose value type is `sched_ext_ops`, or why they cannot
 /// be listed.
 pub fn sched_ext_map_ids(proc_root: &Path) -> Result<HashSet<u32>, String> {
-    let status = fs::read_to_string(proc_root.join("self/status")).map_err(|e| format!("reading capabilities: {e}"))?;
-    if !has_bpf_capability(&status) {
-        return Err("the agent lacks CAP_BPF and CAP_SYS_ADMIN, so it cannot list BPF maps".into());
+    if !Capabilities::of_self(proc_root).sys_admin {
+        return Err(
+            "the agent lacks CAP_SYS_ADMIN, which listing BPF maps needs (CAP_BPF alone does not allow it)".into()
+        );
     }
     let value_type = sched_ext_value_type()?;
     Ok(libbpf_rs::query::MapInfoIter::default()
@@ -52,13 +54,48 @@ fn sched_ext_value_type() -> Result<u32, String> {
         .clone()
 }
 
-/// Whether a `/proc/<pid>/status` text shows CAP_BPF (39) or CAP_SYS_ADMIN (21) effective.
-pub fn has_bpf_capability(status: &str) -> bool {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 39) != 0 || caps & (1 << 21) != 0)
+/// The capabilities the owner check uses, as the agent holds them (effective set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// CAP_SYS_ADMIN (21): walk the kernel's BPF map ids.
+    pub sys_admin: bool,
+    /// CAP_SYS_PTRACE (19): read the scheduler container's `/proc/<pid>/fdinfo`.
+    pub sys_ptrace: bool,
+}
+
+impl Capabilities {
+    /// From a `/proc/<pid>/status` text; none when it cannot be read.
+    pub fn parse(status: &str) -> Self {
+        let effective = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap_or(0);
+        Self { sys_admin: effective & (1 << 21) != 0, sys_ptrace: effective & (1 << 19) != 0 }
+    }
+
+    /// This process's capabilities.
+    pub fn of_self(proc_root: &Path) -> Self {
+        Self::parse(&fs::read_to_string(proc_root.join("self/status")).unwrap_or_default())
+    }
+
+    /// What is missing, each with what it costs.
+    pub fn missing(self) -> Vec<(&'static str, &'static str)> {
+        let mut missing = Vec::new();
+        if !self.sys_admin {
+            missing.push((
+                "CAP_SYS_ADMIN",
+                "BPF maps cannot be listed, so any struct_ops link of the pod counts as the scheduler's",
+            ));
+        }
+        if !self.sys_ptrace {
+            missing.push((
+                "CAP_SYS_PTRACE",
+                "the scheduler container's links cannot be read, so only spec.expectedOps can prove attachment",
+            ));
+        }
+        missing
+    }
 }
 
 /// Finds a process under `proc_root` (other than `self_pid`) holding a struct_ops link; when
@@ -165,10 +202,16 @@ mod tests {
 
     #[test]
     fn capabilities_come_from_capeff() {
-        assert!(has_bpf_capability("Name:\tx\nCapEff:\t000001ffffffffff\n"));
-        assert!(has_bpf_capability("CapEff:\t0000008000000000\n"), "CAP_BPF");
-        assert!(has_bpf_capability("CapEff:\t0000000000200000\n"), "CAP_SYS_ADMIN");
-        assert!(!has_bpf_capability("CapEff:\t0000000000000000\n"));
-        assert!(!has_bpf_capability("garbage"));
+        let all = Capabilities::parse("Name:\tx\nCapEff:\t000001ffffffffff\n");
+        assert_eq!(all, Capabilities { sys_admin: true, sys_ptrace: true });
+        assert!(all.missing().is_empty());
+        // CAP_BPF alone cannot walk map ids: it is not enough.
+        let bpf_only = Capabilities::parse("CapEff:\t0000008000000000\n");
+        assert!(!bpf_only.sys_admin);
+        let names: Vec<&str> = bpf_only.missing().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["CAP_SYS_ADMIN", "CAP_SYS_PTRACE"]);
+        assert!(Capabilities::parse("CapEff:\t0000000000200000\n").sys_admin, "CAP_SYS_ADMIN");
+        assert!(Capabilities::parse("CapEff:\t0000000000080000\n").sys_ptrace, "CAP_SYS_PTRACE");
+        assert_eq!(Capabilities::parse("garbage"), Capabilities { sys_admin: false, sys_ptrace: false });
     }
 }

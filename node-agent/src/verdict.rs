@@ -54,7 +54,7 @@ pub fn decide(read: &KernelRead, expected_ops: Option<&str>, owner: &Owner) -> (
         (Owner::Unknown(why), None) => (
             Verdict::NotAttached,
             format!(
-                "kernel runs ops \"{ops}\" but its owner cannot be checked ({why}): set spec.expectedOps, or give the agent CAP_BPF and CAP_SYS_PTRACE"
+                "kernel runs ops \"{ops}\" but its owner cannot be checked ({why}): set spec.expectedOps, or give the agent CAP_SYS_ADMIN and CAP_SYS_PTRACE"
             ),
         ),
     }
