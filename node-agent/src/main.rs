@@ -82,6 +82,7 @@ async fn main() -> ExitCode {
         sysfs_root: cli.sysfs_root.clone(),
         proc_root: cli.proc_root.clone(),
         expected_ops: cli.expected_ops.clone().filter(|s| !s.is_empty()),
+        links: Default::default(),
     };
     let metrics = Arc::new(Metrics::new());
     // Say at once what the owner check cannot do, rather than a verdict that looks wrong later.

@@ -10,17 +10,19 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::observation::Observation;
-use crate::owner::{self, Owner};
+use crate::owner::{self, LinkMemory, Owner};
 use crate::sysfs::{self, SchedState};
 use crate::uevent;
 use crate::verdict;
 
 /// Where to look, and what this pod expects.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Observer {
     pub sysfs_root: PathBuf,
     pub proc_root: PathBuf,
     pub expected_ops: Option<String>,
+    /// Which enable each of the pod's links made.
+    pub links: std::sync::Mutex<LinkMemory>,
 }
 
 impl Observer {
@@ -30,20 +32,35 @@ impl Observer {
             (Some(e), Some(ops)) => !e.is_empty() && ops.starts_with(e.as_str()),
             _ => false,
         };
-        let owner = if expected_matches {
-            // The ops name already decides; no need to walk /proc every poll.
+        let enabled = read.supported && read.state == SchedState::Enabled;
+        // The ops name decides when it matches expectedOps; /proc is walked anyway until the
+        // pod's link is tied to this enable, so a link held past a forced disable is known.
+        let link_known = read.enable_seq.is_some_and(|seq| self.lock_links().knows_enable(seq));
+        let owner = if expected_matches && link_known {
             Owner::Unknown("not checked: the ops match expectedOps".into())
-        } else if read.supported && read.state == SchedState::Enabled {
+        } else if enabled {
             let maps = owner::sched_ext_map_ids(&self.proc_root);
             if let Err(why) = &maps {
                 debug!(reason = %why, "checking link holders without the BPF map type");
             }
-            owner::find(&self.proc_root, std::process::id(), maps.as_ref().ok())
+            let found = owner::find(&self.proc_root, std::process::id(), maps.as_ref().ok());
+            self.current_enable(found, read.enable_seq)
         } else {
             Owner::NotOurs
         };
         let (verdict, reason) = verdict::decide(&read, self.expected_ops.as_deref(), &owner);
         Observation { read, verdict, reason }
+    }
+
+    /// `found`, unless it is a link of the pod that made an earlier enable than the current one
+    /// (`enable_seq`): then the scheduler running now is not the pod's.
+    fn current_enable(&self, found: Owner, enable_seq: Option<u64>) -> Owner {
+        let (Owner::Ours { link: Some(link), .. }, Some(seq)) = (&found, enable_seq) else { return found };
+        if self.lock_links().made_current_enable(*link, seq) { found } else { Owner::NotOurs }
+    }
+
+    fn lock_links(&self) -> std::sync::MutexGuard<'_, LinkMemory> {
+        self.links.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Observes for as long as the task runs, publishing changes on `tx`. Uses kernel uevents when the

@@ -17,8 +17,8 @@ use sked_proto::text::{MAX_NAME_CHARS, escape_and_cap};
 /// Ownership of the attached scheduler, as far as this pod can see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
-    /// A process in this pod holds the sched_ext struct_ops link.
-    Ours { pid: u32, comm: String },
+    /// A process in this pod holds the sched_ext struct_ops link `link` (its id, when shown).
+    Ours { pid: u32, comm: String, link: Option<u32> },
     /// Every process of the pod was inspected and none holds it.
     NotOurs,
     /// The pod's processes could not be inspected.
@@ -123,12 +123,12 @@ pub fn find(proc_root: &Path, self_pid: u32, sched_ext_maps: Option<&HashSet<u32
         };
         for file in files.flatten() {
             let Ok(text) = fs::read_to_string(file.path()) else { continue };
-            if let Some(map_id) = struct_ops_link(&text)
-                && sched_ext_maps.is_none_or(|ids| map_id.is_some_and(|id| ids.contains(&id)))
+            if let Some(link) = struct_ops_link(&text)
+                && sched_ext_maps.is_none_or(|ids| link.map_id.is_some_and(|id| ids.contains(&id)))
             {
                 let comm = fs::read(entry.path().join("comm")).unwrap_or_default();
                 let comm = escape_and_cap(String::from_utf8_lossy(&comm).trim(), MAX_NAME_CHARS);
-                return Owner::Ours { pid, comm };
+                return Owner::Ours { pid, comm, link: link.link_id };
             }
         }
     }
@@ -138,19 +138,56 @@ pub fn find(proc_root: &Path, self_pid: u32, sched_ext_maps: Option<&HashSet<u32
     }
 }
 
-/// If an fdinfo text describes a struct_ops BPF link, its map id (when shown).
-pub fn struct_ops_link(fdinfo: &str) -> Option<Option<u32>> {
+/// A struct_ops BPF link as its fdinfo shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StructOpsLink {
+    pub link_id: Option<u32>,
+    pub map_id: Option<u32>,
+}
+
+/// If an fdinfo text describes a struct_ops BPF link, its ids (when shown).
+pub fn struct_ops_link(fdinfo: &str) -> Option<StructOpsLink> {
     let mut is_struct_ops = false;
-    let mut map_id = None;
+    let mut link = StructOpsLink { link_id: None, map_id: None };
     for line in fdinfo.lines() {
         let Some((key, value)) = line.split_once(':') else { continue };
         match key.trim() {
             "link_type" => is_struct_ops = value.trim() == "struct_ops",
-            "map_id" => map_id = value.trim().parse().ok(),
+            "link_id" => link.link_id = value.trim().parse().ok(),
+            "map_id" => link.map_id = value.trim().parse().ok(),
             _ => {}
         }
     }
-    is_struct_ops.then_some(map_id)
+    is_struct_ops.then_some(link)
+}
+
+/// Which enable of sched_ext each of the pod's links made.
+///
+/// A link attaches its scheduler once. When the kernel forces a scheduler off (a watchdog stall,
+/// an error, SysRq-S) its process may keep holding the link, still naming the same map, and
+/// another scheduler can then attach: the pod's link is no proof any more. So the first time a
+/// link is seen while sched_ext is enabled, it is tied to that enable (`enable_seq`); under a
+/// later enable the same link is stale. A link first seen by an agent that started after such a
+/// hand-over cannot be told apart; `spec.expectedOps` decides that case.
+#[derive(Debug, Default)]
+pub struct LinkMemory {
+    enabled_by: std::collections::HashMap<u32, u64>,
+}
+
+impl LinkMemory {
+    /// Whether some link of the pod is known to have made the enable `enable_seq`.
+    pub fn knows_enable(&self, enable_seq: u64) -> bool {
+        self.enabled_by.values().any(|seq| *seq == enable_seq)
+    }
+
+    /// Whether the pod's `link` made the current enable `enable_seq`; remembers it when new.
+    pub fn made_current_enable(&mut self, link: u32, enable_seq: u64) -> bool {
+        // Links of schedulers long gone are forgotten.
+        if self.enabled_by.len() > 64 {
+            self.enabled_by.retain(|_, seq| *seq + 64 > enable_seq);
+        }
+        *self.enabled_by.entry(link).or_insert(enable_seq) == enable_seq
+    }
 }
 
 #[cfg(test)]
@@ -176,9 +213,9 @@ mod tests {
 
     #[test]
     fn parses_struct_ops_links_only() {
-        assert_eq!(struct_ops_link(LINK), Some(Some(12)));
+        assert_eq!(struct_ops_link(LINK), Some(StructOpsLink { link_id: Some(3), map_id: Some(12) }));
         assert_eq!(struct_ops_link(FILE), None);
-        assert_eq!(struct_ops_link("link_type:\tstruct_ops\n"), Some(None));
+        assert_eq!(struct_ops_link("link_type:\tstruct_ops\n"), Some(StructOpsLink { link_id: None, map_id: None }));
         assert_eq!(struct_ops_link("link_type:\ttracing\nmap_id:\t3\n"), None);
     }
 
@@ -186,8 +223,11 @@ mod tests {
     fn the_pod_s_scheduler_process_owns_the_link() {
         let tree = proc_tree(&[(1, "pause", &[FILE]), (7, "scx_rusty", &[FILE, LINK]), (9, "sked-agent", &[LINK])]);
         // pid 9 is the agent itself and is skipped.
-        assert_eq!(find(tree.path(), 9, None), Owner::Ours { pid: 7, comm: "scx_rusty".into() });
-        assert_eq!(find(tree.path(), 9, Some(&HashSet::from([12]))), Owner::Ours { pid: 7, comm: "scx_rusty".into() });
+        assert_eq!(find(tree.path(), 9, None), Owner::Ours { pid: 7, comm: "scx_rusty".into(), link: Some(3) });
+        assert_eq!(
+            find(tree.path(), 9, Some(&HashSet::from([12]))),
+            Owner::Ours { pid: 7, comm: "scx_rusty".into(), link: Some(3) }
+        );
         // A struct_ops link of another kind (map 99 is not sched_ext_ops) does not count.
         let tree = proc_tree(&[(7, "tcp_cc_loader", &[&LINK.replace("map_id:\t12", "map_id:\t99")])]);
         assert_eq!(find(tree.path(), 1, Some(&HashSet::from([12]))), Owner::NotOurs);
@@ -198,6 +238,17 @@ mod tests {
         let tree = proc_tree(&[(1, "pause", &[FILE]), (7, "sh", &[])]);
         assert_eq!(find(tree.path(), 99, None), Owner::NotOurs);
         assert!(matches!(find(Path::new("/nonexistent/proc"), 1, None), Owner::Unknown(_)));
+    }
+
+    #[test]
+    fn a_link_held_past_its_enable_is_stale() {
+        let mut memory = LinkMemory::default();
+        assert!(memory.made_current_enable(3, 1), "first seen under enable 1");
+        assert!(memory.made_current_enable(3, 1), "still enable 1");
+        // The kernel forced it off and another scheduler attached: enable 2, same link held.
+        assert!(!memory.made_current_enable(3, 2));
+        // The pod's scheduler restarts with a new link: enable 3 is its own.
+        assert!(memory.made_current_enable(4, 3));
     }
 
     #[test]

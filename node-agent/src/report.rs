@@ -62,23 +62,35 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64) -> Report {
     }
 }
 
+/// First delay before reconnecting; doubles after each stream the controller did not accept.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// Longest delay between reconnects.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The delay before the next connect, after `previous`. A stream the controller accepted proves
+/// the path works, so however it ended (a clean close, or a leader stepping down with an error)
+/// the next attempt waits the first delay: a failover costs that, not whatever the backoff had
+/// grown to.
+pub fn reconnect_delay(previous: Duration, accepted: bool) -> Duration {
+    if accepted { FIRST_BACKOFF } else { (previous * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF) }
+}
+
 /// Keeps a report stream open until the process ends.
 pub async fn run(cfg: ReporterConfig, id: Identity, rx: watch::Receiver<Observation>, metrics: Arc<Metrics>) {
-    let mut backoff = Duration::from_millis(200);
+    let mut delay = Duration::ZERO;
     loop {
-        match session(&cfg, &id, rx.clone(), &metrics).await {
-            Ok(()) => {
-                info!("report stream closed by the controller; reconnecting");
-                backoff = Duration::from_millis(200);
-            }
+        let mut accepted = false;
+        match session(&cfg, &id, rx.clone(), &metrics, &mut accepted).await {
+            Ok(()) => info!("report stream closed by the controller; reconnecting"),
             Err(e) => {
                 metrics.stream_failures.inc();
-                warn!(err = %sked_logging::error_chain(e.as_ref()), address = %cfg.address, retry_in = ?backoff, "report stream failed");
+                warn!(err = %sked_logging::error_chain(e.as_ref()), address = %cfg.address, accepted, "report stream failed");
             }
         }
         metrics.stream_connected.set(0);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        delay = reconnect_delay(delay, accepted);
+        debug!(retry_in = ?delay, "reconnecting");
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -87,6 +99,7 @@ async fn session(
     id: &Identity,
     rx: watch::Receiver<Observation>,
     metrics: &Arc<Metrics>,
+    accepted: &mut bool,
 ) -> Result<(), BoxError> {
     let ca = tokio::fs::read(&cfg.ca_file)
         .await
@@ -131,10 +144,28 @@ async fn session(
     let mut request = tonic::Request::new(outbound);
     request.metadata_mut().insert("authorization", bearer);
     let mut acks = ReportsClient::new(channel).stream(request).await?.into_inner();
+    *accepted = true;
     metrics.stream_connected.set(1);
     info!(address = %cfg.address, "report stream open");
     while let Some(ack) = acks.message().await? {
         debug!(sequence = ack.sequence, "report acknowledged");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_accepted_stream_resets_the_backoff_however_it_ended() {
+        let mut delay = Duration::ZERO;
+        for _ in 0..20 {
+            delay = reconnect_delay(delay, false);
+        }
+        assert_eq!(delay, MAX_BACKOFF, "refusals back off up to the cap");
+        assert_eq!(reconnect_delay(delay, true), FIRST_BACKOFF, "an accepted stream that failed later");
+        assert_eq!(reconnect_delay(Duration::ZERO, false), FIRST_BACKOFF);
+        assert_eq!(reconnect_delay(FIRST_BACKOFF, false), FIRST_BACKOFF * 2);
+    }
 }

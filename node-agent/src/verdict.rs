@@ -38,7 +38,7 @@ pub fn decide(read: &KernelRead, expected_ops: Option<&str>, owner: &Owner) -> (
     let expected = expected_ops.filter(|e| !e.is_empty());
     let matches_expected = expected.is_some_and(|e| !ops.is_empty() && ops.starts_with(e));
     match (owner, expected) {
-        (Owner::Ours { pid, comm }, _) => {
+        (Owner::Ours { pid, comm, .. }, _) => {
             (Verdict::Attached, format!("kernel runs ops \"{ops}\", attached by {comm} (pid {pid}) in this pod"))
         }
         (_, Some(e)) if matches_expected => {
@@ -72,7 +72,7 @@ mod tests {
     }
 
     fn ours() -> Owner {
-        Owner::Ours { pid: 42, comm: "scx_rusty".into() }
+        Owner::Ours { pid: 42, comm: "scx_rusty".into(), link: Some(3) }
     }
 
     #[test]
