@@ -5,6 +5,7 @@
 //! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
 //! - [`observation`] is one look at the node (what was read, the verdict, why);
 //! - [`uevent`] parses kernel uevents; [`observe`] re-reads on each one and polls as a fallback;
+//! - [`privileges`] drops the capabilities the agent does not use, at start;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`.
 
 pub mod http;
@@ -12,6 +13,7 @@ pub mod metrics;
 pub mod observation;
 pub mod observe;
 pub mod owner;
+pub mod privileges;
 pub mod report;
 pub mod sysfs;
 pub mod uevent;

@@ -8,6 +8,7 @@ use clap::{ArgAction, Parser, ValueEnum};
 use sked_agent::metrics::Metrics;
 use sked_agent::observe::Observer;
 use sked_agent::owner::Capabilities;
+use sked_agent::privileges;
 use sked_agent::report::{self, Identity, ReporterConfig};
 use sked_proto::contract::{self, env};
 use tokio::sync::watch;
@@ -67,8 +68,7 @@ struct Cli {
     log_format: LogFormat,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("sked_agent=info,warn"));
@@ -77,7 +77,25 @@ async fn main() -> ExitCode {
         LogFormat::Json => registry.with(sked_logging::JsonLayer::new(std::io::stderr)).try_init(),
         LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init(),
     };
+    // Before the runtime starts threads: they inherit what is left.
+    match privileges::keep_only_used() {
+        Ok(dropped) if !dropped.is_empty() => {
+            info!(dropped = %dropped.join(","), "dropped capabilities the agent does not use")
+        }
+        Ok(_) => {}
+        Err(e) => warn!(err = %e, "could not drop unused capabilities"),
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            error!(err = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
 
+async fn run(cli: Cli) -> ExitCode {
     let observer = Observer {
         sysfs_root: cli.sysfs_root.clone(),
         proc_root: cli.proc_root.clone(),

@@ -132,6 +132,34 @@ pub async fn bound_token(client: &Client, namespace: &str, service_account: &str
     issued.status.and_then(|s| s.token).ok_or_else(|| anyhow!("TokenRequest returned no token"))
 }
 
+/// A copy of the service-account `token` whose lifetime ended an hour ago, signed with the
+/// test cluster's service-account key as the API server signs: what an agent would present
+/// after its kubelet stopped refreshing the projected token.
+pub fn expired_copy(cluster: &crate::TestCluster, token: &str) -> Result<String> {
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let mut parts = token.split('.');
+    let (Some(header), Some(payload)) = (parts.next(), parts.next()) else {
+        return Err(anyhow!("not a JWT"));
+    };
+    let mut claims: serde_json::Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload)?)?;
+    let now = jiff::Timestamp::now().as_second();
+    claims["iat"] = serde_json::json!(now - 7200);
+    claims["nbf"] = serde_json::json!(now - 7200);
+    claims["exp"] = serde_json::json!(now - 3600);
+    let signed = format!("{header}.{}", URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims)?));
+    let pem = std::fs::read_to_string(cluster.dir.join("sa.key"))?;
+    let der: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    let key = aws_lc_rs::signature::EcdsaKeyPair::from_pkcs8(
+        &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &STANDARD.decode(der)?,
+    )
+    .map_err(|e| anyhow!("the service-account key: {e}"))?;
+    let signature =
+        key.sign(&aws_lc_rs::rand::SystemRandom::new(), signed.as_bytes()).map_err(|e| anyhow!("signing: {e}"))?;
+    Ok(format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature.as_ref())))
+}
+
 /// A running agent process; killed when dropped.
 pub struct AgentProcess {
     child: Child,

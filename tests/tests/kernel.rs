@@ -167,6 +167,32 @@ async fn a_foreign_scheduler_and_a_silent_agent_are_reported() -> Result<()> {
 }
 
 #[tokio::test]
+async fn the_agent_keeps_only_the_capabilities_it_uses() -> Result<()> {
+    let s = setup("lean").await?;
+    let a1 = s.agent("k-1").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    s.fx.wait_scheduler(&s.name, "k-1 reported", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 1))
+        .await?;
+    // CAP_SYS_PTRACE (19) and CAP_SYS_ADMIN (21), on every thread, nothing to hand on.
+    let used = format!("{:016x}", (1u64 << 19) | (1u64 << 21));
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", a1.pid()))?;
+    let mut threads = 0;
+    for task in tasks {
+        let status = std::fs::read_to_string(task?.path().join("status"))?;
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or_default().to_owned()
+        };
+        assert_eq!(field("CapEff:"), used, "{status}");
+        assert_eq!(field("CapPrm:"), used, "{status}");
+        assert_eq!(field("CapInh:"), "0000000000000000", "{status}");
+        assert_eq!(field("CapAmb:"), "0000000000000000", "{status}");
+        threads += 1;
+    }
+    assert!(threads > 1, "the runtime's threads were checked too");
+    Ok(())
+}
+
+#[tokio::test]
 async fn garbage_in_a_node_s_sysfs_reaches_the_status_escaped() -> Result<()> {
     let s = setup("garbled").await?;
     let a1 = s.agent("k-1").await?;
@@ -345,6 +371,16 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
         "the agent is told why: {err}"
     );
 
+    // A token of the right pod, past its expiry: refused.
+    let fresh = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(&s.pods["k-1"])).await?;
+    let expired = sked_tests::agents::expired_copy(s.fx.cluster, &fresh)?;
+    let err = refused(
+        stream(expired, "k-1", &k1_pod, "guarded-reports").await?,
+        tonic::Code::Unauthenticated,
+        "token_rejected",
+    );
+    assert!(err.message().contains("expired"), "{err}");
+
     // Garbage: refused.
     refused(
         stream("not-a-token".into(), "k-1", &k1_pod, "guarded-reports").await?,
@@ -358,13 +394,13 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
         3,
         "the wrong-node and wrong-Scheduler streams were accepted, then cut"
     );
-    assert_eq!(stats.refused_streams.load(Ordering::Relaxed), 9);
+    assert_eq!(stats.refused_streams.load(Ordering::Relaxed), 10);
     for (reason, count) in
         [("wrong_node", 1), ("wrong_scheduler", 1), ("not_agent", 1), ("not_pod_bound", 2), ("not_scheduler_pod", 1)]
     {
         assert_eq!(stats.refusals(reason), count, "{reason}");
     }
-    assert_eq!(stats.refusals("token_rejected") + stats.refusals("pod_gone"), 3);
+    assert_eq!(stats.refusals("token_rejected") + stats.refusals("pod_gone"), 4);
     let metrics = s.fx.scrape_metrics().await?;
     assert!(metrics.contains("sked_report_refusals_total{reason=\"not_scheduler_pod\"} 1"), "{metrics}");
     Ok(())
