@@ -183,6 +183,13 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
     }
 
     fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<Scheduler>) -> Changed {
+        // Schedulers deleted while the watch was down show up only as missing from the list.
+        let gone: Vec<String> =
+            arbiter.schedulers().filter(|name| !all.iter().any(|s| s.name_any() == *name)).map(str::to_owned).collect();
+        for name in &gone {
+            self.metrics.forget_scheduler(name);
+        }
+        self.memo.retain_live(&all);
         let live = all.iter().filter(|s| !terminating(s)).map(claim_of).collect();
         let mut changed = arbiter.replace_schedulers(live);
         // Every Scheduler is reconciled after a (re)list, as a fresh watch would.
@@ -231,14 +238,19 @@ impl Feed<PartialObjectMeta<Node>> for NodeFeed {
     }
 }
 
-/// Keeps the scheduler pods, and triggers a Scheduler whose pod was bound to a node or went away
-/// (the nodes its kernel view counts changed).
-async fn feed_pods<S>(events: S, mut store: reflector::store::Writer<Pod>, tx: Triggers)
+/// Keeps the scheduler pods, and triggers a Scheduler whose pod was bound to a node, started
+/// terminating or went away (the nodes its kernel view counts changed); after a relist, every
+/// Scheduler with a pod before or after. `listed` turns true after the first full list.
+async fn feed_pods<S>(events: S, mut store: reflector::store::Writer<Pod>, tx: Triggers, listed: watch::Sender<bool>)
 where
     S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>>,
 {
-    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let counted = |p: &Pod| {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        (node, p.metadata.deletion_timestamp.is_some())
+    };
     let owner_of = |p: &Pod| p.labels().get(NAME_LABEL).cloned();
+    let owners = |store: &Store<Pod>| store.state().iter().filter_map(|p| owner_of(p)).collect::<BTreeSet<String>>();
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         let event = match event {
@@ -248,16 +260,25 @@ where
                 continue;
             }
         };
-        let moved = match &event {
+        let mut touched = match &event {
             Event::Apply(p) => {
                 let before = store.as_reader().get(&ObjectRef::from_obj(p));
-                (before.as_deref().and_then(node_of) != node_of(p)).then(|| owner_of(p)).flatten()
+                (before.as_deref().map(counted) != Some(counted(p)))
+                    .then(|| owner_of(p))
+                    .flatten()
+                    .into_iter()
+                    .collect()
             }
-            Event::Delete(p) => owner_of(p),
-            _ => None,
+            Event::Delete(p) => owner_of(p).into_iter().collect(),
+            Event::InitDone => owners(&store.as_reader()),
+            _ => BTreeSet::new(),
         };
         store.apply_watcher_event(&event);
-        if let Some(scheduler) = moved {
+        if matches!(event, Event::InitDone) {
+            touched.extend(owners(&store.as_reader()));
+            let _ = listed.send(true);
+        }
+        for scheduler in touched {
             let _ = tx.unbounded_send(ObjectRef::new(&scheduler));
         }
     }
@@ -266,7 +287,7 @@ where
 impl Feeds {
     /// Runs the feeds: every Scheduler into the store and the arbiter, from the one Scheduler
     /// watch; Node labels into the arbiter, from a metadata-only watch; the scheduler pods of
-    /// `workload_namespace`. `ready` turns true once Schedulers and Nodes were listed in full.
+    /// `workload_namespace`. `ready` turns true once all three were listed in full.
     pub(crate) async fn run(
         self,
         client: Client,
@@ -279,6 +300,7 @@ impl Feeds {
         let Feeds { arbiter, mut store, pods } = self;
         let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
         let (nodes_listed, mut nodes_ready) = watch::channel(false);
+        let (pods_listed, mut pods_ready) = watch::channel(false);
         let schedulers = watcher::watcher(Api::<Scheduler>::all(client.clone()), watcher::Config::default());
         // Metadata only: names and labels are all the arbiter reads.
         let nodes = watcher::watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default());
@@ -288,10 +310,14 @@ impl Feeds {
         futures::join!(
             feed_arbiter("Scheduler", &arbiter, schedulers.default_backoff(), feed, tx.clone(), schedulers_listed),
             feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx.clone(), nodes_listed),
-            feed_pods(scheduler_pods.default_backoff(), pods, tx),
+            feed_pods(scheduler_pods.default_backoff(), pods, tx, pods_listed),
             async {
-                // Both lists, or nothing: a partial view could hand a node to the wrong Scheduler.
-                if schedulers_ready.wait_for(|r| *r).await.is_ok() && nodes_ready.wait_for(|r| *r).await.is_ok() {
+                // Every list, or nothing: a partial view could hand a node to the wrong Scheduler
+                // or count a Scheduler's kernels on nodes without its pods.
+                if schedulers_ready.wait_for(|r| *r).await.is_ok()
+                    && nodes_ready.wait_for(|r| *r).await.is_ok()
+                    && pods_ready.wait_for(|r| *r).await.is_ok()
+                {
                     let _ = ready.send(true);
                 }
             },

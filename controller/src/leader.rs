@@ -79,11 +79,14 @@ impl Leadership {
     /// over at once. Waits at most two seconds for the release; the lease expires on its own
     /// otherwise. Calling it again does nothing.
     pub async fn step_down(&self) {
-        self.tx.send_replace(false);
-        if let Some(forward) = lock(&self.forward).take() {
-            // Dropping the forwarder drops the manager's only receiver: the manager releases.
+        let forward = lock(&self.forward).take();
+        if let Some(forward) = forward {
+            // Stop the forwarder first (it could otherwise forward a late `true`); dropping it
+            // drops the manager's only receiver, so the manager releases the Lease.
             forward.abort();
+            let _ = forward.await;
         }
+        self.tx.send_replace(false);
         let task = lock(&self.task).take();
         if let Some(task) = task {
             match tokio::time::timeout(RELEASE_WITHIN, task).await {

@@ -209,7 +209,6 @@ async fn control(
 ) -> Result<(), BoxError> {
     let Control { client, flags, instance, trust, metrics, report_stats } = parts;
     wait_for_crd(client).await?;
-    ensure_workload_namespace(client, flags).await;
 
     let (index, feeds) = index::index();
     let memo = Arc::new(Memo::default());
@@ -258,7 +257,7 @@ async fn control(
         let result = tokio::try_join!(
             reports_server(flags, client, &kernel, &triggers, &report_stats, &leadership, stop.clone()),
             until(stop.clone(), reverify_on_policy_change(policy, &index, &triggers)),
-            until(stop.clone(), mark_leadership(client, metrics, leadership.rx.clone())),
+            until(stop.clone(), mark_leadership(client, flags, metrics, leadership.rx.clone())),
             reconcile_loop(client, flags, &index, ctx, trigger_rx, leadership.rx.clone(), stop.clone()),
             // On shutdown, hand leadership over first, while the rest drains.
             async {
@@ -268,10 +267,13 @@ async fn control(
             },
         );
         leadership.step_down().await;
+        // No longer the leader, whatever ended the term: say so on the pod and in the metric.
+        metrics.set_leader(false);
+        label_own_pod(client, false).await;
         result.map(|_| ())
     };
-    let (fed, result) = tokio::join!(feeds, lead_and_reconcile);
-    fed.and(result)
+    // A part that fails (the election, the reports server) stops the process, feeds included.
+    tokio::try_join!(feeds, lead_and_reconcile).map(|_| ())
 }
 
 /// Runs `part` until shutdown.
@@ -337,9 +339,14 @@ async fn reports_server(
     );
     let address = flags.reports_bind_address;
     info!(%address, "serving agent reports");
+    // The certificate is followed for as long as the server runs; the server's end is the part's.
     let follow = tls.clone().follow("reports server", stop.receiver());
     let serve = crate::reports::serve(service, address, tls, stop.requested());
-    let ((), served) = tokio::join!(follow, serve);
+    tokio::pin!(serve);
+    let served = tokio::select! {
+        served = &mut serve => served,
+        () = follow => serve.await,
+    };
     served.map_err(|e| format!("reports server on {address}: {}", sked_logging::error_chain(e.as_ref())).into())
 }
 
@@ -356,8 +363,14 @@ async fn reverify_on_policy_change(
     }
 }
 
-/// Follows this replica's leadership: the leader metric and the leader label on its pod.
-async fn mark_leadership(client: &Client, metrics: &Metrics, mut leader: watch::Receiver<bool>) {
+/// Follows this replica's leadership: the leader metric and the leader label on its pod, and the
+/// workload namespace's Pod Security labels when it starts leading.
+async fn mark_leadership(
+    client: &Client,
+    flags: &ControllerFlags,
+    metrics: &Metrics,
+    mut leader: watch::Receiver<bool>,
+) {
     let mut leading = false;
     loop {
         let now = *leader.borrow_and_update();
@@ -365,6 +378,8 @@ async fn mark_leadership(client: &Client, metrics: &Metrics, mut leader: watch::
             leading = now;
             if leading {
                 info!("leading: reconciling Schedulers");
+                // The leader keeps the workload namespace ready for privileged scheduler pods.
+                ensure_workload_namespace(client, flags).await;
             } else {
                 warn!("lost leadership: stopped reconciling and writing");
             }

@@ -25,6 +25,14 @@ impl Memo {
         lock(&self.applied).clear();
     }
 
+    /// Keeps only what concerns `live` Schedulers (after a relist, which shows no deletions).
+    pub(crate) fn retain_live(&self, live: &[Scheduler]) {
+        let uids: std::collections::HashSet<String> = live.iter().filter_map(ResourceExt::uid).collect();
+        let names: std::collections::HashSet<String> = live.iter().map(ResourceExt::name_any).collect();
+        lock(&self.written).retain(|uid, _| uids.contains(uid));
+        lock(&self.applied).retain(|name, _| names.contains(name));
+    }
+
     pub(crate) fn forget(&self, scheduler: &Scheduler) {
         if let Some(uid) = scheduler.uid() {
             lock(&self.written).remove(&uid);

@@ -102,6 +102,10 @@ fn reconcile_id() -> String {
 }
 
 pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.leading() {
+        // A standby spends no rate-limit tokens; gaining leadership reconciles everything.
+        return Ok(Action::await_change());
+    }
     ctx.limiter.acquire().await;
     let name = scheduler.name_any();
     let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());

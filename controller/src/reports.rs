@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use sked_proto::contract::REPORTS_AUDIENCE;
 use sked_proto::text::{MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
 use sked_proto::v1::reports_server::{Reports, ReportsServer};
@@ -143,12 +144,15 @@ pub struct Caller {
 impl Caller {
     /// Whether `report` speaks only for this caller.
     fn check(&self, report: &Report) -> Result<(), (Refusal, String)> {
+        // The report's names are the node's words: escaped and capped before any message.
+        let said = |text: &str| escape_and_cap(text, MAX_NAME_CHARS);
         if report.node != self.node {
             return Err((
                 Refusal::WrongNode,
                 format!(
-                    "this token is bound to a pod on node {}; it cannot report for node {}",
-                    self.node, report.node
+                    "this token is bound to a pod on node {}; it cannot report for node \"{}\"",
+                    self.node,
+                    said(&report.node)
                 ),
             ));
         }
@@ -156,8 +160,11 @@ impl Caller {
             return Err((
                 Refusal::WrongScheduler,
                 format!(
-                    "this token is bound to pod {} of Scheduler {}; it cannot report for pod {:?} of Scheduler {:?}",
-                    self.pod, self.scheduler, report.pod, report.scheduler
+                    "this token is bound to pod {} of Scheduler {}; it cannot report for pod \"{}\" of Scheduler \"{}\"",
+                    self.pod,
+                    self.scheduler,
+                    said(&report.pod),
+                    said(&report.scheduler)
                 ),
             ));
         }
@@ -165,15 +172,17 @@ impl Caller {
     }
 }
 
-/// The Scheduler whose DaemonSet controls `pod`, if it is a scheduler pod sked manages.
-fn scheduler_of(pod: &Pod) -> Option<String> {
+/// The Scheduler whose DaemonSet controls `pod`, and that DaemonSet's uid as the pod names it, if
+/// it looks like a scheduler pod sked manages (the caller checks the DaemonSet itself).
+fn scheduler_of(pod: &Pod) -> Option<(String, String)> {
     let labels = pod.metadata.labels.as_ref()?;
     if labels.get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
         return None;
     }
     let owner = pod.metadata.owner_references.as_ref()?.iter().find(|o| o.controller == Some(true))?;
     let named = labels.get(NAME_LABEL)?;
-    (owner.kind == "DaemonSet" && owner.api_version == "apps/v1" && &owner.name == named).then(|| named.clone())
+    (owner.kind == "DaemonSet" && owner.api_version == "apps/v1" && &owner.name == named)
+        .then(|| (named.clone(), owner.uid.clone()))
 }
 
 impl Inner {
@@ -249,14 +258,32 @@ impl Inner {
                 Status::permission_denied(format!("the token names another node than pod {pod_name}'s ({node})")),
             ));
         }
-        let Some(scheduler) = scheduler_of(&pod) else {
-            return Err(self.refuse(
+        let not_scheduler_pod = || {
+            self.refuse(
                 Refusal::NotSchedulerPod,
                 Status::permission_denied(format!(
                     "pod {pod_name} is not a scheduler pod: only the agent in a Scheduler's DaemonSet pod may report"
                 )),
-            ));
+            )
         };
+        let Some((scheduler, owner_uid)) = scheduler_of(&pod) else {
+            return Err(not_scheduler_pod());
+        };
+        // The owner reference must be the DaemonSet sked runs for that Scheduler, not a name.
+        let daemonset = Api::<DaemonSet>::namespaced(self.client.clone(), &self.agent_namespace)
+            .get_opt(&scheduler)
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot look up DaemonSet {scheduler}: {e}")))?;
+        let ours = daemonset.is_some_and(|ds| {
+            ds.metadata.uid.as_deref() == Some(owner_uid.as_str())
+                && ds
+                    .owner_references()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && o.kind == "Scheduler" && o.name == scheduler)
+        });
+        if !ours {
+            return Err(not_scheduler_pod());
+        }
         Ok(Caller { node, pod: pod_name, scheduler })
     }
 }
@@ -297,7 +324,7 @@ impl Reports for ReportsService {
                     next = inbound.message() => next,
                     () = &mut lost => {
                         info!(node = %node, "lost leadership: closing the report stream");
-                        let _ = tx.send(Err(Status::unavailable("leadership moved to another replica; reconnect"))).await;
+                        let _ = tx.try_send(Err(Status::unavailable("leadership moved to another replica; reconnect")));
                         break;
                     }
                 };
@@ -321,7 +348,12 @@ impl Reports for ReportsService {
                     debug!(node = %node, scheduler = %scheduler, verdict = Verdict::from_wire(report.verdict).as_str(), "kernel view changed");
                     let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
                 }
-                if tx.send(Ok(Ack { sequence })).await.is_err() {
+                // An agent that stops reading acks must not keep the stream past leadership.
+                let acked = tokio::select! {
+                    sent = tx.send(Ok(Ack { sequence })) => sent.is_ok(),
+                    () = &mut lost => false,
+                };
+                if !acked {
                     break;
                 }
             }

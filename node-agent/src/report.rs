@@ -67,12 +67,20 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// Longest delay between reconnects.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// The delay before the next connect, after `previous`. A stream the controller accepted proves
+/// The delay before the next connect, after `previous`. A stream the controller accepted (it
+/// acknowledged a report) proves
 /// the path works, so however it ended (a clean close, or a leader stepping down with an error)
 /// the next attempt waits the first delay: a failover costs that, not whatever the backoff had
 /// grown to.
 pub fn reconnect_delay(previous: Duration, accepted: bool) -> Duration {
     if accepted { FIRST_BACKOFF } else { (previous * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF) }
+}
+
+/// `delay` plus up to half of it again, so thousands of agents that lost the same leader do not
+/// reconnect in the same instant.
+fn jittered(delay: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    delay + delay.mul_f64(f64::from(nanos % 1000) / 2000.0)
 }
 
 /// Keeps a report stream open until the process ends.
@@ -89,8 +97,9 @@ pub async fn run(cfg: ReporterConfig, id: Identity, rx: watch::Receiver<Observat
         }
         metrics.stream_connected.set(0);
         delay = reconnect_delay(delay, accepted);
-        debug!(retry_in = ?delay, "reconnecting");
-        tokio::time::sleep(delay).await;
+        let wait = jittered(delay);
+        debug!(retry_in = ?wait, "reconnecting");
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -144,10 +153,12 @@ async fn session(
     let mut request = tonic::Request::new(outbound);
     request.metadata_mut().insert("authorization", bearer);
     let mut acks = ReportsClient::new(channel).stream(request).await?.into_inner();
-    *accepted = true;
     metrics.stream_connected.set(1);
     info!(address = %cfg.address, "report stream open");
     while let Some(ack) = acks.message().await? {
+        // Accepted once the controller acknowledged a report: a refusal of the first report
+        // (a wrong pod or node) comes on this stream, and must keep backing off.
+        *accepted = true;
         debug!(sequence = ack.sequence, "report acknowledged");
     }
     Ok(())

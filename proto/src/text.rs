@@ -29,9 +29,21 @@ pub fn escape_and_cap(text: &str, max: usize) -> String {
     out
 }
 
-/// Characters that print as nothing or reorder text (bidirectional controls, zero-width marks).
+/// Characters that print as nothing, reorder text or break lines: bidirectional controls,
+/// zero-width and other format characters, line and paragraph separators, tag characters.
 fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{61c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{e0000}'..='\u{e007f}'
+    )
 }
 
 #[cfg(test)]
@@ -44,6 +56,7 @@ mod tests {
         assert_eq!(escape_and_cap(&lossy, 100), "en\\u{0}abled\\u{fffd}\\u{1b}[31m");
         assert_eq!(escape_and_cap("rusty_1.0.0", 100), "rusty_1.0.0");
         assert_eq!(escape_and_cap("a\u{202e}b", 100), "a\\u{202e}b");
+        assert_eq!(escape_and_cap("a\u{2028}b\u{e0041}", 100), "a\\u{2028}b\\u{e0041}");
     }
 
     #[test]

@@ -312,7 +312,7 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
         tonic::Code::PermissionDenied,
         "wrong_node",
     );
-    assert!(err.message().contains("cannot report for node k-2"), "{err}");
+    assert!(err.message().contains("cannot report for node \"k-2\""), "{err}");
 
     // A pod of one Scheduler reporting for another Scheduler: refused.
     let err =

@@ -104,11 +104,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
     let fx = Fixture::without_controller().await?;
     let dir = tempfile::tempdir()?;
     // One serving certificate for both replicas' webhooks.
-    let ca = sked_tests::pki::TestCa::new("sked webhook ca")?;
-    let serving = ca.server("sked-webhook", &["localhost"], &["127.0.0.1"])?;
-    std::fs::create_dir_all(dir.path().join("webhook"))?;
-    std::fs::write(dir.path().join("webhook/tls.crt"), &serving.cert_pem)?;
-    std::fs::write(dir.path().join("webhook/tls.key"), &serving.key_pem)?;
+    let ca = webhook_cert(dir.path())?;
 
     let first = ControllerProcess::start(&fx, dir.path(), "controller-a")?;
     wait_for("controller-a to hold the lease", || async {
@@ -206,14 +202,14 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
     Ok(())
 }
 
-/// Writes the webhook's serving certificate into `dir/webhook` (both replicas share it).
-fn webhook_cert(dir: &Path) -> Result<()> {
+/// Writes a webhook serving certificate into `dir/webhook` (replicas share it); returns its CA.
+fn webhook_cert(dir: &Path) -> Result<sked_tests::pki::TestCa> {
     let ca = sked_tests::pki::TestCa::new("sked webhook ca")?;
     let serving = ca.server("sked-webhook", &["localhost"], &["127.0.0.1"])?;
     std::fs::create_dir_all(dir.join("webhook"))?;
     std::fs::write(dir.join("webhook/tls.crt"), &serving.cert_pem)?;
     std::fs::write(dir.join("webhook/tls.key"), &serving.key_pem)?;
-    Ok(())
+    Ok(ca)
 }
 
 #[tokio::test]
@@ -286,9 +282,19 @@ async fn a_server_that_cannot_start_stops_the_process_with_the_flag_to_change() 
     webhook_cert(dir.path())?;
     let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = taken.local_addr()?.port();
+    let tls = ReportsTls::generate(dir.path())?;
     for (flag, extra) in [
         ("--metrics-bind-address", vec![format!("--metrics-bind-address=127.0.0.1:{port}")]),
         ("--webhook-bind-address", vec![format!("--webhook-bind-address=127.0.0.1:{port}")]),
+        // Started only once leading: the process must stop all the same.
+        (
+            "--reports-bind-address",
+            vec![
+                format!("--reports-bind-address=127.0.0.1:{port}"),
+                format!("--reports-cert-file={}", tls.cert.display()),
+                format!("--reports-key-file={}", tls.key.display()),
+            ],
+        ),
     ] {
         let mut controller = ControllerProcess::start_with(&fx, dir.path(), "blocked", &extra)?;
         let status = wait_for(&format!("the controller with a taken {flag} to exit"), || {

@@ -459,23 +459,24 @@ async fn registry_credentials_belong_to_one_scheduler_and_follow_rotation() -> R
     pull_secret(&fx, "team-cred", &private.host, "team", "s3cret").await?;
     let mut with_creds = spec_on(&image, &[POOL]);
     with_creds.image_pull_secrets = vec![k8s_openapi::api::core::v1::LocalObjectReference { name: "team-cred".into() }];
-    fx.create_scheduler("with-creds", with_creds).await?;
-    wait_daemonset_image(&fx, "with-creds", &deployed).await?;
+    fx.create_scheduler("a-with-creds", with_creds).await?;
+    wait_daemonset_image(&fx, "a-with-creds", &deployed).await?;
 
-    // Another Scheduler without credentials, same image, after the first was verified: it
-    // borrows nothing, and the verified digest does not let it in.
-    fx.create_scheduler("no-creds", spec_on(&image, &[POOL])).await?;
-    let s = wait_image_refused(&fx, "no-creds", "refused without credentials").await?;
+    // Another Scheduler without credentials, same image, after the first was verified (same
+    // selector; the first keeps the node, being older or earlier by name): it borrows nothing,
+    // and the verified digest does not let it in.
+    fx.create_scheduler("b-no-creds", spec_on(&image, &[POOL])).await?;
+    let s = wait_image_refused(&fx, "b-no-creds", "refused without credentials").await?;
     let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains("refused access") && message.contains("imagePullSecrets"), "{message}");
-    assert_eq!(daemonset_image(&fx, "no-creds").await?, None, "never deployed");
+    assert_eq!(daemonset_image(&fx, "b-no-creds").await?, None, "never deployed");
 
     // The team's secret is rotated to a wrong password: the next check uses it at once.
     pull_secret(&fx, "team-cred", &private.host, "team", "wrong").await?;
-    let s = wait_image_refused(&fx, "with-creds", "refused with the rotated secret").await?;
+    let s = wait_image_refused(&fx, "a-with-creds", "refused with the rotated secret").await?;
     let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains("refused access"), "{message}");
-    assert_eq!(daemonset_image(&fx, "with-creds").await?, Some(deployed), "the running DaemonSet is kept");
+    assert_eq!(daemonset_image(&fx, "a-with-creds").await?, Some(deployed), "the running DaemonSet is kept");
     Ok(())
 }
 
