@@ -72,7 +72,7 @@ fmt:
 
 ## demo: local control plane + CRD + controller + example Scheduler; runs until Ctrl-C.
 demo: tools
-	@echo "demo: building sked (debug; about 8 min the first time on 2 cores)" >&2
+	@echo "demo: building sked (debug; about 7 min the first time on 2 cores)" >&2
 	@$(CARGO) build --quiet -p sked-controller -p sked-tests --bins
 	@$(CARGO) run --quiet -p sked-tests --bin sked-demo
 

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod pacing;
 pub mod reconcile;
 pub mod reports;
+pub mod reviews;
 pub mod status;
 pub mod sync;
 pub mod telemetry;

@@ -28,6 +28,8 @@ pub struct ReportStats {
     pub reports: AtomicU64,
     /// Refused streams by reason.
     refusals: Family<Labels, Counter>,
+    /// TokenReviews sent to the API server (cached results are not counted).
+    pub token_reviews: Counter,
 }
 
 impl ReportStats {
@@ -99,6 +101,11 @@ impl Metrics {
             "report_refusals",
             "Agent report streams refused, by reason (missing_token, token_rejected, not_agent, not_pod_bound, pod_gone, not_scheduler_pod, wrong_node, wrong_scheduler)",
             report_stats.refusals.clone(),
+        );
+        registry.register(
+            "token_reviews",
+            "TokenReviews the reports server sent to the API server (results are cached by token hash)",
+            report_stats.token_reviews.clone(),
         );
         registry.register(
             "image_verifications",

@@ -6,6 +6,7 @@
 //! node; every report on it must name that node, that pod and that Scheduler. Anything else is
 //! refused with a [`Refusal`], logged and counted by reason.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,6 +34,8 @@ use crate::api::Scheduler;
 use crate::error::BoxError;
 use crate::kernel::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
+use crate::reviews::ReviewCache;
+use crate::sync::lock;
 use crate::tls::ReloadingCert;
 use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL};
 
@@ -57,6 +60,40 @@ pub struct Inner {
     /// Reports are taken only by the leader: the reports Service selects the leader's pod, and
     /// a replica that loses leadership closes its streams so agents reconnect to the new one.
     leader: tokio::sync::watch::Receiver<bool>,
+    /// TokenReview results by token hash.
+    reviews: ReviewCache,
+    /// Open streams per node.
+    streams: std::sync::Mutex<HashMap<String, usize>>,
+}
+
+/// Open report streams one node may hold (a reconnect may overlap the stream it replaces).
+pub const MAX_STREAMS_PER_NODE: usize = 2;
+/// Open report streams in total (one per node, with room).
+pub const MAX_STREAMS: usize = 20_000;
+/// Largest report accepted, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// TLS handshakes in progress at once.
+pub const MAX_HANDSHAKES: usize = 256;
+/// A handshake that takes longer is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One open stream of a node, counted while it lives.
+struct StreamSlot {
+    service: Arc<Inner>,
+    node: String,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut streams = lock(&self.service.streams);
+        if let Some(n) = streams.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                streams.remove(&self.node);
+            }
+        }
+        self.service.stats.open_streams.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl ReportsService {
@@ -80,6 +117,8 @@ impl ReportsService {
             triggers,
             stats,
             leader,
+            reviews: ReviewCache::default(),
+            streams: std::sync::Mutex::new(HashMap::new()),
         }))
     }
 }
@@ -105,10 +144,12 @@ pub enum Refusal {
     WrongNode,
     /// A report for another Scheduler or pod than the token's.
     WrongScheduler,
+    /// The node already holds [`MAX_STREAMS_PER_NODE`] streams, or the server [`MAX_STREAMS`].
+    TooManyStreams,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::MissingToken,
         Refusal::TokenRejected,
         Refusal::NotAgent,
@@ -117,6 +158,7 @@ impl Refusal {
         Refusal::NotSchedulerPod,
         Refusal::WrongNode,
         Refusal::WrongScheduler,
+        Refusal::TooManyStreams,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -129,6 +171,7 @@ impl Refusal {
             Refusal::NotSchedulerPod => "not_scheduler_pod",
             Refusal::WrongNode => "wrong_node",
             Refusal::WrongScheduler => "wrong_scheduler",
+            Refusal::TooManyStreams => "too_many_streams",
         }
     }
 }
@@ -186,6 +229,25 @@ fn scheduler_of(pod: &Pod) -> Option<(String, String)> {
 }
 
 impl Inner {
+    /// Counts a new stream of `node`, unless the node or the server is at its limit.
+    fn open_slot(self: &Arc<Self>, node: &str) -> Result<StreamSlot, Status> {
+        let mut streams = lock(&self.streams);
+        let total: usize = streams.values().sum();
+        let of_node = streams.get(node).copied().unwrap_or(0);
+        if of_node >= MAX_STREAMS_PER_NODE || total >= MAX_STREAMS {
+            drop(streams);
+            return Err(self.refuse(
+                Refusal::TooManyStreams,
+                Status::resource_exhausted(format!(
+                    "node {node} has {of_node} open report streams (at most {MAX_STREAMS_PER_NODE}; {total} of {MAX_STREAMS} in all); close one, or wait for a dead one to time out"
+                )),
+            ));
+        }
+        *streams.entry(node.to_owned()).or_insert(0) += 1;
+        self.stats.open_streams.fetch_add(1, Ordering::Relaxed);
+        Ok(StreamSlot { service: Arc::clone(self), node: node.to_owned() })
+    }
+
     fn refuse(&self, refusal: Refusal, status: Status) -> Status {
         self.stats.refused(refusal.as_str());
         warn!(code = ?status.code(), reason = refusal.as_str(), err = %status.message(), "refused a report stream");
@@ -200,11 +262,20 @@ impl Inner {
             spec: TokenReviewSpec { token: token.to_owned(), audiences: Some(vec![REPORTS_AUDIENCE.to_owned()]) },
             status: None,
         };
-        let reviewed = Api::<TokenReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot check the token with the API server: {e}")))?;
-        let status = reviewed.status.unwrap_or_default();
+        let now = Instant::now();
+        let status = match self.reviews.get(token, now) {
+            Some(status) => status,
+            None => {
+                self.stats.token_reviews.inc();
+                let reviewed = Api::<TokenReview>::all(self.client.clone())
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| Status::unavailable(format!("cannot check the token with the API server: {e}")))?;
+                let status = reviewed.status.unwrap_or_default();
+                self.reviews.put(token, &status, now, jiff::Timestamp::now().as_second());
+                status
+            }
+        };
         let for_reports = status.audiences.as_ref().is_some_and(|a| a.iter().any(|a| a == REPORTS_AUDIENCE));
         if !status.authenticated.unwrap_or(false) || !for_reports {
             let why = status.error.unwrap_or_else(|| format!("not valid for the audience {REPORTS_AUDIENCE}"));
@@ -308,6 +379,7 @@ impl Reports for ReportsService {
             .map(str::to_owned)
             .ok_or_else(|| self.0.refuse(Refusal::MissingToken, Status::unauthenticated("missing bearer token")))?;
         let caller = self.0.authenticate(&token).await?;
+        let slot = self.0.open_slot(&caller.node)?;
         self.0.stats.accepted_streams.fetch_add(1, Ordering::Relaxed);
         info!(node = %caller.node, pod = %caller.pod, scheduler = %caller.scheduler, "report stream accepted");
         let node = caller.node.clone();
@@ -315,13 +387,21 @@ impl Reports for ReportsService {
         let mut inbound = request.into_inner();
         let (tx, mut rx) = mpsc::channel::<Result<Ack, Status>>(16);
         let service = Arc::clone(&self.0);
+        let idle = self.0.stale_after;
         tokio::spawn(async move {
-            service.stats.open_streams.fetch_add(1, Ordering::Relaxed);
+            let _slot = slot;
             let lost = crate::leader::lost(service.leader.clone());
             tokio::pin!(lost);
             loop {
                 let next = tokio::select! {
-                    next = inbound.message() => next,
+                    next = tokio::time::timeout(idle, inbound.message()) => match next {
+                        Ok(next) => next,
+                        Err(_) => {
+                            info!(node = %node, ?idle, "no report within the stale limit: closing the report stream");
+                            let _ = tx.try_send(Err(Status::deadline_exceeded("no report within the stale limit; reconnect")));
+                            break;
+                        }
+                    },
                     () = &mut lost => {
                         info!(node = %node, "lost leadership: closing the report stream");
                         let _ = tx.try_send(Err(Status::unavailable("leadership moved to another replica; reconnect")));
@@ -332,7 +412,9 @@ impl Reports for ReportsService {
                     Ok(Some(r)) => r,
                     Ok(None) => break,
                     Err(e) => {
-                        debug!(node = %node, err = %e, "report stream ended");
+                        // A broken connection, or a report past the size limit: say why.
+                        debug!(node = %node, code = ?e.code(), err = %e.message(), "report stream ended");
+                        let _ = tx.try_send(Err(e));
                         break;
                     }
                 };
@@ -357,7 +439,6 @@ impl Reports for ReportsService {
                     break;
                 }
             }
-            service.stats.open_streams.fetch_sub(1, Ordering::Relaxed);
         });
         let acks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         Ok(Response::new(Box::pin(acks)))
@@ -391,6 +472,7 @@ pub async fn serve(
     // Handshakes run concurrently, so a slow or silent client does not hold up the others; the
     // certificate is whatever `tls` holds at the time of each handshake.
     let (tx, rx) = mpsc::channel::<std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>(64);
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let accept = tokio::spawn(async move {
         loop {
             let tcp = match listener.accept().await {
@@ -401,9 +483,12 @@ pub async fn serve(
                     continue;
                 }
             };
+            // Bounded handshakes: past the limit, new connections wait in the accept queue.
+            let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                let _permit = permit;
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;
                     }
@@ -416,7 +501,7 @@ pub async fn serve(
     let incoming = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
     let served = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .add_service(ReportsServer::new(service))
+        .add_service(ReportsServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     accept.abort();

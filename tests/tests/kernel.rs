@@ -407,6 +407,81 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
 }
 
 #[tokio::test]
+async fn the_reports_server_bounds_streams_messages_and_token_reviews() -> Result<()> {
+    use sked_proto::v1::reports_client::ReportsClient;
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+    let s = setup("bounded").await?;
+    let ca = std::fs::read(&s.tls.ca)?;
+    let pod = s.pods["k-1"].name_any();
+    let report = |reason: String| sked_proto::Report {
+        node: "k-1".into(),
+        pod: pod.clone(),
+        scheduler: "bounded".into(),
+        reason,
+        sequence: 1,
+        ..Default::default()
+    };
+    // A stream that stays open: its first report's answer, and what keeps it open.
+    let open = |token: String, report: sked_proto::Report| {
+        let (ca, address) = (ca.clone(), s.controller.clone());
+        async move {
+            let channel = Endpoint::from_shared(address)?
+                .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))?
+                .connect()
+                .await?;
+            let (keep, rest) = futures::channel::mpsc::unbounded::<sked_proto::Report>();
+            let reports = futures::StreamExt::chain(futures::stream::iter(vec![report]), rest);
+            let mut req = tonic::Request::new(reports);
+            req.metadata_mut().insert("authorization", format!("Bearer {token}").parse()?);
+            let answer = async {
+                let mut acks = ReportsClient::new(channel).stream(req).await?.into_inner();
+                let first = acks.message().await?;
+                Ok::<_, tonic::Status>((first, acks))
+            }
+            .await;
+            anyhow::Ok((answer, keep))
+        }
+    };
+    let stats = &s.fx.report_stats;
+    let reviews_before = stats.token_reviews.get();
+
+    // Two streams of one node are fine; a third is refused. One TokenReview for the three.
+    let token = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(&s.pods["k-1"])).await?;
+    let (first, _keep1) = open(token.clone(), report("one".into())).await?;
+    let (_, _acks1) = first.map_err(|e| anyhow::anyhow!("first stream refused: {e}"))?;
+    let (second, _keep2) = open(token.clone(), report("two".into())).await?;
+    let (_, _acks2) = second.map_err(|e| anyhow::anyhow!("second stream refused: {e}"))?;
+    let (third, _keep3) = open(token.clone(), report("three".into())).await?;
+    let err = third.err().context("a third stream of one node is refused")?;
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert!(err.message().starts_with("too_many_streams"), "{err}");
+    assert_eq!(stats.token_reviews.get() - reviews_before, 1, "the token was reviewed once");
+
+    // Junk tokens: one review, however often they come back.
+    let junk_before = stats.token_reviews.get();
+    for _ in 0..3 {
+        let (answer, _keep) = open("junk".into(), report("junk".into())).await?;
+        assert_eq!(answer.err().map(|e| e.code()), Some(tonic::Code::Unauthenticated));
+    }
+    assert_eq!(stats.token_reviews.get() - junk_before, 1);
+
+    // A report larger than the limit ends its stream (k-2, whose node holds no stream).
+    let k2 = &s.pods["k-2"];
+    let k2_token = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(k2)).await?;
+    let huge = sked_proto::Report {
+        node: "k-2".into(),
+        pod: k2.name_any(),
+        reason: "x".repeat(sked_controller::reports::MAX_MESSAGE_BYTES + 1),
+        ..report(String::new())
+    };
+    let (answer, _keep) = open(k2_token, huge).await?;
+    let err = answer.err().context("an oversized report is refused")?;
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err}");
+    Ok(())
+}
+
+#[tokio::test]
 async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() -> Result<()> {
     use sked_controller::kernel::KernelTable;
     use sked_controller::metrics::ReportStats;
