@@ -104,6 +104,12 @@ pub struct ControllerFlags {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub report_stale_after: Duration,
 
+    /// How often agents report when nothing changes (their --heartbeat-interval). A new leader
+    /// keeps each Scheduler's KernelAttached condition as it was for this long, unless every
+    /// node reported, rather than judge kernels from an empty table.
+    #[arg(long, default_value = sked_proto::contract::HEARTBEAT_INTERVAL, value_parser = parse_duration)]
+    pub agent_heartbeat_interval: Duration,
+
     /// Service account of the agent pods; only its tokens may report.
     #[arg(long, default_value = "sked-agent")]
     pub agent_service_account: String,

@@ -68,6 +68,11 @@ pub struct KernelSummary {
     pub message: String,
     /// When the freshest-but-aging report turns stale: reconcile again then.
     pub recheck_in: Option<Duration>,
+    /// Scheduled nodes with no report from this Scheduler's agent at all.
+    pub unreported: usize,
+    /// Whether this view may replace the condition written before: false while a new leader
+    /// still gives agents time to report (see `--agent-heartbeat-interval`).
+    pub settled: bool,
 }
 
 /// Folds the reports of `nodes` into a Scheduler's KernelAttached view. `nodes` are the nodes
@@ -85,8 +90,10 @@ pub fn summarize(
     let mut attached = 0i32;
     let mut by_kind: BTreeMap<Reason, Vec<String>> = BTreeMap::new();
     let mut recheck_in: Option<Duration> = None;
+    let mut unreported = 0;
     for node in nodes {
         let Some(r) = reports.get(node).filter(|r| r.scheduler == scheduler) else {
+            unreported += 1;
             by_kind.entry(Reason::NotAttached).or_default().push(format!("{node}: no report yet"));
             continue;
         };
@@ -128,7 +135,7 @@ pub fn summarize(
         let listed = by_kind.get(&reason).map(|v| list(v)).unwrap_or_default();
         (false, reason, format!("{counted}; {listed}"))
     };
-    KernelSummary { attached, is_true, reason, message, recheck_in }
+    KernelSummary { attached, is_true, reason, message, recheck_in, unreported, settled: true }
 }
 
 fn list(items: &[String]) -> String {

@@ -407,7 +407,7 @@ async fn reconcile_loop(
 ) -> Result<(), BoxError> {
     // A new term starts from what the API server says, not from what an earlier term wrote.
     let memo = ctx.memo.clone();
-    let gained = leadership_gained(leader).map(move |()| memo.clear());
+    let gained = leadership_gained(leader).map(move |()| memo.new_term());
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
     let managed =
         watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));

@@ -219,7 +219,14 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     // The nodes that run this Scheduler's pod (and are still its own).
     let scheduled: BTreeSet<String> =
         ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
-    let kernel = ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
+    let mut kernel =
+        ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
+    // Early in a leadership term the table holds only the agents that reconnected so far: keep
+    // the kernel view as it was until every node reported or one heartbeat passed.
+    let grace_left = ctx.flags.agent_heartbeat_interval.saturating_sub(ctx.memo.term_age());
+    if kernel.unreported > 0 && !grace_left.is_zero() {
+        kernel.settled = false;
+    }
     let uid = scheduler.uid().unwrap_or_default();
     let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
     let outcome = status::compute(&Observed {
@@ -269,7 +276,8 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     // a tag that may move; everything else is a watch event.
     let tag_recheck = admitted.from_tag.then_some(ctx.flags.image_recheck_interval);
     let kernel_recheck = kernel.recheck_in.map(|after| after + Duration::from_millis(100));
-    Ok(match kernel_recheck.into_iter().chain(tag_recheck).min() {
+    let grace_recheck = (!kernel.settled).then_some(grace_left + Duration::from_millis(100));
+    Ok(match kernel_recheck.into_iter().chain(grace_recheck).chain(tag_recheck).min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })

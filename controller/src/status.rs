@@ -193,13 +193,27 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         &obs.now,
     ));
     let k = obs.kernel;
-    conditions.push(condition(prev, condition::KERNEL_ATTACHED, k.is_true, k.reason, &k.message, generation, &obs.now));
+    // A new leader that has not heard every agent yet keeps the kernel view it found.
+    let carried = (!k.settled).then(|| find(prev, condition::KERNEL_ATTACHED)).flatten();
+    match carried {
+        Some(c) => conditions.push(c.clone()),
+        None => conditions.push(condition(
+            prev,
+            condition::KERNEL_ATTACHED,
+            k.is_true,
+            k.reason,
+            &k.message,
+            generation,
+            &obs.now,
+        )),
+    }
     // Conditions this module does not own are carried over untouched.
     const OWNED: [&str; 4] =
         [condition::READY, condition::PROGRESSING, condition::DEGRADED, condition::KERNEL_ATTACHED];
     conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
 
-    let kernel_attached = k.attached.min(rollout.desired);
+    let attached = if carried.is_some() { obs.previous.kernel_attached } else { k.attached };
+    let kernel_attached = attached.min(rollout.desired);
     let status = SchedulerStatus {
         observed_generation: generation,
         resolved_image: obs.image.map(str::to_owned).or_else(|| obs.previous.resolved_image.clone()),
@@ -229,14 +243,15 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     // (not for the first "nothing scheduled yet").
     let prev_kernel = find(prev, condition::KERNEL_ATTACHED);
     let first_and_idle = prev_kernel.is_none() && k.reason == Reason::NotAttached;
-    let kernel_event = (!prev_kernel.is_some_and(|c| k.reason.is_of(c)) && !first_and_idle).then(|| EventSpec {
-        kind: match k.reason {
-            Reason::KernelAttached | Reason::NotAttached => EventKind::Normal,
-            _ => EventKind::Warning,
-        },
-        reason: k.reason,
-        message: k.message.clone(),
-    });
+    let kernel_event =
+        (carried.is_none() && !prev_kernel.is_some_and(|c| k.reason.is_of(c)) && !first_and_idle).then(|| EventSpec {
+            kind: match k.reason {
+                Reason::KernelAttached | Reason::NotAttached => EventKind::Normal,
+                _ => EventKind::Warning,
+            },
+            reason: k.reason,
+            message: k.message.clone(),
+        });
     Outcome { status, event, kernel_event }
 }
 
@@ -412,6 +427,8 @@ mod tests {
             reason,
             message: format!("{attached} of {desired}"),
             recheck_in: None,
+            unreported: 0,
+            settled: true,
         }
     }
 
@@ -767,6 +784,25 @@ mod tests {
         // The count never exceeds the desired nodes.
         run.kernel = kernel(5, 2, "KernelAttached");
         assert_eq!(run.step(Some(&ds(1, 1, 2, 2, 2)), &p).status.kernel_attached, 2);
+    }
+
+    #[test]
+    fn an_unsettled_kernel_view_keeps_the_condition_and_records_nothing() {
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        let mut run = Run::new();
+        run.kernel = kernel(2, 2, "KernelAttached");
+        let attached = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        // A new leader has heard no agent yet.
+        run.kernel = KernelSummary { settled: false, unreported: 2, ..kernel(0, 2, "NotAttached") };
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        assert_eq!(cond(&out.status, "KernelAttached"), cond(&attached.status, "KernelAttached"));
+        assert_eq!(out.status.kernel_attached, 2);
+        assert_eq!(out.kernel_event, None);
+        // Once settled, the view counts.
+        run.kernel = kernel(1, 2, "NotAttached");
+        let out = run.step(Some(&ds(1, 1, 2, 2, 2)), &p);
+        assert_eq!(cond(&out.status, "KernelAttached").reason, "NotAttached");
+        assert!(out.kernel_event.is_some());
     }
 
     #[test]

@@ -59,7 +59,8 @@ struct Cli {
     /// TLS name of the controller, when it differs from the address's host.
     #[arg(long)]
     server_name: Option<String>,
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// Report at least this often, changes or not.
+    #[arg(long, default_value = contract::HEARTBEAT_INTERVAL, value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
     /// Address of /readyz, /healthz and /metrics.
     #[arg(long, default_value_t = SocketAddr::from(([0, 0, 0, 0], contract::AGENT_PORT)))]

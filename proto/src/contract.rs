@@ -8,6 +8,10 @@ pub const REPORTS_AUDIENCE: &str = "sked-reports";
 /// Port of the agent's `/readyz`, `/healthz` and `/metrics`.
 pub const AGENT_PORT: u16 = 9464;
 
+/// How often an agent reports when nothing changes (its `--heartbeat-interval` default); a new
+/// leader gives agents this long to report before it judges their kernels.
+pub const HEARTBEAT_INTERVAL: &str = "10s";
+
 /// Path of the agent's readiness endpoint (Ready only while its scheduler is attached).
 pub const READYZ_PATH: &str = "/readyz";
 

@@ -103,7 +103,7 @@ impl Fixture {
         Self::start_inner(ControllerFlags::default(), false).await
     }
 
-    async fn start_inner(mut flags: ControllerFlags, run_controller: bool) -> Result<Self> {
+    async fn start_inner(flags: ControllerFlags, run_controller: bool) -> Result<Self> {
         let turn = SERIAL.lock().await;
         init_test_logging();
         let cluster = shared_cluster()?;
@@ -113,6 +113,28 @@ impl Fixture {
         let namespace = flags.workload_namespace.clone();
         ensure_namespace(&client, &namespace).await?;
         ensure_service_account(&client, &namespace, &flags.agent_service_account).await?;
+        tokio::spawn(finish_pod_deletions(client.clone(), namespace.clone()));
+        let mut fixture = Self {
+            cluster,
+            client,
+            namespace,
+            report_stats: Default::default(),
+            metrics_address: ([127, 0, 0, 1], 0).into(),
+            stop: None,
+            controller: None,
+            _turn: turn,
+        };
+        if run_controller {
+            // The test agents report every second.
+            let flags = ControllerFlags { agent_heartbeat_interval: Duration::from_secs(1), ..flags };
+            fixture.start_controller(flags)?;
+        }
+        Ok(fixture)
+    }
+
+    /// Starts an in-process controller with `flags` (adjusted for tests), as after a failover
+    /// when one ran before: a new process, with new counters and an empty kernel table.
+    pub fn start_controller(&mut self, mut flags: ControllerFlags) -> Result<()> {
         // Fast retries keep failure tests short; the backoff itself is unit-tested.
         flags.reconcile_retry_base_delay = Duration::from_millis(200);
         flags.reconcile_rate_limit_qps = 100.0;
@@ -120,38 +142,27 @@ impl Fixture {
         // One in-process controller at a time: no election (the leader test runs processes).
         flags.leader_elect = false;
         flags.metrics_bind_address = ([127, 0, 0, 1], cluster::free_port()?).into();
-        let metrics_address = flags.metrics_bind_address;
+        self.metrics_address = flags.metrics_bind_address;
         // Tests that are not about image trust run made-up images from no registry.
         if flags.trust_policy.is_none() {
-            flags.trust_policy = Some(allow_unsigned_policy(&cluster.dir)?);
+            flags.trust_policy = Some(allow_unsigned_policy(&self.cluster.dir)?);
         }
-        tokio::spawn(finish_pod_deletions(client.clone(), namespace.clone()));
         let (stop, stopped) = oneshot::channel::<()>();
-        let controller_client = client.clone();
-        let report_stats = std::sync::Arc::new(sked_controller::metrics::ReportStats::default());
-        let stats = report_stats.clone();
-        let controller = run_controller.then(|| {
-            tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = stopped.await;
-                };
-                let run =
-                    sked_controller::manager::run_with_stats(controller_client, flags, "test".into(), shutdown, stats);
-                if let Err(e) = run.await {
-                    eprintln!("controller stopped with error: {e}");
-                }
-            })
-        });
-        Ok(Self {
-            cluster,
-            client,
-            namespace,
-            report_stats,
-            metrics_address,
-            stop: Some(stop),
-            controller,
-            _turn: turn,
-        })
+        let controller_client = self.client.clone();
+        self.report_stats = std::sync::Arc::new(sked_controller::metrics::ReportStats::default());
+        let stats = self.report_stats.clone();
+        self.controller = Some(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            let run =
+                sked_controller::manager::run_with_stats(controller_client, flags, "test".into(), shutdown, stats);
+            if let Err(e) = run.await {
+                eprintln!("controller stopped with error: {e}");
+            }
+        }));
+        self.stop = Some(stop);
+        Ok(())
     }
 
     /// Stops the controller and waits for it to drain.

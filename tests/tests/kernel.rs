@@ -136,6 +136,43 @@ async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_new_leader_keeps_kernel_conditions_until_agents_report() -> Result<()> {
+    let mut s = setup("failover").await?;
+    let a1 = s.agent("k-1").await?;
+    let a2 = s.agent("k-2").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    let before = s.wait_kernel("both attached", 2, "KernelAttached").await?;
+    s.fx.wait_event(&s.name, "Normal", "KernelAttached", 1).await?;
+    let events = s.fx.scheduler_events(&s.name).await?;
+
+    // The leader goes; the next one starts with an empty kernel table, and the agents cannot
+    // reach it yet (another port): within a heartbeat it judges nothing.
+    s.fx.stop_controller().await;
+    let flags = ControllerFlags {
+        reports_bind_address: ([127, 0, 0, 1], free_port()?).into(),
+        reports_cert_file: Some(s.tls.cert.clone()),
+        reports_key_file: Some(s.tls.key.clone()),
+        report_stale_after: STALE_AFTER,
+        agent_heartbeat_interval: Duration::from_secs(120),
+        ..ControllerFlags::default()
+    };
+    s.fx.start_controller(flags)?;
+    wait_for("the new leader's first reconcile", || async {
+        let metrics = s.fx.scrape_metrics().await?;
+        let done =
+            metrics.lines().any(|l| l.starts_with("sked_reconciles_total{result=\"success\"}") && !l.ends_with(" 0"));
+        Ok(done.then_some(()))
+    })
+    .await?;
+    let after = s.fx.schedulers().get(&s.name).await?;
+    assert_eq!(condition(&after, "KernelAttached"), condition(&before, "KernelAttached"), "no condition change");
+    assert_eq!(after.status.as_ref().map(|st| st.kernel_attached), Some(2));
+    assert_eq!(s.fx.scheduler_events(&s.name).await?, events, "no event");
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_foreign_scheduler_and_a_silent_agent_are_reported() -> Result<()> {
     let s = setup("foreign").await?;
     let a1 = s.agent("k-1").await?;
