@@ -4,10 +4,11 @@
 //! - [`arbiter`]: which Scheduler owns each node;
 //! - [`workload`]: the DaemonSet a Scheduler should have;
 //! - [`status`]: a Scheduler's status and the events to record;
-//! - [`index`]: the arbiter's watch-fed view of Schedulers and Nodes;
+//! - [`index`]: the watch-fed Scheduler store, the arbiter's view of Nodes, the scheduler pods;
 //! - [`reconcile`]: the reconcile that applies the DaemonSet and writes status;
 //! - [`manager`]: startup, servers, leadership terms and shutdown;
-//! - [`kernel`] and [`reports`]: the agents' kernel reports and the KernelAttached view.
+//! - [`kernel`] and [`reports`]: the agents' kernel reports and the KernelAttached view;
+//!   [`reviews`]: TokenReview results kept by token hash.
 
 pub mod api;
 pub mod arbiter;

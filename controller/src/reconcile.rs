@@ -1,4 +1,4 @@
-//! The reconcile of one Scheduler: read its placement from the arbiter, apply the desired
+//! The reconcile of one Scheduler: read its spec and placement from the index, apply the desired
 //! DaemonSet (server-side apply), fold DaemonSet status and kernel reports into the Scheduler's
 //! status, and record state-change events. The decisions live in [`crate::arbiter`],
 //! [`crate::workload`], [`crate::status`] and [`crate::kernel`]; startup and leadership in
