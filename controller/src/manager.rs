@@ -376,15 +376,17 @@ async fn mark_leadership(
         let now = *leader.borrow_and_update();
         if now != leading {
             leading = now;
+            metrics.set_leader(leading);
             if leading {
                 info!("leading: reconciling Schedulers");
-                // The leader keeps the workload namespace ready for privileged scheduler pods.
-                ensure_workload_namespace(client, flags).await;
             } else {
                 warn!("lost leadership: stopped reconciling and writing");
             }
-            metrics.set_leader(leading);
             label_own_pod(client, leading).await;
+            if leading {
+                // The leader keeps the workload namespace ready for privileged scheduler pods.
+                ensure_workload_namespace(client, flags).await;
+            }
         }
         if leader.changed().await.is_err() {
             return;
@@ -406,8 +408,12 @@ async fn reconcile_loop(
     stop: Stop,
 ) -> Result<(), BoxError> {
     // A new term starts from what the API server says, not from what an earlier term wrote.
-    let memo = ctx.memo.clone();
-    let gained = leadership_gained(leader).map(move |()| memo.new_term());
+    // (The leader metric is set here too, so no reconcile of the new term runs before it says so.)
+    let (memo, metrics) = (ctx.memo.clone(), ctx.metrics.clone());
+    let gained = leadership_gained(leader).map(move |()| {
+        memo.new_term();
+        metrics.set_leader(true);
+    });
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
     let managed =
         watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
