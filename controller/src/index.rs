@@ -114,6 +114,22 @@ fn trigger(tx: &Triggers, changed: Changed) {
     }
 }
 
+/// The events of a watch; its errors are logged and skipped (the watcher retries with backoff).
+fn logged<K>(
+    what: &'static str,
+    events: impl futures::Stream<Item = Result<Event<K>, watcher::Error>>,
+) -> impl futures::Stream<Item = Event<K>> {
+    events.filter_map(move |event| {
+        futures::future::ready(match event {
+            Ok(event) => Some(event),
+            Err(e) => {
+                warn!(err = %e, "{what} watch failed; retrying");
+                None
+            }
+        })
+    })
+}
+
 /// How one kind of object changes the arbiter. Each method runs under the arbiter's lock.
 trait Feed<K> {
     /// Called first for every event, with the lock held.
@@ -126,7 +142,7 @@ trait Feed<K> {
 /// Applies a watch's events to the arbiter, one at a time; triggers every Scheduler whose
 /// placement moved. `ready` turns true after the first full list.
 async fn feed_arbiter<K, S>(
-    what: &str,
+    what: &'static str,
     arbiter: &Mutex<Arbiter>,
     events: S,
     mut feed: impl Feed<K>,
@@ -136,15 +152,8 @@ async fn feed_arbiter<K, S>(
     S: futures::Stream<Item = Result<Event<K>, watcher::Error>>,
 {
     let mut relist: Vec<K> = Vec::new();
-    let mut events = std::pin::pin!(events);
+    let mut events = std::pin::pin!(logged(what, events));
     while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(e) => {
-                warn!(err = %e, "{what} watch failed; retrying");
-                continue;
-            }
-        };
         let changed = {
             let mut arbiter = lock(arbiter);
             feed.observe(&event);
@@ -251,15 +260,8 @@ where
     };
     let owner_of = |p: &Pod| p.labels().get(NAME_LABEL).cloned();
     let owners = |store: &Store<Pod>| store.state().iter().filter_map(|p| owner_of(p)).collect::<BTreeSet<String>>();
-    let mut events = std::pin::pin!(events);
+    let mut events = std::pin::pin!(logged("scheduler Pod", events));
     while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(e) => {
-                warn!(err = %e, "scheduler Pod watch failed; retrying");
-                continue;
-            }
-        };
         let mut touched = match &event {
             Event::Apply(p) => {
                 let before = store.as_reader().get(&ObjectRef::from_obj(p));
