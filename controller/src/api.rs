@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, LocalObjectReference, ResourceRequirements, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -35,10 +36,14 @@ pub const GROUP: &str = "sked.schedkit.io";
         description = "Scheduled pods that are ready"),
     printcolumn(name = "Desired", type_ = "integer", json_path = ".status.desiredNumberScheduled",
         description = "Nodes that should run the scheduler"),
+    printcolumn(name = "Up-to-date", type_ = "integer", json_path = ".status.updatedNumberScheduled",
+        description = "Nodes that run the revision of the current spec"),
     printcolumn(name = "Available", type_ = "integer", json_path = ".status.numberAvailable",
         description = "Scheduled pods that are available"),
     printcolumn(name = "Kernel-Attached", type_ = "string", json_path = ".status.kernelAttachedSummary",
         description = "Nodes whose kernel runs this scheduler, out of the desired nodes"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.rollout.phase",
+        description = "Where the rollout of the current spec stands"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -54,6 +59,9 @@ pub struct SchedulerSpec {
     #[x_kube(validation = Rule::new(
         "self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))"
     ).message("nodeSelector keys must be valid label keys: an optional DNS-subdomain prefix and '/', then up to 63 alphanumerics, '-', '_' or '.'"))]
+    #[x_kube(validation = Rule::new("!('sked.schedkit.io/scheduler' in self)").message(
+        "nodeSelector may not use sked.schedkit.io/scheduler: sked sets that label on the nodes each Scheduler owns; select nodes by your own labels"
+    ))]
     pub node_selector: BTreeMap<String, String>,
 
     /// Tolerations for the scheduler's pods. A toleration permits placement on a tainted node;
@@ -100,6 +108,53 @@ pub struct SchedulerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 127), regex(pattern = r"^[A-Za-z0-9_.-]+$"))]
     pub expected_ops: Option<String>,
+
+    /// How a new revision (a new image digest, args, env, ...) replaces the running one, node by
+    /// node. Unset fields take their defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
+}
+
+/// Pacing of a rollout: a canary first, then waves, each moving on only once the kernel reports
+/// the new revision attached and it baked without an ejection; a revision that fails is rolled
+/// back.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// Nodes updated (and baked) before any other node. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub canary: Option<i32>,
+    /// Most nodes replaced in one wave, and most nodes without an attached scheduler at once
+    /// because of the rollout: a number, or a percentage of the Scheduler's nodes such as `25%`
+    /// (rounded down, at least 1). Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "int_or_percent_schema")]
+    pub max_unavailable: Option<IntOrString>,
+    /// How long the newest updated node must stay attached, with no node ejected, before the
+    /// next wave starts. Default 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub bake_seconds: Option<i32>,
+    /// How long a replaced node may take to report the new revision attached before the
+    /// rollout is rolled back. Default 120.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub attach_timeout_seconds: Option<i32>,
+    /// Stops the rollout before its next wave; running pods are left as they are.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+}
+
+fn int_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [
+            {"type": "integer", "minimum": 1},
+            {"type": "string", "pattern": "^([1-9][0-9]?|100)%$"}
+        ],
+        "description": "Most nodes replaced in one wave, and most nodes without an attached scheduler at once because of the rollout: a number, or a percentage of the Scheduler's nodes such as `25%` (rounded down, at least 1). Default 1."
+    })
 }
 
 impl SchedulerSpec {
@@ -137,9 +192,104 @@ pub struct SchedulerStatus {
     /// Selected nodes this Scheduler lost to older Schedulers.
     #[serde(default)]
     pub conflicting_nodes: i32,
-    /// Ready, Progressing, Degraded and KernelAttached, each with its own observedGeneration.
+    /// Nodes that run the revision of the current spec (the UP-TO-DATE column).
+    #[serde(default)]
+    pub updated_number_scheduled: i32,
+    /// Where the rollout of the current spec stands. The controller keeps its state here, so a
+    /// new leader carries on where the last one stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+    /// Ready, Progressing, Reconciling, Stalled, Degraded and KernelAttached, each with the
+    /// observedGeneration whose revision it describes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A revision of a Scheduler's pods: what its spec and resolved image make of them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Revision {
+    /// The value of the pods' `sked.schedkit.io/revision` label.
+    pub name: String,
+    /// The scheduler image, pinned by digest when image trust resolved it.
+    pub image: String,
+    /// The newest Scheduler generation whose spec makes this revision.
+    pub generation: i64,
+}
+
+/// The rollout of a Scheduler's current revision.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// Canary, Rolling, Paused, Complete, RolledBack or Failed.
+    pub phase: RolloutPhase,
+    /// The last revision that ran attached on every node (what a rollback restores).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_revision: Option<Revision>,
+    /// The revision being rolled out (equal to the current one once complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_revision: Option<Revision>,
+    /// Nodes that run the update revision.
+    #[serde(default)]
+    pub updated_nodes: i32,
+    /// Nodes that run the update revision and report it attached.
+    #[serde(default)]
+    pub attached_nodes: i32,
+    /// Nodes left out of the rollout because their kernel cannot run sched_ext or runs another
+    /// scheduler.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_nodes: Vec<String>,
+    /// The revision that failed and was rolled back; not tried again until the spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<RolloutFailure>,
+}
+
+/// Why a revision was rolled back.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutFailure {
+    /// The revision that failed.
+    pub revision: String,
+    /// The Scheduler generation that asked for it.
+    pub generation: i64,
+    /// The node where it failed.
+    pub node: String,
+    /// What happened there.
+    pub cause: String,
+    /// When the rollout was stopped.
+    pub time: Time,
+}
+
+/// Where a rollout stands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+pub enum RolloutPhase {
+    /// The first nodes run the new revision; the rest wait for them to attach and bake.
+    Canary,
+    /// Waves replace the remaining nodes.
+    Rolling,
+    /// `spec.rollout.paused`: no further wave starts.
+    Paused,
+    /// Every node runs the current revision, attached.
+    #[default]
+    Complete,
+    /// The revision failed; the nodes it reached run the previous revision again.
+    RolledBack,
+    /// The revision failed and no earlier revision ever attached, so there is nothing to
+    /// restore: the pods are left as they are.
+    Failed,
+}
+
+impl RolloutPhase {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RolloutPhase::Canary => "Canary",
+            RolloutPhase::Rolling => "Rolling",
+            RolloutPhase::Paused => "Paused",
+            RolloutPhase::Complete => "Complete",
+            RolloutPhase::RolledBack => "RolledBack",
+            RolloutPhase::Failed => "Failed",
+        }
+    }
 }
 
 /// Condition types the controller writes.
@@ -148,13 +298,18 @@ pub mod condition {
     pub const PROGRESSING: &str = "Progressing";
     pub const DEGRADED: &str = "Degraded";
     pub const KERNEL_ATTACHED: &str = "KernelAttached";
+    /// kstatus: the controller is still working toward the current generation.
+    pub const RECONCILING: &str = "Reconciling";
+    /// kstatus: the controller cannot reach the current generation without a change of spec.
+    pub const STALLED: &str = "Stalled";
 }
 
 /// Reasons of conditions and events (the names users know from the reference documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
-    // Ready and Progressing.
+    // Ready, Progressing and Reconciling.
     RolloutInProgress,
+    RolloutPaused,
     DaemonSetReady,
     NoNodesScheduled,
     // Degraded.
@@ -162,11 +317,14 @@ pub enum Reason {
     NodesUnavailable,
     SpecInvalid,
     ImageVerificationFailed,
-    /// Degraded=False.
+    /// Degraded and Stalled: a revision failed and was rolled back (or had nothing to go back to).
+    RolloutFailed,
+    /// Degraded=False, Stalled=False.
     AsExpected,
     // Events only.
     ReconcileFailed,
     StatusUpdateFailed,
+    RolledBack,
     // KernelAttached condition and kernel events.
     KernelAttached,
     NotAttached,
@@ -176,17 +334,20 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 18] = [
         Reason::RolloutInProgress,
+        Reason::RolloutPaused,
         Reason::DaemonSetReady,
         Reason::NoNodesScheduled,
         Reason::SchedulerConflict,
         Reason::NodesUnavailable,
         Reason::SpecInvalid,
         Reason::ImageVerificationFailed,
+        Reason::RolloutFailed,
         Reason::AsExpected,
         Reason::ReconcileFailed,
         Reason::StatusUpdateFailed,
+        Reason::RolledBack,
         Reason::KernelAttached,
         Reason::NotAttached,
         Reason::ForeignScheduler,
@@ -198,15 +359,18 @@ impl Reason {
     pub const fn as_str(self) -> &'static str {
         match self {
             Reason::RolloutInProgress => "RolloutInProgress",
+            Reason::RolloutPaused => "RolloutPaused",
             Reason::DaemonSetReady => "DaemonSetReady",
             Reason::NoNodesScheduled => "NoNodesScheduled",
             Reason::SchedulerConflict => "SchedulerConflict",
             Reason::NodesUnavailable => "NodesUnavailable",
             Reason::SpecInvalid => "SpecInvalid",
             Reason::ImageVerificationFailed => "ImageVerificationFailed",
+            Reason::RolloutFailed => "RolloutFailed",
             Reason::AsExpected => "AsExpected",
             Reason::ReconcileFailed => "ReconcileFailed",
             Reason::StatusUpdateFailed => "StatusUpdateFailed",
+            Reason::RolledBack => "RolledBack",
             Reason::KernelAttached => "KernelAttached",
             Reason::NotAttached => "NotAttached",
             Reason::ForeignScheduler => "ForeignScheduler",

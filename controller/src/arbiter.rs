@@ -119,6 +119,19 @@ impl Arbiter {
         self.nodes.keys().map(String::as_str)
     }
 
+    /// The labels of a known node.
+    pub fn node_labels(&self, name: &str) -> Option<&BTreeMap<String, String>> {
+        self.nodes.get(name)
+    }
+
+    /// Every known node with its labels and its owner (the oldest Scheduler selecting it).
+    pub fn owners(&self) -> impl Iterator<Item = (&str, &BTreeMap<String, String>, Option<&str>)> {
+        self.nodes.iter().map(|(name, labels)| {
+            let owner = self.candidates.get(name).and_then(|order| order.first()).map(String::as_str);
+            (name.as_str(), labels, owner)
+        })
+    }
+
     /// Adds or updates a Scheduler. A copy older than the stored one (by generation) is ignored.
     pub fn upsert_scheduler(&mut self, claim: Claim) -> Changed {
         if let Some(old) = self.claims.get(&claim.name)

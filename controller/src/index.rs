@@ -17,15 +17,16 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use crate::api::Scheduler;
 use crate::arbiter::{Arbiter, Changed, Claim, Placement};
 use crate::memo::Memo;
 use crate::metrics::Metrics;
+use crate::pods;
 use crate::sync::lock;
-use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL};
+use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
 
 /// Schedulers to reconcile, sent by the indexes, the reports server and policy changes.
 pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
@@ -37,6 +38,8 @@ pub(crate) struct Index {
     schedulers: Store<Scheduler>,
     /// The scheduler pods (those sked manages in the workload namespace).
     pods: Store<Pod>,
+    /// Woken when a Node or a Scheduler changed: the owner labels may need writing.
+    ownership: Arc<Notify>,
 }
 
 /// Write side of the index: the two feeds, each run by one task ([`Feeds::schedulers`],
@@ -45,6 +48,7 @@ pub(crate) struct Feeds {
     arbiter: Arc<Mutex<Arbiter>>,
     store: reflector::store::Writer<Scheduler>,
     pods: reflector::store::Writer<Pod>,
+    ownership: Arc<Notify>,
 }
 
 /// An empty index and its feeds.
@@ -52,7 +56,11 @@ pub(crate) fn index() -> (Index, Feeds) {
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
     let (schedulers, store) = reflector::store();
     let (pod_reader, pods) = reflector::store();
-    (Index { arbiter: arbiter.clone(), schedulers, pods: pod_reader }, Feeds { arbiter, store, pods })
+    let ownership = Arc::new(Notify::new());
+    (
+        Index { arbiter: arbiter.clone(), schedulers, pods: pod_reader, ownership: ownership.clone() },
+        Feeds { arbiter, store, pods, ownership },
+    )
 }
 
 impl Index {
@@ -79,6 +87,38 @@ impl Index {
             })
             .filter_map(|p| p.spec.as_ref()?.node_name.clone())
             .collect()
+    }
+
+    /// Every pod of the Scheduler `name`, terminating ones included.
+    pub(crate) fn pods_of(&self, name: &str) -> Vec<Arc<Pod>> {
+        self.pods.state().into_iter().filter(|p| p.labels().get(NAME_LABEL).is_some_and(|n| n == name)).collect()
+    }
+
+    /// The nodes whose owner label differs from their owner, with the value it should have
+    /// (`None`: the label should go, no Scheduler selects the node).
+    pub(crate) fn owner_label_drift(&self) -> Vec<(String, Option<String>)> {
+        lock(&self.arbiter)
+            .owners()
+            .filter(|(_, labels, owner)| labels.get(OWNER_LABEL).map(String::as_str) != *owner)
+            .map(|(node, _, owner)| (node.to_owned(), owner.map(str::to_owned)))
+            .collect()
+    }
+
+    /// How many of `nodes` do not carry the owner label naming `scheduler` yet.
+    pub(crate) fn unlabelled(&self, scheduler: &str, nodes: &BTreeSet<String>) -> usize {
+        let arbiter = lock(&self.arbiter);
+        nodes
+            .iter()
+            .filter(|n| {
+                arbiter.node_labels(n).and_then(|l| l.get(OWNER_LABEL)).is_none_or(|owner| owner != scheduler)
+            })
+            .count()
+    }
+
+    /// Resolves after the next change of a Node or a Scheduler (or at once, if one happened
+    /// since the last call).
+    pub(crate) async fn ownership_changed(&self) {
+        self.ownership.notified().await;
     }
 
     /// Names of every known Scheduler.
@@ -148,6 +188,7 @@ async fn feed_arbiter<K, S>(
     mut feed: impl Feed<K>,
     tx: Triggers,
     ready: watch::Sender<bool>,
+    ownership: &Notify,
 ) where
     S: futures::Stream<Item = Result<Event<K>, watcher::Error>>,
 {
@@ -176,6 +217,7 @@ async fn feed_arbiter<K, S>(
             }
         };
         trigger(&tx, changed);
+        ownership.notify_one();
     }
 }
 
@@ -239,7 +281,15 @@ impl Feed<PartialObjectMeta<Node>> for NodeFeed {
 
     fn applied(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
         let (name, labels) = labels_of(n);
-        arbiter.upsert_node(&name, labels)
+        // The owner label appearing or moving lets its Schedulers go on (a DaemonSet waits for
+        // the labels of its nodes), even though placement did not change.
+        let before = arbiter.node_labels(&name).and_then(|l| l.get(OWNER_LABEL)).cloned();
+        let after = labels.get(OWNER_LABEL).cloned();
+        let mut changed = arbiter.upsert_node(&name, labels);
+        if before != after {
+            changed.extend(before.into_iter().chain(after));
+        }
+        changed
     }
 
     fn deleted(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
@@ -247,16 +297,18 @@ impl Feed<PartialObjectMeta<Node>> for NodeFeed {
     }
 }
 
-/// Keeps the scheduler pods, and triggers a Scheduler whose pod was bound to a node, started
-/// terminating or went away (the nodes its kernel view counts changed); after a relist, every
-/// Scheduler with a pod before or after. `listed` turns true after the first full list.
+/// Keeps the scheduler pods, and triggers a Scheduler whose pod was bound to a node, turned
+/// Ready or not, restarted, started terminating or went away (its kernel view and its rollout
+/// read these); after a relist, every Scheduler with a pod before or after. `listed` turns true
+/// after the first full list.
 async fn feed_pods<S>(events: S, mut store: reflector::store::Writer<Pod>, tx: Triggers, listed: watch::Sender<bool>)
 where
     S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>>,
 {
+    // What a Scheduler's kernel view and rollout read of its pods.
     let counted = |p: &Pod| {
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
-        (node, p.metadata.deletion_timestamp.is_some())
+        (node, p.metadata.deletion_timestamp.is_some(), pods::ready(p), pods::scheduler_restarts(p))
     };
     let owner_of = |p: &Pod| p.labels().get(NAME_LABEL).cloned();
     let owners = |store: &Store<Pod>| store.state().iter().filter_map(|p| owner_of(p)).collect::<BTreeSet<String>>();
@@ -299,7 +351,7 @@ impl Feeds {
         tx: Triggers,
         ready: watch::Sender<bool>,
     ) {
-        let Feeds { arbiter, mut store, pods } = self;
+        let Feeds { arbiter, mut store, pods, ownership } = self;
         let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
         let (nodes_listed, mut nodes_ready) = watch::channel(false);
         let (pods_listed, mut pods_ready) = watch::channel(false);
@@ -310,8 +362,16 @@ impl Feeds {
         let scheduler_pods = watcher::watcher(Api::<Pod>::namespaced(client, workload_namespace), managed);
         let feed = SchedulerFeed { store: &mut store, memo, metrics };
         futures::join!(
-            feed_arbiter("Scheduler", &arbiter, schedulers.default_backoff(), feed, tx.clone(), schedulers_listed),
-            feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx.clone(), nodes_listed),
+            feed_arbiter(
+                "Scheduler",
+                &arbiter,
+                schedulers.default_backoff(),
+                feed,
+                tx.clone(),
+                schedulers_listed,
+                &ownership
+            ),
+            feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx.clone(), nodes_listed, &ownership),
             feed_pods(scheduler_pods.default_backoff(), pods, tx, pods_listed),
             async {
                 // Every list, or nothing: a partial view could hand a node to the wrong Scheduler

@@ -22,6 +22,12 @@ pub struct NodeReport {
     pub reason: String,
     pub ops: String,
     pub received: Instant,
+    /// Since when (seconds since the epoch) this pod's scheduler has been reported attached;
+    /// kept by [`KernelTable::record`] across heartbeats.
+    pub attached_since: Option<i64>,
+    /// This pod's scheduler was attached and no longer is: the kernel ejected it, or it exited.
+    /// Kept by [`KernelTable::record`] for as long as the same pod reports.
+    pub ejected: bool,
 }
 
 /// Latest report per node, shared by the reports server and the reconciler.
@@ -34,8 +40,17 @@ impl KernelTable {
     /// Stores a node's report. Returns the Schedulers whose kernel view changed (the reporting
     /// one, and a previous one on that node), or nothing for a heartbeat that changes nothing.
     /// A heartbeat after `stale_after` of silence is news: the node is back.
-    pub fn record(&self, node: &str, report: NodeReport, stale_after: Duration) -> Vec<String> {
+    pub fn record(&self, node: &str, mut report: NodeReport, stale_after: Duration) -> Vec<String> {
         let mut nodes = lock(&self.nodes);
+        let same_pod = nodes.get(node).filter(|p| p.pod == report.pod && p.scheduler == report.scheduler);
+        let was_attached = same_pod.and_then(|p| p.attached_since);
+        if report.verdict == Verdict::Attached {
+            report.attached_since = Some(was_attached.unwrap_or_else(|| jiff::Timestamp::now().as_second()));
+            report.ejected = false;
+        } else {
+            report.attached_since = None;
+            report.ejected = was_attached.is_some() || same_pod.is_some_and(|p| p.ejected);
+        }
         let previous = nodes.insert(node.to_owned(), report.clone());
         match previous {
             Some(p)
@@ -156,6 +171,8 @@ mod tests {
             reason: format!("{verdict:?} here"),
             ops: "rusty".into(),
             received,
+            attached_since: None,
+            ejected: false,
         }
     }
 
@@ -248,5 +265,26 @@ mod tests {
         let later = now + STALE + Duration::from_secs(1);
         assert_eq!(t.record("a", report("s2", Verdict::Attached, later), STALE), vec!["s2"]);
         assert_eq!(t.read(|nodes| nodes["a"].scheduler.clone()), "s2");
+    }
+
+    #[test]
+    fn attachment_is_dated_and_an_ejection_remembered_for_the_same_pod() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        assert_eq!(t.read(|n| (n["a"].attached_since, n["a"].ejected)), (None, false));
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        let since = t.read(|n| n["a"].attached_since);
+        assert!(since.is_some());
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        assert_eq!(t.read(|n| n["a"].attached_since), since, "a heartbeat keeps the date");
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        assert_eq!(t.read(|n| (n["a"].attached_since, n["a"].ejected)), (None, true));
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        assert!(t.read(|n| n["a"].ejected), "remembered while the same pod reports");
+        let mut next = report("s", Verdict::NotAttached, now);
+        next.pod = "p2".into();
+        t.record("a", next, STALE);
+        assert!(!t.read(|n| n["a"].ejected), "a new pod starts clean");
     }
 }

@@ -3,6 +3,7 @@
 //! Where the decisions live:
 //! - [`arbiter`]: which Scheduler owns each node;
 //! - [`workload`]: the DaemonSet a Scheduler should have;
+//! - [`rollout`]: which pods a rollout replaces next, and when a revision failed;
 //! - [`status`]: a Scheduler's status and the events to record;
 //! - [`index`]: the watch-fed Scheduler store, the arbiter's view of Nodes, the scheduler pods;
 //! - [`reconcile`]: the reconcile that applies the DaemonSet and writes status;
@@ -23,9 +24,12 @@ pub mod manager;
 mod memo;
 pub mod metrics;
 pub mod pacing;
+mod ownership;
+mod pods;
 pub mod reconcile;
 pub mod reports;
 pub mod reviews;
+pub mod rollout;
 pub mod status;
 pub mod sync;
 pub mod telemetry;

@@ -9,23 +9,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use sked_proto::Verdict;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::api::{Reason, Scheduler, SchedulerStatus};
+use crate::api::{Reason, RolloutFailure, RolloutPhase, RolloutStatus, Scheduler, SchedulerStatus};
 use crate::config::ControllerFlags;
 use crate::index::Index;
 use crate::kernel::{self, KernelTable};
 use crate::memo::Memo;
 use crate::metrics::{Metrics, ReportStats};
 use crate::pacing::{TokenBucket, retry_delay};
+use crate::pods;
+use crate::rollout;
 use crate::status::{self, EventKind, EventSpec, Observed};
 use crate::sync::lock;
 use crate::trust::{Trust, TrustError};
@@ -148,16 +152,13 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     }
     let name = name.to_owned();
     let generation = scheduler.metadata.generation;
+    let uid = scheduler.uid().unwrap_or_default();
+    let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
+    let previous_rollout = previous.rollout.clone().unwrap_or_default();
 
     let namespace = &ctx.settings.namespace;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
-    let get_current = || async {
-        daemonsets.get_opt(&name).await.map_err(|source| Error::ApplyDaemonSet {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            source,
-        })
-    };
+    let apply_error = |source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source };
 
     // The trust policy admits the image (whether or not the Scheduler has nodes, so its status
     // always tells) before anything is deployed; a refusal leaves the DaemonSet as it is.
@@ -167,35 +168,52 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     if let Err(e) = &admission {
         warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
     }
+    // The revision the spec asks for, and whether it already failed (then it is not tried again
+    // until the spec changes).
+    let wanted = admission.as_ref().ok().map(|a| (workload::revision(scheduler, &a.image), a.image.clone()));
+    let failed = previous_rollout.failed.clone().filter(|f| {
+        wanted.as_ref().is_some_and(|(revision, _)| *revision == f.revision) && generation == Some(f.generation)
+    });
 
     let mut spec_error = None;
-    let daemonset = match (&admission, placement.wants_daemonset()) {
-        (Ok(admitted), true) => {
-            let image = &admitted.image;
-            let desired = workload::desired_daemonset(scheduler, image, &placement.lost_nodes(), &ctx.settings)?;
-            if !ctx.leading() {
-                return Ok(Action::await_change());
-            }
-            match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
-                Ok(applied) => {
-                    let generation = applied.metadata.generation.unwrap_or(0);
-                    let previous = lock(&ctx.memo.applied).insert(name.clone(), generation);
-                    if previous != Some(generation) {
-                        info!(daemonset = %format!("{namespace}/{name}"), image = %image, lost_nodes = placement.lost.len(), "applied DaemonSet");
+    let mut requeue: Option<Duration> = None;
+    let daemonset = match (&wanted, placement.wants_daemonset()) {
+        (Some((_, image)), true) if failed.is_none() => {
+            let desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
+            // A node that runs this Scheduler's pod keeps it only if it carries the owner
+            // label the template selects: apply once those labels are written.
+            let running: BTreeSet<String> = ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
+            let waiting = ctx.index.unlabelled(&name, &running);
+            if waiting > 0 {
+                debug!(nodes = waiting, "waiting for the owner label on nodes that run this Scheduler");
+                requeue = Some(Duration::from_secs(1));
+                daemonsets.get_opt(&name).await.map_err(apply_error)?
+            } else {
+                if !ctx.leading() {
+                    return Ok(Action::await_change());
+                }
+                match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
+                    Ok(applied) => {
+                        let ds_generation = applied.metadata.generation.unwrap_or(0);
+                        let before = lock(&ctx.memo.applied).insert(name.clone(), ds_generation);
+                        if before != Some(ds_generation) {
+                            info!(daemonset = %format!("{namespace}/{name}"), image = %image, "applied DaemonSet");
+                        }
+                        Some(applied)
                     }
-                    Some(applied)
+                    Err(kube::Error::Api(status)) if status.code == 422 => {
+                        // The spec passed the CRD schema but the DaemonSet built from it does
+                        // not: report it on the Scheduler and wait for the user to change the spec.
+                        warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
+                        spec_error = Some(status.message.clone());
+                        daemonsets.get_opt(&name).await.map_err(apply_error)?
+                    }
+                    Err(source) => return Err(apply_error(source)),
                 }
-                Err(kube::Error::Api(status)) if status.code == 422 => {
-                    // The spec passed the CRD schema but the DaemonSet built from it does not:
-                    // report it on the Scheduler and wait for the user to change the spec.
-                    warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
-                    spec_error = Some(status.message.clone());
-                    get_current().await?
-                }
-                Err(source) => return Err(Error::ApplyDaemonSet { namespace: namespace.clone(), name, source }),
             }
         }
-        (Err(_), true) => get_current().await?,
+        // Refused image, or a revision that failed: the DaemonSet stays as it is.
+        (_, true) => daemonsets.get_opt(&name).await.map_err(apply_error)?,
         (_, false) => {
             if !ctx.leading() {
                 return Ok(Action::await_change());
@@ -227,17 +245,25 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     if kernel.unreported > 0 && !grace_left.is_zero() {
         kernel.settled = false;
     }
-    let uid = scheduler.uid().unwrap_or_default();
-    let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
+
+    // The rollout: which pods to replace, and whether the revision being rolled out failed.
+    let wall = jiff::Timestamp::now().as_second();
+    let step = daemonset.as_ref().map(|ds| {
+        rollout_step(ctx, scheduler, ds, &placement, &previous_rollout, failed.as_ref(), wanted.as_ref(), wall, now)
+    });
+    let rollout = step.as_ref().map(|s| s.status.clone()).or(previous.rollout.clone());
+    let newly_failed = step.as_ref().and_then(|s| s.newly_failed.clone());
+
     let outcome = status::compute(&Observed {
         generation,
         previous: &previous,
         daemonset: daemonset.as_ref(),
         placement: &placement,
-        image: admission.as_ref().ok().map(|a| a.image.as_str()),
+        image: step.as_ref().map(|s| s.image.as_str()),
         spec_error: spec_error.as_deref(),
         image_error: admission.as_ref().err().map(ToString::to_string).as_deref(),
         kernel: &kernel,
+        rollout: rollout.as_ref(),
         now: Time(jiff::Timestamp::now()),
     });
 
@@ -245,6 +271,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         // Leadership was lost during this reconcile: the new leader writes the status.
         return Ok(Action::await_change());
     }
+    // The status first: it carries the rollout's state, so a new leader carries on from it.
     if outcome.status != previous {
         if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
             publish(
@@ -267,20 +294,246 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
+    if let (Some(failure), Some(ds)) = (&newly_failed, daemonset.as_ref()) {
+        roll_back(ctx, scheduler, ds, &previous_rollout, failure).await?;
+    }
+    if let Some(step) = &step {
+        replace_pods(ctx, &step.replace).await;
+        requeue = requeue.into_iter().chain(step.recheck_in).min();
+    }
+
     let admitted = match admission {
         Ok(admitted) => admitted,
         // Retried with backoff by `error_policy`; the Warning event above already says why.
         Err(source) => return Err(Error::Image { name, source }),
     };
-    // Look again when the freshest report would turn stale, and periodically when the image is
-    // a tag that may move; everything else is a watch event.
+    // Look again when the freshest report would turn stale, when a rollout waits for a bake or a
+    // deadline, and periodically when the image is a tag that may move; everything else is a
+    // watch event.
     let tag_recheck = admitted.from_tag.then_some(ctx.flags.image_recheck_interval);
     let kernel_recheck = kernel.recheck_in.map(|after| after + Duration::from_millis(100));
     let grace_recheck = (!kernel.settled).then_some(grace_left + Duration::from_millis(100));
-    Ok(match kernel_recheck.into_iter().chain(grace_recheck).chain(tag_recheck).min() {
+    Ok(match kernel_recheck.into_iter().chain(grace_recheck).chain(tag_recheck).chain(requeue).min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
+}
+
+/// One step of a Scheduler's rollout, decided but not yet carried out.
+struct RolloutStep {
+    status: RolloutStatus,
+    /// The image the DaemonSet's template runs.
+    image: String,
+    /// Pods to delete (each comes back as the template's revision).
+    replace: Vec<String>,
+    /// The revision being rolled out failed in this reconcile: roll it back.
+    newly_failed: Option<RolloutFailure>,
+    recheck_in: Option<Duration>,
+}
+
+/// Reads the Scheduler's pods and kernel reports and decides the next rollout step.
+#[allow(clippy::too_many_arguments)]
+fn rollout_step(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    ds: &DaemonSet,
+    placement: &crate::arbiter::Placement,
+    previous: &RolloutStatus,
+    failed: Option<&RolloutFailure>,
+    wanted: Option<&(String, String)>,
+    wall: i64,
+    now: std::time::Instant,
+) -> RolloutStep {
+    let name = scheduler.name_any();
+    let generation = scheduler.metadata.generation.unwrap_or(0);
+    let template = &ds.spec.template;
+    let template_revision = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref())
+        .and_then(|l| l.get(workload::REVISION_LABEL))
+        .cloned()
+        .unwrap_or_default();
+    let scx = template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER));
+    let image = scx.and_then(|c| c.image.clone()).unwrap_or_default();
+    let args = scx.and_then(|c| c.args.clone()).unwrap_or_default();
+    let stable = previous.current_revision.as_ref().map(|r| r.name.as_str());
+
+    // Each node the Scheduler owns, with its pod (a live one before a terminating one) and what
+    // that pod's agent last reported.
+    let pods = ctx.index.pods_of(&name);
+    let stale_after = ctx.flags.report_stale_after;
+    let nodes: Vec<rollout::NodeView> = ctx.kernel.read(|reports| {
+        placement
+            .owned
+            .iter()
+            .map(|node| {
+                let pod = pods
+                    .iter()
+                    .filter(|p| pods::node(p) == Some(node.as_str()))
+                    .min_by_key(|p| p.metadata.deletion_timestamp.is_some());
+                let report = reports
+                    .get(node)
+                    .filter(|r| r.scheduler == name && now.saturating_duration_since(r.received) <= stale_after);
+                let kernel = match report {
+                    Some(r) if r.verdict == Verdict::KernelUnsupported => rollout::KernelView::Unsupported,
+                    Some(r) if r.verdict == Verdict::ForeignScheduler => rollout::KernelView::Foreign,
+                    Some(r) if pod.is_some_and(|p| p.name_any() == r.pod) => match (r.attached_since, r.ejected) {
+                        (Some(since), _) => rollout::KernelView::Attached { since },
+                        (None, true) => rollout::KernelView::Ejected,
+                        (None, false) => rollout::KernelView::NotAttached,
+                    },
+                    _ => rollout::KernelView::Unknown,
+                };
+                let pod = pod.map(|p| {
+                    let (restarts, backing_off) = pods::scheduler_restarts(p);
+                    rollout::PodView {
+                        name: p.name_any(),
+                        revision: pods::revision(p, &template_revision, &image, &args),
+                        ready_since: pods::ready_since(p),
+                        created: p.creation_timestamp().map_or(wall, |t| t.0.as_second()),
+                        crash_looping: backing_off || restarts >= rollout::CRASH_LOOP_RESTARTS,
+                        terminating: p.metadata.deletion_timestamp.is_some(),
+                    }
+                });
+                rollout::NodeView { node: node.clone(), pod, kernel }
+            })
+            .collect()
+    });
+    let pacing = rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len());
+    let plan = rollout::decide(&rollout::Input { target: &template_revision, stable, nodes: &nodes, pacing, now: wall });
+
+    let this = |generation| crate::api::Revision { name: template_revision.clone(), image: image.clone(), generation };
+    let mut status = RolloutStatus {
+        phase: plan.phase,
+        current_revision: previous.current_revision.clone(),
+        update_revision: Some(this(generation)),
+        updated_nodes: i32::try_from(plan.updated).unwrap_or(i32::MAX),
+        attached_nodes: i32::try_from(plan.attached).unwrap_or(i32::MAX),
+        skipped_nodes: plan.skipped.clone(),
+        failed: failed.cloned(),
+    };
+    let mut newly_failed = None;
+    let mut replace = plan.replace.clone();
+    let caught_up =
+        ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
+    if let Some(failure) = failed {
+        // A failed revision: the nodes it reached run the stable one again (the template was
+        // set back when it failed), or stay as they are when none ever attached.
+        status.update_revision = wanted.map(|(revision, image)| crate::api::Revision {
+            name: revision.clone(),
+            image: image.clone(),
+            generation: failure.generation,
+        });
+        status.phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
+        if stable != Some(template_revision.as_str()) {
+            replace.clear();
+        }
+    } else if let Some(failure) = plan.failure.as_ref().filter(|_| stable != Some(template_revision.as_str())) {
+        let failure = RolloutFailure {
+            revision: template_revision.clone(),
+            generation,
+            node: failure.node.clone(),
+            cause: failure.cause.clone(),
+            time: Time(jiff::Timestamp::now()),
+        };
+        warn!(revision = %failure.revision, node = %failure.node, cause = %failure.cause, "rollout failed");
+        status.phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
+        status.failed = Some(failure.clone());
+        newly_failed = stable.is_some().then_some(failure);
+        replace.clear();
+    } else if plan.complete() && wanted.is_some_and(|(revision, _)| *revision == template_revision) {
+        // The revision of this generation runs everywhere, attached: it is the one to go back to.
+        status.current_revision = Some(this(generation));
+        status.failed = None;
+    }
+    if !caught_up {
+        // The DaemonSet controller has not seen the template yet: a pod deleted now could come
+        // back as the old revision.
+        replace.clear();
+    }
+    RolloutStep {
+        status,
+        image,
+        replace,
+        newly_failed,
+        recheck_in: plan.recheck_in.map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200)),
+    }
+}
+
+/// Deletes the pods a rollout replaces now.
+async fn replace_pods(ctx: &Context, replace: &[String]) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
+    for pod in replace {
+        if !ctx.leading() {
+            return;
+        }
+        match pods.delete(pod, &DeleteParams::default()).await {
+            Ok(_) => info!(pod = %pod, "replacing pod with the new revision"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => warn!(pod = %pod, err = %e, "could not delete pod; retried at the next reconcile"),
+        }
+    }
+}
+
+/// Sets the DaemonSet's template back to the last revision that ran attached everywhere (from
+/// the DaemonSet's ControllerRevision history) and records RolledBack. The nodes the failed
+/// revision reached are replaced by the next reconciles.
+async fn roll_back(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    ds: &DaemonSet,
+    previous: &RolloutStatus,
+    failure: &RolloutFailure,
+) -> Result<(), Error> {
+    let name = scheduler.name_any();
+    let namespace = &ctx.settings.namespace;
+    let Some(stable) = previous.current_revision.as_ref() else { return Ok(()) };
+    let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), namespace);
+    let selector = format!("{}={name},{}={}", workload::NAME_LABEL, workload::REVISION_LABEL, stable.name);
+    let listed = revisions.list(&ListParams::default().labels(&selector)).await.map_err(|source| {
+        Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source }
+    })?;
+    let owned_by_ds = |r: &&ControllerRevision| {
+        r.owner_references().iter().any(|o| Some(&o.uid) == ds.metadata.uid.as_ref())
+    };
+    let template = listed
+        .items
+        .iter()
+        .filter(owned_by_ds)
+        .max_by_key(|r| r.revision)
+        .and_then(|r| r.data.0.get("spec")?.get("template").cloned())
+        .and_then(|mut t| {
+            if let Some(t) = t.as_object_mut() {
+                t.remove("$patch");
+            }
+            serde_json::from_value::<PodTemplateSpec>(t).ok()
+        });
+    let message = match template {
+        Some(template) => {
+            let mut desired = workload::desired_daemonset(scheduler, &stable.image, &ctx.settings)?;
+            desired.spec.template = template;
+            if !ctx.leading() {
+                return Ok(());
+            }
+            let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
+            daemonsets
+                .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
+                .await
+                .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
+            info!(revision = %stable.name, image = %stable.image, "rolled back to the last attached revision");
+            format!(
+                "Revision {} failed on node {}: {}. Rolled back to revision {} ({})",
+                failure.revision, failure.node, failure.cause, stable.name, stable.image
+            )
+        }
+        None => format!(
+            "Revision {} failed on node {}: {}. Revision {} cannot be restored: the DaemonSet's history no longer holds it",
+            failure.revision, failure.node, failure.cause, stable.name
+        ),
+    };
+    publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
+    Ok(())
 }
 
 async fn write_status(ctx: &Context, scheduler: &Scheduler, status: &SchedulerStatus) -> Result<(), kube::Error> {

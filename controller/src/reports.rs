@@ -455,6 +455,8 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
         reason: escape_and_cap(&report.reason, MAX_REASON_CHARS),
         ops: report.kernel.as_ref().map(|k| escape_and_cap(&k.ops, MAX_NAME_CHARS)).unwrap_or_default(),
         received,
+        attached_since: None,
+        ejected: false,
     }
 }
 

@@ -15,7 +15,7 @@
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{Reason, SchedulerStatus, condition};
+use crate::api::{Reason, RolloutPhase, RolloutStatus, SchedulerStatus, condition};
 use crate::arbiter::Placement;
 use crate::kernel::KernelSummary;
 
@@ -42,6 +42,8 @@ pub struct Observed<'a> {
     pub image_error: Option<&'a str>,
     /// What the agents report of the kernels of this Scheduler's nodes.
     pub kernel: &'a KernelSummary,
+    /// The rollout as this reconcile decided it (`None` without a DaemonSet).
+    pub rollout: Option<&'a RolloutStatus>,
     pub now: Time,
 }
 
@@ -70,8 +72,8 @@ pub struct Outcome {
     pub kernel_event: Option<EventSpec>,
 }
 
-/// Rollout facts read off a DaemonSet.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Rollout facts read off a DaemonSet and the rollout decided for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Rollout {
     /// The DaemonSet controller has seen the DaemonSet's current generation.
     observed: bool,
@@ -79,23 +81,36 @@ struct Rollout {
     updated: i32,
     ready: i32,
     available: i32,
+    phase: RolloutPhase,
+    /// The revision being rolled out.
+    revision: String,
+    attached: i32,
 }
 
 impl Rollout {
-    fn of(ds: Option<&DaemonSet>) -> Self {
+    fn of(ds: Option<&DaemonSet>, rollout: Option<&RolloutStatus>) -> Self {
         let Some(ds) = ds else { return Self { observed: true, ..Self::default() } };
         let Some(st) = ds.status.as_ref() else { return Self::default() };
+        let rollout = rollout.cloned().unwrap_or_default();
         Self {
             observed: st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0),
             desired: st.desired_number_scheduled,
-            updated: st.updated_number_scheduled.unwrap_or(0),
+            updated: rollout.updated_nodes,
             ready: st.number_ready,
             available: st.number_available.unwrap_or(0),
+            phase: rollout.phase,
+            revision: rollout.update_revision.map(|r| r.name).unwrap_or_default(),
+            attached: rollout.attached_nodes,
         }
     }
 
+    /// A rollout is under way (its waves may still replace pods).
+    fn rolling(&self) -> bool {
+        matches!(self.phase, RolloutPhase::Canary | RolloutPhase::Rolling | RolloutPhase::Paused)
+    }
+
     fn complete(&self) -> bool {
-        self.observed && self.updated >= self.desired && self.available >= self.desired
+        self.observed && !self.rolling() && self.available >= self.desired
     }
 }
 
@@ -136,7 +151,7 @@ impl Health {
 
 /// Computes the status and the event for one reconcile.
 pub fn compute(obs: &Observed<'_>) -> Outcome {
-    let rollout = Rollout::of(obs.daemonset);
+    let rollout = Rollout::of(obs.daemonset, obs.rollout);
     let generation = obs.generation;
     let prev = &obs.previous.conditions;
     let ds_name = obs
@@ -154,6 +169,16 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     let rollout_state = rollout.observed.then(|| rollout_state(&rollout, obs, &ds_name));
     let health = health(obs, &rollout, rollout_state.as_ref());
 
+    // Ready describes the generation whose revision runs: while a newer generation is refused,
+    // rolling out or rolled back, it does not claim that one.
+    let settled = !rollout.rolling()
+        && obs.image_error.is_none()
+        && obs.spec_error.is_none()
+        && !matches!(rollout.phase, RolloutPhase::RolledBack | RolloutPhase::Failed);
+    let running_generation = obs.rollout.and_then(|r| r.current_revision.as_ref()).map(|r| r.generation);
+    let ready_generation = if settled { generation } else { running_generation.or(generation) };
+    let stalled = matches!(health.reason, Reason::SpecInvalid | Reason::ImageVerificationFailed | Reason::RolloutFailed);
+
     let mut conditions = Vec::new();
     match &rollout_state {
         Some(r) => {
@@ -164,7 +189,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
                 is(Reason::DaemonSetReady),
                 r.reason,
                 &r.message,
-                generation,
+                ready_generation,
                 &obs.now,
             ));
             conditions.push(condition(
@@ -183,6 +208,33 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             conditions.extend([condition::READY, condition::PROGRESSING].iter().filter_map(|t| find(prev, t).cloned()))
         }
     }
+    // The kstatus pair: Reconciling while the controller works toward this generation, Stalled
+    // when it cannot get there without a change of spec.
+    let reconciling = !stalled && rollout_state.as_ref().is_none_or(|r| {
+        matches!(r.reason, Reason::RolloutInProgress | Reason::RolloutPaused)
+    });
+    let (reconciling_reason, reconciling_message) = match &rollout_state {
+        Some(r) => (r.reason, r.message.clone()),
+        None => (Reason::RolloutInProgress, format!("Waiting for the DaemonSet controller to observe {ds_name}")),
+    };
+    conditions.push(condition(
+        prev,
+        condition::RECONCILING,
+        reconciling,
+        if reconciling || stalled { reconciling_reason } else { Reason::AsExpected },
+        &reconciling_message,
+        generation,
+        &obs.now,
+    ));
+    conditions.push(condition(
+        prev,
+        condition::STALLED,
+        stalled,
+        if stalled { health.reason } else { Reason::AsExpected },
+        if stalled { &health.message } else { "Nothing stops the controller from reaching the current generation" },
+        generation,
+        &obs.now,
+    ));
     conditions.push(condition(
         prev,
         condition::DEGRADED,
@@ -208,8 +260,14 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         )),
     }
     // Conditions this module does not own are carried over untouched.
-    const OWNED: [&str; 4] =
-        [condition::READY, condition::PROGRESSING, condition::DEGRADED, condition::KERNEL_ATTACHED];
+    const OWNED: [&str; 6] = [
+        condition::READY,
+        condition::PROGRESSING,
+        condition::RECONCILING,
+        condition::STALLED,
+        condition::DEGRADED,
+        condition::KERNEL_ATTACHED,
+    ];
     conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
 
     let attached = if carried.is_some() { obs.previous.kernel_attached } else { k.attached };
@@ -223,6 +281,8 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         kernel_attached,
         kernel_attached_summary: Some(format!("{kernel_attached}/{}", rollout.desired)),
         conflicting_nodes: i32::try_from(obs.placement.lost.len()).unwrap_or(i32::MAX),
+        updated_number_scheduled: obs.rollout.map_or(0, |r| r.updated_nodes),
+        rollout: obs.rollout.cloned().or_else(|| obs.previous.rollout.clone()),
         conditions,
     };
 
@@ -270,6 +330,9 @@ fn health(obs: &Observed<'_>, rollout: &Rollout, rollout_state: Option<&RolloutS
             format!("{why}. The running DaemonSet (if any) is kept as it was; retrying with backoff"),
         );
     }
+    if let Some(msg) = obs.rollout.and_then(|r| rollout_failure_message(r, obs.generation)) {
+        return Health::degraded(Reason::RolloutFailed, msg);
+    }
     if let Some(msg) = conflict_message(obs.placement) {
         return Health::degraded(Reason::SchedulerConflict, msg);
     }
@@ -281,6 +344,21 @@ fn health(obs: &Observed<'_>, rollout: &Rollout, rollout_state: Option<&RolloutS
         }
         _ => Health::as_expected(rollout.observed.then_some(rollout)),
     }
+}
+
+/// What a failed rollout of the current generation says, if it failed.
+fn rollout_failure_message(rollout: &RolloutStatus, generation: Option<i64>) -> Option<String> {
+    let failed = rollout.failed.as_ref().filter(|f| Some(f.generation) == generation)?;
+    let what = format!("Revision {} failed on node {}: {}", failed.revision, failed.node, failed.cause);
+    Some(match (&rollout.phase, &rollout.current_revision) {
+        (RolloutPhase::RolledBack, Some(current)) => format!(
+            "{what}. The nodes it reached run revision {} ({}) again; it is not tried again until the spec changes (to retry the same spec, pause and resume the rollout)",
+            current.name, current.image
+        ),
+        _ => format!(
+            "{what}. No earlier revision ever attached, so there is nothing to roll back to and the pods are left as they are; fix the image or the spec"
+        ),
+    })
 }
 
 /// The rollout state of an observed DaemonSet.
@@ -298,6 +376,31 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
         };
         return state(Reason::NoNodesScheduled, format!("No nodes scheduled: {why}"));
     }
+    match rollout.phase {
+        RolloutPhase::Paused => {
+            return state(
+                Reason::RolloutPaused,
+                format!(
+                    "Rollout paused (spec.rollout.paused): {} of {} nodes run revision {}",
+                    rollout.updated, rollout.desired, rollout.revision
+                ),
+            );
+        }
+        RolloutPhase::Canary | RolloutPhase::Rolling => {
+            return state(
+                Reason::RolloutInProgress,
+                format!(
+                    "{}: {} of {} nodes run revision {}, {} of them attached",
+                    rollout.phase.as_str(),
+                    rollout.updated,
+                    rollout.desired,
+                    rollout.revision,
+                    rollout.attached
+                ),
+            );
+        }
+        _ => {}
+    }
     if rollout.complete() {
         return state(
             Reason::DaemonSetReady,
@@ -307,7 +410,7 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
     // Unavailable means a pod that was available stopped being so; pods on nodes that just
     // joined are still rolling out.
     let lost_one = was_ready && rollout.available < previous.number_available;
-    if rollout.updated >= rollout.desired && (was_unavailable || lost_one) {
+    if !rollout.rolling() && (was_unavailable || lost_one) {
         let down = rollout.desired - rollout.available;
         return state(
             Reason::NodesUnavailable,
@@ -316,7 +419,7 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
     }
     state(
         Reason::RolloutInProgress,
-        format!("{ds_name}: {} of {} pods updated, {} available", rollout.updated, rollout.desired, rollout.available),
+        format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired),
     )
 }
 
@@ -419,6 +522,17 @@ mod tests {
         kernel: KernelSummary,
     }
 
+    /// The rollout a DaemonSet's counts stand for: rolling while some pods run another revision.
+    fn rollout_of(ds: &DaemonSet) -> RolloutStatus {
+        let st = ds.status.clone().unwrap_or_default();
+        let updated = st.updated_number_scheduled.unwrap_or(0);
+        RolloutStatus {
+            phase: if updated < st.desired_number_scheduled { RolloutPhase::Rolling } else { RolloutPhase::Complete },
+            updated_nodes: updated,
+            ..Default::default()
+        }
+    }
+
     fn kernel(attached: i32, desired: i32, reason: &'static str) -> KernelSummary {
         let reason = Reason::parse(reason).unwrap();
         KernelSummary {
@@ -444,6 +558,7 @@ mod tests {
 
         fn step(&mut self, daemonset: Option<&DaemonSet>, placement: &Placement) -> Outcome {
             self.clock += 10;
+            let rollout = daemonset.map(rollout_of);
             let out = compute(&Observed {
                 generation: Some(self.generation),
                 previous: &self.previous,
@@ -453,6 +568,7 @@ mod tests {
                 spec_error: None,
                 image_error: None,
                 kernel: &self.kernel,
+                rollout: rollout.as_ref(),
                 now: time(self.clock),
             });
             self.previous = out.status.clone();
@@ -721,6 +837,7 @@ mod tests {
             image_error: None,
             spec_error: Some("spec.template.spec.containers[0].resources.limits: Invalid value"),
             kernel: &kernel(0, 1, "NotAttached"),
+            rollout: None,
             now: time(5),
         });
         assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SpecInvalid")));
@@ -744,6 +861,7 @@ mod tests {
             image_error,
             spec_error: None,
             kernel: &kernel_summary,
+            rollout: None,
             now: time(5),
         };
         let out = compute(&observe(Some("signature of image \"r.io/a:v2\" is invalid")));

@@ -1,5 +1,6 @@
-//! The desired DaemonSet of a Scheduler: a pure function of the Scheduler, the nodes it lost
-//! in arbitration, the image to deploy and the controller's settings.
+//! The desired DaemonSet of a Scheduler: a pure function of the Scheduler's spec, the image to
+//! deploy and the controller's settings. Which nodes it runs on is said by a Node label, not by
+//! the template, so nodes coming and going never change it.
 //!
 //! The result is applied with server-side apply, so it names every field sked owns and nothing
 //! else; a field sked does not set stays with whoever set it.
@@ -8,9 +9,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
     VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -67,12 +67,39 @@ pub struct AgentSettings {
     pub ca_configmap: String,
 }
 
-/// Builds the DaemonSet for `scheduler`, running `image`, kept off `lost_nodes` (nodes an older
-/// Scheduler owns). `lost_nodes` must be sorted so equal inputs give equal objects.
+/// The label on a Node that names the Scheduler owning it (kept by the controller from the
+/// arbiter); a Scheduler's DaemonSet selects it, so ownership never enters a pod template.
+pub const OWNER_LABEL: &str = "sked.schedkit.io/scheduler";
+/// The pod label naming the revision a pod runs (see [`revision`]).
+pub const REVISION_LABEL: &str = "sked.schedkit.io/revision";
+
+/// The revision of a Scheduler's pods: a short hash of what the Scheduler's spec puts into them
+/// (image, args, env, resources, expected ops, priority class, pull secrets, tolerations).
+/// Placement (the nodeSelector) and sked's own settings (the agent's image, the namespace) are
+/// not part of it: changing them rolls out nothing, and upgrading sked restarts no scheduler.
+pub fn revision(scheduler: &Scheduler, image: &str) -> String {
+    let spec = &scheduler.spec;
+    let inputs = serde_json::json!({
+        "image": image,
+        "args": spec.args,
+        "env": spec.env,
+        "resources": spec.resources,
+        "expectedOps": spec.expected_ops,
+        "priorityClassName": spec.priority_class_name,
+        "imagePullSecrets": spec.image_pull_secrets,
+        "tolerations": spec.tolerations,
+    });
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, inputs.to_string().as_bytes());
+    digest.as_ref().iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Builds the DaemonSet for `scheduler`, running `image`: a pure function of the Scheduler's
+/// spec, the image and the controller's settings. Its pods go to the nodes that carry the
+/// Scheduler's [`OWNER_LABEL`]; the update strategy is `OnDelete`, so the controller itself
+/// decides when a pod is replaced (see [`crate::rollout`]).
 pub fn desired_daemonset(
     scheduler: &Scheduler,
     image: &str,
-    lost_nodes: &[String],
     settings: &WorkloadSettings,
 ) -> Result<DaemonSet, MissingIdentity> {
     let name = scheduler.name_any();
@@ -81,30 +108,10 @@ pub fn desired_daemonset(
 
     let labels =
         BTreeMap::from([(NAME_LABEL.to_owned(), name.clone()), (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned())]);
-
-    let affinity = (!lost_nodes.is_empty()).then(|| Affinity {
-        node_affinity: Some(NodeAffinity {
-            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                // The API server allows one value per metadata.name requirement; requirements
-                // of a term are ANDed, so one NotIn per lost node excludes them all.
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_fields: Some(
-                        lost_nodes
-                            .iter()
-                            .map(|node| NodeSelectorRequirement {
-                                key: "metadata.name".to_owned(),
-                                operator: "NotIn".to_owned(),
-                                values: Some(vec![node.clone()]),
-                            })
-                            .collect(),
-                    ),
-                    ..NodeSelectorTerm::default()
-                }],
-            }),
-            ..NodeAffinity::default()
-        }),
-        ..Affinity::default()
-    });
+    let mut pod_labels = labels.clone();
+    pod_labels.insert(REVISION_LABEL.to_owned(), revision(scheduler, image));
+    let mut node_selector = spec.node_selector.clone();
+    node_selector.insert(OWNER_LABEL.to_owned(), name.clone());
 
     let scx = Container {
         name: SCHEDULER_CONTAINER.to_owned(),
@@ -120,8 +127,7 @@ pub fn desired_daemonset(
         containers: vec![scx, agent_container(&name, spec.expected_ops.as_deref(), &settings.agent)],
         volumes: Some(agent_volumes(&settings.agent)),
         service_account_name: Some(settings.agent.service_account.clone()),
-        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
-        affinity,
+        node_selector: Some(node_selector),
         tolerations: non_empty(spec.tolerations.clone()),
         image_pull_secrets: non_empty(spec.image_pull_secrets.clone()),
         priority_class_name: spec.priority_class_name.clone(),
@@ -137,7 +143,7 @@ pub fn desired_daemonset(
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(settings.namespace.clone()),
-            labels: Some(labels.clone()),
+            labels: Some(labels),
             owner_references: Some(vec![owner]),
             ..ObjectMeta::default()
         },
@@ -147,11 +153,12 @@ pub fn desired_daemonset(
                 ..LabelSelector::default()
             },
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
+                metadata: Some(ObjectMeta { labels: Some(pod_labels), ..ObjectMeta::default() }),
                 spec: Some(pod),
             },
+            // sked replaces pods itself, paced by what the kernel reports.
             update_strategy: Some(DaemonSetUpdateStrategy {
-                type_: Some("RollingUpdate".to_owned()),
+                type_: Some("OnDelete".to_owned()),
                 ..DaemonSetUpdateStrategy::default()
             }),
             ..DaemonSetSpec::default()
@@ -161,8 +168,7 @@ pub fn desired_daemonset(
 }
 
 /// The agent sidecar: reads the node's sched_ext state, serves /readyz (Ready only when this
-/// pod's scheduler is attached, so a rolling update advances only on real attachment) and
-/// streams reports to the controller.
+/// pod's scheduler is attached) and streams reports to the controller.
 fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSettings) -> Container {
     let field = |path: &str| EnvVarSource {
         field_ref: Some(ObjectFieldSelector { field_path: path.to_owned(), ..ObjectFieldSelector::default() }),
@@ -214,13 +220,14 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
                 ..VolumeMount::default()
             },
         ]),
-        // Reading another container's /proc/<pid>/fdinfo and listing BPF maps need these.
+        // Reading another container's /proc/<pid>/fdinfo and listing BPF objects need these (the
+        // agent drops every other capability before it starts).
         security_context: Some(SecurityContext {
             run_as_user: Some(0),
             read_only_root_filesystem: Some(true),
             allow_privilege_escalation: Some(false),
             capabilities: Some(Capabilities {
-                add: Some(vec!["BPF".into(), "PERFMON".into(), "SYS_ADMIN".into(), "SYS_PTRACE".into()]),
+                add: Some(vec!["SYS_ADMIN".into(), "SYS_PTRACE".into()]),
                 drop: Some(vec!["ALL".into()]),
             }),
             ..SecurityContext::default()
@@ -299,7 +306,7 @@ mod tests {
             env: vec![EnvVar { name: "RUST_LOG".into(), value: Some("info".into()), ..Default::default() }],
             ..Default::default()
         });
-        let ds = desired_daemonset(&s, "ghcr.io/schedkit/scx_rusty:v1", &[], &settings()).unwrap();
+        let ds = desired_daemonset(&s, "ghcr.io/schedkit/scx_rusty:v1", &settings()).unwrap();
 
         assert_eq!(ds.metadata.name.as_deref(), Some("rusty"));
         assert_eq!(ds.metadata.namespace.as_deref(), Some("sked-system"));
@@ -321,7 +328,10 @@ mod tests {
         assert_eq!(scx.args.as_deref(), Some(&["--slice-us".to_string(), "5000".to_string()][..]));
         assert_eq!(scx.env.as_ref().unwrap()[0].name, "RUST_LOG");
         assert_eq!(scx.security_context.as_ref().unwrap().privileged, Some(true));
-        assert!(pod.affinity.is_none(), "no lost nodes, no affinity");
+        assert!(pod.affinity.is_none(), "placement is the owner label's, not the template's");
+        assert_eq!(pod.node_selector.as_ref().unwrap()["sked.schedkit.io/scheduler"], "rusty");
+        assert_eq!(template_labels["sked.schedkit.io/revision"], revision(&s, "ghcr.io/schedkit/scx_rusty:v1"));
+        assert_eq!(spec.update_strategy.as_ref().unwrap().type_.as_deref(), Some("OnDelete"));
 
         // The agent sidecar: identity from the downward API, readiness on /readyz, a token for
         // the reports audience only.
@@ -344,13 +354,13 @@ mod tests {
     fn expected_ops_reach_the_agent() {
         let s =
             scheduler(SchedulerSpec { sched: "x/y".into(), expected_ops: Some("rusty".into()), ..Default::default() });
-        let ds = desired_daemonset(&s, "x/y", &[], &settings()).unwrap();
+        let ds = desired_daemonset(&s, "x/y", &settings()).unwrap();
         let env = pod(&ds).containers[1].env.clone().unwrap();
         assert!(env.iter().any(|e| e.name == "SKED_EXPECTED_OPS" && e.value.as_deref() == Some("rusty")));
     }
 
     #[test]
-    fn selector_tolerations_and_lost_nodes_shape_placement() {
+    fn selector_and_tolerations_shape_placement_next_to_the_owner_label() {
         let s = scheduler(SchedulerSpec {
             sched: "x/y:z".into(),
             node_selector: BTreeMap::from([("schedkit.io/pool".into(), "batch".into())]),
@@ -363,35 +373,45 @@ mod tests {
             }],
             ..Default::default()
         });
-        let lost = vec!["node-a".to_string(), "node-b".to_string()];
-        let ds = desired_daemonset(&s, "x/y:z", &lost, &settings()).unwrap();
+        let ds = desired_daemonset(&s, "x/y:z", &settings()).unwrap();
         let pod = pod(&ds);
-        assert_eq!(pod.node_selector.as_ref().unwrap()["schedkit.io/pool"], "batch");
+        let selector = pod.node_selector.as_ref().unwrap();
+        assert_eq!(selector.len(), 2);
+        assert_eq!(selector["schedkit.io/pool"], "batch");
+        assert_eq!(selector["sked.schedkit.io/scheduler"], "rusty");
         assert_eq!(pod.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("dedicated"));
-        let terms = &pod
-            .affinity
-            .as_ref()
-            .unwrap()
-            .node_affinity
-            .as_ref()
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .as_ref()
-            .unwrap()
-            .node_selector_terms;
-        assert_eq!(terms.len(), 1, "one term: its requirements are ANDed");
-        let fields = terms[0].match_fields.as_ref().unwrap();
-        assert!(fields.iter().all(|f| f.key == "metadata.name" && f.operator == "NotIn"));
-        let excluded: Vec<&[String]> = fields.iter().map(|f| f.values.as_deref().unwrap()).collect();
-        assert_eq!(excluded, [&lost[..1], &lost[1..]], "one value per requirement");
+    }
+
+    #[test]
+    fn the_revision_follows_what_runs_not_where_or_with_which_agent() {
+        let base = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
+        let r = revision(&base, "x/y@sha256:1");
+        assert_eq!(r.len(), 10);
+        assert_ne!(r, revision(&base, "x/y@sha256:2"), "a new digest is a new revision");
+        let args = scheduler(SchedulerSpec { args: vec!["--fast".into()], ..base.spec.clone() });
+        assert_ne!(r, revision(&args, "x/y@sha256:1"), "new args are a new revision");
+        let moved = scheduler(SchedulerSpec {
+            node_selector: BTreeMap::from([("pool".into(), "b".into())]),
+            rollout: Some(crate::api::RolloutSpec { paused: true, ..Default::default() }),
+            ..base.spec.clone()
+        });
+        assert_eq!(r, revision(&moved, "x/y@sha256:1"), "placement and pacing are not revisions");
+        // sked's settings change the template, not the revision.
+        let mut other = settings();
+        other.agent.image = "ghcr.io/schedkit/sked-agent:v9".into();
+        let a = desired_daemonset(&base, "x/y@sha256:1", &settings()).unwrap();
+        let b = desired_daemonset(&base, "x/y@sha256:1", &other).unwrap();
+        assert_ne!(a, b);
+        let label = |ds: &DaemonSet| ds.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap()[REVISION_LABEL].clone();
+        assert_eq!(label(&a), label(&b));
     }
 
     #[test]
     fn unset_optionals_stay_unset_so_apply_owns_nothing_extra() {
         let s = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
-        let ds = desired_daemonset(&s, "x/y", &[], &settings()).unwrap();
+        let ds = desired_daemonset(&s, "x/y", &settings()).unwrap();
         let pod = pod(&ds);
-        assert!(pod.node_selector.is_none());
+        assert_eq!(pod.node_selector.as_ref().unwrap().len(), 1, "the owner label only");
         assert!(pod.tolerations.is_none());
         assert!(pod.image_pull_secrets.is_none());
         assert!(pod.priority_class_name.is_none());
@@ -402,15 +422,15 @@ mod tests {
     #[test]
     fn a_scheduler_without_uid_cannot_own_a_daemonset() {
         let s = Scheduler::new("rusty", SchedulerSpec { sched: "x/y".into(), ..Default::default() });
-        let err = desired_daemonset(&s, "x/y", &[], &settings()).unwrap_err();
+        let err = desired_daemonset(&s, "x/y", &settings()).unwrap_err();
         assert!(err.to_string().contains("rusty"));
     }
 
     #[test]
     fn equal_inputs_give_equal_objects() {
         let s = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
-        let a = desired_daemonset(&s, "x/y", &["n1".into()], &settings()).unwrap();
-        let b = desired_daemonset(&s, "x/y", &["n1".into()], &settings()).unwrap();
+        let a = desired_daemonset(&s, "x/y", &settings()).unwrap();
+        let b = desired_daemonset(&s, "x/y", &settings()).unwrap();
         assert_eq!(a, b);
     }
 }

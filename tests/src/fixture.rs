@@ -240,6 +240,25 @@ impl Fixture {
         Ok(())
     }
 
+    /// Waits until each node carries the owner label `sked.schedkit.io/scheduler` with the given
+    /// value (`None`: no such label).
+    pub async fn wait_owners(&self, owners: &[(&str, Option<&str>)]) -> Result<()> {
+        let nodes = self.nodes();
+        wait_for(&format!("node owners {owners:?}"), || {
+            let nodes = nodes.clone();
+            async move {
+                for (node, owner) in owners {
+                    let n = nodes.get(node).await?;
+                    if n.labels().get("sked.schedkit.io/scheduler").map(String::as_str) != *owner {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        })
+        .await
+    }
+
     /// Waits until the Scheduler's status satisfies `pred`, returning it.
     pub async fn wait_scheduler(&self, name: &str, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
         let api = self.schedulers();

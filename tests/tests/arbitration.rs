@@ -1,6 +1,7 @@
-//! Node arbitration against a real API server: the oldest Scheduler wins each node; losers
-//! exclude lost nodes or lose their DaemonSet; ownership moves when the winner goes or labels
-//! change; conditions and events say so.
+//! Node arbitration against a real API server: the oldest Scheduler wins each node, and the
+//! controller writes the winner on the node as the `sked.schedkit.io/scheduler` label, which the
+//! DaemonSets select; losers of every node lose their DaemonSet; ownership moves when the winner
+//! goes or labels change; conditions and events say so.
 
 use anyhow::Result;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -11,32 +12,14 @@ use sked_tests::{Fixture, has_condition, next_second_after, spec, spec_on};
 
 const IMAGE: &str = "ghcr.io/schedkit/scx_rusty:v1";
 
-/// The node names a DaemonSet excludes with `matchFields metadata.name NotIn`, sorted.
-fn excluded(ds: &DaemonSet) -> Vec<String> {
-    let Some(terms) = ds
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|p| p.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
-    else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = terms
-        .node_selector_terms
-        .iter()
-        .flat_map(|t| t.match_fields.iter().flatten())
-        .filter(|f| f.key == "metadata.name" && f.operator == "NotIn")
-        .flat_map(|f| f.values.iter().flatten().cloned())
-        .collect();
-    names.sort();
-    names
+/// The nodes a DaemonSet's pods may run on: its nodeSelector, which names the owner label.
+fn node_selector(ds: &DaemonSet) -> std::collections::BTreeMap<String, String> {
+    ds.spec.template.spec.as_ref().and_then(|p| p.node_selector.clone()).unwrap_or_default()
 }
 
-fn names(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
+/// The DaemonSet selects the nodes its Scheduler owns, through the owner label.
+fn selects_owned(ds: &DaemonSet) -> bool {
+    node_selector(ds).get("sked.schedkit.io/scheduler") == Some(&ds.name_any())
 }
 
 fn conflicting(s: &sked_controller::Scheduler) -> i32 {
@@ -54,7 +37,8 @@ async fn the_oldest_of_two_overlapping_schedulers_wins_even_against_name_order()
     next_second_after(old.creation_timestamp().as_ref().expect("created")).await?;
     fx.create_scheduler("aa-new", spec(IMAGE)).await?;
 
-    fx.wait_daemonset("zz-old", "no exclusions", |d| excluded(d).is_empty()).await?;
+    fx.wait_daemonset("zz-old", "selects its nodes by owner", selects_owned).await?;
+    fx.wait_owners(&[("n1", Some("zz-old")), ("n2", Some("zz-old"))]).await?;
     let s = fx
         .wait_scheduler("aa-new", "total conflict", |s| {
             has_condition(s, "Degraded", "True", "SchedulerConflict") && conflicting(s) == 2
@@ -77,10 +61,11 @@ async fn partial_conflict_excludes_lost_nodes_and_keeps_the_rest() -> Result<()>
     next_second_after(winner.creation_timestamp().as_ref().expect("created")).await?;
     fx.create_scheduler("batch", spec_on(IMAGE, &[("pool", "batch")])).await?;
 
-    let ds = fx.wait_daemonset("batch", "excludes zone b", |d| excluded(d) == names(&["batch-2", "batch-3"])).await?;
-    // The selector itself is kept: the exclusion is added to it.
-    let pod = ds.spec.template.spec.as_ref().expect("pod spec");
-    assert_eq!(pod.node_selector.as_ref().and_then(|s| s.get("pool")).map(String::as_str), Some("batch"));
+    fx.wait_owners(&[("batch-1", Some("batch")), ("batch-2", Some("zone-b")), ("batch-3", Some("zone-b"))]).await?;
+    let ds = fx.wait_daemonset("batch", "selects its nodes by owner", selects_owned).await?;
+    // The Scheduler's own selector is kept next to the owner label; no node names in the template.
+    assert_eq!(node_selector(&ds).get("pool").map(String::as_str), Some("batch"));
+    assert!(ds.spec.template.spec.as_ref().is_some_and(|p| p.affinity.is_none()));
 
     let s = fx
         .wait_scheduler("batch", "1 desired, degraded by the conflict", |s| {
@@ -123,9 +108,8 @@ async fn three_overlapping_schedulers_split_nodes_by_age() -> Result<()> {
     fx.create_scheduler("third", spec_on(IMAGE, &[("c", "1")])).await?;
 
     // first: x-1, x-3. second: x-2 (x-1 lost to first). third: x-4 (x-2 to second, x-3 to first).
-    fx.wait_daemonset("first", "no exclusions", |d| excluded(d).is_empty()).await?;
-    fx.wait_daemonset("second", "excludes x-1", |d| excluded(d) == names(&["x-1"])).await?;
-    fx.wait_daemonset("third", "excludes x-2 and x-3", |d| excluded(d) == names(&["x-2", "x-3"])).await?;
+    fx.wait_owners(&[("x-1", Some("first")), ("x-2", Some("second")), ("x-3", Some("first")), ("x-4", Some("third"))])
+        .await?;
     let s = fx
         .wait_scheduler("third", "conflict with both", |s| {
             conflicting(s) == 2 && has_condition(s, "Degraded", "True", "SchedulerConflict")
@@ -150,7 +134,8 @@ async fn deleting_the_winner_hands_its_nodes_to_the_loser() -> Result<()> {
     fx.wait_daemonset_gone("loser").await?;
 
     fx.schedulers().delete("winner", &Default::default()).await?;
-    fx.wait_daemonset("loser", "recreated without exclusions", |d| excluded(d).is_empty()).await?;
+    fx.wait_daemonset("loser", "recreated", selects_owned).await?;
+    fx.wait_owners(&[("w-1", Some("loser")), ("w-2", Some("loser"))]).await?;
     fx.wait_scheduler("loser", "owns both nodes", |s| {
         conflicting(s) == 0
             && s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 2)
@@ -185,37 +170,59 @@ async fn a_terminating_winner_applies_nothing_and_its_nodes_pass_on() -> Result<
     fx.schedulers().delete("leaving", &Default::default()).await?;
     fx.wait_daemonset("heir", "created for the node the terminating winner held", |_| true).await?;
     fx.wait_scheduler("heir", "owns the node", |s| conflicting(s) == 0).await?;
-    // Nothing was applied to the terminating Scheduler's DaemonSet.
     let after = fx.daemonsets().get("leaving").await?;
-    assert_eq!(after.metadata.generation, before.metadata.generation);
-    assert_eq!(after.metadata.resource_version, before.metadata.resource_version);
-
     let release = json!({"metadata": {"finalizers": null}});
     fx.schedulers().patch("leaving", &PatchParams::default(), &Patch::Merge(&release)).await?;
+    // Nothing was applied to the terminating Scheduler's DaemonSet (its status moves: the
+    // DaemonSet controller removes its pod from the node that changed owner).
+    assert_eq!(after.metadata.generation, before.metadata.generation);
+    assert_eq!(after.metadata.labels, before.metadata.labels);
     Ok(())
 }
 
 #[tokio::test]
-async fn relabelling_a_node_moves_its_ownership() -> Result<()> {
+async fn relabelling_adding_and_deleting_nodes_moves_ownership_without_touching_a_template() -> Result<()> {
     let fx = Fixture::start().await?;
     fx.create_node("r-1", &[("pool", "a")]).await?;
     fx.create_node("r-2", &[("pool", "b")]).await?;
     let a = fx.create_scheduler("pool-a", spec_on(IMAGE, &[("pool", "a")])).await?;
     next_second_after(a.creation_timestamp().as_ref().expect("created")).await?;
     fx.create_scheduler("everything", spec(IMAGE)).await?;
-    fx.wait_daemonset("everything", "excludes r-1", |d| excluded(d) == names(&["r-1"])).await?;
+    fx.wait_owners(&[("r-1", Some("pool-a")), ("r-2", Some("everything"))]).await?;
+    let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "everything", 1).await?;
+    let on_r2 = pods.get("r-2").and_then(|p| p.uid()).expect("a pod on r-2");
+    let ds = fx.wait_daemonset("everything", "observed", |d| {
+        d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
+    })
+    .await?;
+    let generation = ds.metadata.generation;
 
     // r-1 leaves pool a: the younger catch-all takes it.
     fx.relabel_node("r-1", &[("pool", "c")]).await?;
-    fx.wait_daemonset("everything", "no exclusions", |d| excluded(d).is_empty()).await?;
+    fx.wait_owners(&[("r-1", Some("everything")), ("r-2", Some("everything"))]).await?;
     fx.wait_scheduler("pool-a", "no nodes", |s| has_condition(s, "Ready", "False", "NoNodesScheduled")).await?;
     fx.wait_scheduler("everything", "not degraded", |s| conflicting(s) == 0).await?;
+    let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "everything", 2).await?;
+    assert_eq!(pods.get("r-2").and_then(|p| p.uid()), Some(on_r2.clone()), "the pod on r-2 was not restarted");
 
-    // r-2 joins pool a: the older Scheduler takes it back.
+    // r-2 joins pool a: the older Scheduler takes it back; a node comes and one goes.
     fx.relabel_node("r-2", &[("pool", "a")]).await?;
-    fx.wait_daemonset("everything", "excludes r-2", |d| excluded(d) == names(&["r-2"])).await?;
+    fx.create_node("r-3", &[("pool", "c")]).await?;
+    fx.wait_owners(&[("r-1", Some("everything")), ("r-2", Some("pool-a")), ("r-3", Some("everything"))]).await?;
     fx.wait_scheduler("pool-a", "owns r-2", |s| s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 1))
         .await?;
+    // (No pod garbage collector runs here, so the pod on a deleted node stays; the DaemonSet's
+    // template is what matters.)
+    fx.nodes().delete("r-3", &Default::default()).await?;
+    // None of this changed the catch-all's pod template.
+    let ds = fx.daemonsets().get("everything").await?;
+    assert_eq!(ds.metadata.generation, generation, "node moves never change a DaemonSet's template");
+
+    // Someone removes the owner label by hand: it is put back. A Scheduler gone: its label goes.
+    fx.relabel_node("r-1", &[("pool", "c")]).await?;
+    fx.wait_owners(&[("r-1", Some("everything"))]).await?;
+    fx.schedulers().delete("everything", &Default::default()).await?;
+    fx.wait_owners(&[("r-1", None), ("r-2", Some("pool-a"))]).await?;
     Ok(())
 }
 
@@ -239,7 +246,7 @@ async fn an_empty_selector_claims_every_node() -> Result<()> {
     fx.schedulers()
         .patch("claims-all", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"nodeSelector": {"pool": "a"}}})))
         .await?;
-    fx.wait_daemonset("pool-b", "recreated", |d| excluded(d).is_empty()).await?;
+    fx.wait_daemonset("pool-b", "recreated", selects_owned).await?;
     fx.wait_scheduler("pool-b", "owns its node", |s| {
         conflicting(s) == 0 && s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 1)
     })

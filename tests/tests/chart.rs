@@ -197,7 +197,52 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     );
     assert!(!rules.iter().any(|r| r.verbs.contains(&"*".to_string())), "no wildcard verbs: least privilege");
 
+    node_writes_are_held_to_sked_labels(&fx, ns).await?;
+
     let out = helm(&fx, &["uninstall", "sked", "--namespace", ns, "--wait"])?;
     assert!(out.status.success(), "{}", text(&out));
+    Ok(())
+}
+
+/// The chart's ValidatingAdmissionPolicy: the controller's ServiceAccount may change labels under
+/// `sked.schedkit.io/` on a Node, and nothing else (RBAC alone would let it patch anything).
+async fn node_writes_are_held_to_sked_labels(fx: &Fixture, ns: &str) -> Result<()> {
+    let node = "vap-node";
+    sked_tests::create_ready_node(&fx.client, node, &[("pool", "vap")]).await?;
+    let controller = format!("--as=system:serviceaccount:{ns}:sked-controller");
+    let as_controller = |args: &[&str]| -> Result<Output> {
+        let mut all = args.to_vec();
+        all.push(&controller);
+        fx.cluster.kubectl(&all)
+    };
+    // The policy takes effect once the API server has loaded it.
+    sked_tests::wait_for("the node-label policy to refuse another label", || async {
+        let out = as_controller(&["label", "node", node, "--overwrite", "pool=other"])?;
+        Ok((!out.status.success()).then(|| text(&out)))
+    })
+    .await
+    .map(|refusal| assert!(refusal.contains("only labels under sked.schedkit.io/"), "{refusal}"))?;
+    // Put back what an early attempt may have changed.
+    let out = fx.cluster.kubectl(&["label", "node", node, "--overwrite", "pool=vap"])?;
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = as_controller(&["label", "node", node, "sked.schedkit.io/scheduler=batch"])?;
+    assert!(out.status.success(), "the owner label may be set: {}", text(&out));
+    let out = as_controller(&["label", "node", node, "sked.schedkit.io/scheduler-"])?;
+    assert!(out.status.success(), "the owner label may be removed: {}", text(&out));
+    for (args, why) in [
+        (vec!["label", "node", node, "pool-"], "only labels under sked.schedkit.io/"),
+        (vec!["taint", "node", node, "dedicated=sked:NoSchedule"], "spec"),
+        (vec!["cordon", node], "spec"),
+        (vec!["annotate", "node", node, "note=x"], "annotations"),
+    ] {
+        let out = as_controller(&args)?;
+        assert!(!out.status.success(), "{args:?} must be refused");
+        assert!(text(&out).contains(why), "{args:?}: {}", text(&out));
+    }
+    // An administrator is not bound by it.
+    let out = fx.cluster.kubectl(&["label", "node", node, "--overwrite", "pool=vap2"])?;
+    assert!(out.status.success(), "{}", text(&out));
+    fx.nodes().delete(node, &Default::default()).await?;
     Ok(())
 }

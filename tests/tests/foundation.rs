@@ -223,19 +223,22 @@ async fn the_api_server_refuses_invalid_specs_naming_the_field() -> Result<()> {
 }
 
 #[tokio::test]
-async fn kubectl_get_schedulers_prints_the_five_columns() -> Result<()> {
+async fn kubectl_get_schedulers_prints_the_rollout_and_kernel_columns() -> Result<()> {
     let fx = Fixture::start().await?;
     fx.create_node("kc-node", &[]).await?;
     fx.create_scheduler("shown", spec(IMAGE)).await?;
-    fx.wait_scheduler("shown", "1 desired", |s| s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 1))
-        .await?;
+    fx.wait_scheduler("shown", "1 desired, its pod up to date", |s| {
+        s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 1 && st.updated_number_scheduled == 1)
+    })
+    .await?;
     let out = fx.cluster.kubectl(&["get", "schedulers"])?;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "kubectl failed: {}", String::from_utf8_lossy(&out.stderr));
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "READY", "DESIRED", "AVAILABLE", "KERNEL-ATTACHED", "AGE"]);
+    assert_eq!(header, ["NAME", "READY", "DESIRED", "UP-TO-DATE", "AVAILABLE", "KERNEL-ATTACHED", "PHASE", "AGE"]);
     let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(&row[..5], ["shown", "0", "1", "0", "0/1"], "{text}");
+    // A first deployment: its pod runs the current revision and waits to attach.
+    assert_eq!(&row[..7], ["shown", "0", "1", "1", "0", "0/1", "Rolling"], "{text}");
     Ok(())
 }

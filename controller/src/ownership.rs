@@ -1,0 +1,98 @@
+//! Keeps each Node's `sked.schedkit.io/scheduler` label equal to its owner in the arbiter: set
+//! on every node a Scheduler owns, moved when the owner changes, removed when no Scheduler
+//! selects the node, put back when someone edits it. Scheduler DaemonSets select that label, so
+//! ownership never enters a pod template.
+//!
+//! The label is the only thing this loop writes on a Node (a merge patch of that one label); the
+//! chart's ValidatingAdmissionPolicy holds the controller to it. It writes only while leading,
+//! and only what differs, so an idle cluster costs no write.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::index::Index;
+use crate::workload::OWNER_LABEL;
+
+/// Node writes in flight at once.
+const CONCURRENT_WRITES: usize = 8;
+/// A label written this recently is not written again before the Node watch shows it.
+const ECHO_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs until the leadership channel closes.
+pub(crate) async fn keep_owner_labels(client: Client, index: Index, mut leader: watch::Receiver<bool>) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut written: HashMap<String, (Option<String>, Instant)> = HashMap::new();
+    let mut retry = Duration::from_millis(500);
+    loop {
+        if !*leader.borrow_and_update() {
+            written.clear();
+            if leader.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let drift: Vec<(String, Option<String>)> = index
+            .owner_label_drift()
+            .into_iter()
+            .filter(|(node, owner)| {
+                written.get(node).is_none_or(|(value, at)| value != owner || at.elapsed() >= ECHO_WAIT)
+            })
+            .collect();
+        let leading = leader.clone();
+        let results: Vec<(String, Option<String>, Result<(), kube::Error>)> = futures::stream::iter(drift)
+            .map(|(node, owner)| {
+                let (nodes, leading) = (nodes.clone(), leading.clone());
+                async move {
+                    if !*leading.borrow() {
+                        return (node, owner, Ok(()));
+                    }
+                    let result = write_label(&nodes, &node, owner.as_deref()).await;
+                    (node, owner, result)
+                }
+            })
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        let mut failed = false;
+        for (node, owner, result) in results {
+            match result {
+                Ok(()) => {
+                    info!(node = %node, owner = owner.as_deref().unwrap_or("-"), "node owner label set");
+                    written.insert(node, (owner, Instant::now()));
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    failed = true;
+                    warn!(node = %node, err = %e, "could not write the node's owner label; retrying");
+                }
+            }
+        }
+        written.retain(|_, (_, at)| at.elapsed() < ECHO_WAIT);
+        let wait = if failed {
+            retry = (retry * 2).min(Duration::from_secs(30));
+            Some(retry)
+        } else {
+            retry = Duration::from_millis(500);
+            // Woken again once an echo is due, in case the watch never shows the write.
+            (!written.is_empty()).then_some(ECHO_WAIT)
+        };
+        tokio::select! {
+            () = index.ownership_changed() => {}
+            changed = leader.changed() => if changed.is_err() { return },
+            () = async { match wait { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {}
+        }
+    }
+}
+
+async fn write_label(nodes: &Api<Node>, node: &str, owner: Option<&str>) -> Result<(), kube::Error> {
+    let patch = json!({ "metadata": { "labels": { OWNER_LABEL: owner } } });
+    nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+}

@@ -1,0 +1,503 @@
+//! Rollouts, decided: which of a Scheduler's pods to replace now, and whether the revision being
+//! rolled out failed. Pure; the reconcile gathers the inputs and carries out the plan.
+//!
+//! sched_ext cannot swap a running BPF scheduler in place: replacing a pod leaves its node on the
+//! kernel's default scheduler until the new one attaches. So the DaemonSet's update strategy is
+//! `OnDelete` and pods are replaced here, by deleting them (the DaemonSet controller then creates
+//! the new revision's pod on that node):
+//! - first a canary (`spec.rollout.canary` nodes, default 1), then waves of at most
+//!   `maxUnavailable` nodes;
+//! - a wave starts only when every node that runs the new revision is Ready, its agent reports
+//!   the scheduler attached, and the newest of them has stayed so for `bakeSeconds`;
+//! - a replaced node that does not attach within `attachTimeoutSeconds`, whose scheduler
+//!   container crash-loops, or whose scheduler the kernel ejects, fails the revision (the
+//!   reconcile rolls it back);
+//! - nodes whose kernel cannot run sched_ext, or that run another scheduler, are skipped: a new
+//!   pod would not attach there either.
+//!
+//! The plan depends only on the pods and the kernel reports (state kept in the API, not in
+//! memory), so a new leader carries on where the last one stopped; only pods of another
+//! revision are ever replaced, so no node is replaced twice for one revision.
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::api::{RolloutPhase, RolloutSpec};
+
+/// Defaults of `spec.rollout`.
+pub const DEFAULT_CANARY: i32 = 1;
+pub const DEFAULT_MAX_UNAVAILABLE: i32 = 1;
+pub const DEFAULT_BAKE_SECONDS: i32 = 30;
+pub const DEFAULT_ATTACH_TIMEOUT_SECONDS: i32 = 120;
+/// Restarts of the scheduler container after which a new revision counts as crash-looping.
+pub const CRASH_LOOP_RESTARTS: i32 = 3;
+
+/// `spec.rollout` with its defaults applied, for a Scheduler with `nodes` nodes in the rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pacing {
+    pub canary: usize,
+    pub max_unavailable: usize,
+    pub bake_seconds: i64,
+    pub attach_timeout_seconds: i64,
+    pub paused: bool,
+}
+
+impl Pacing {
+    pub fn of(spec: Option<&RolloutSpec>, nodes: usize) -> Self {
+        let spec = spec.cloned().unwrap_or_default();
+        let count = |v: i32| usize::try_from(v).unwrap_or(0);
+        let max_unavailable = match spec.max_unavailable {
+            None => count(DEFAULT_MAX_UNAVAILABLE),
+            Some(IntOrString::Int(n)) => count(n),
+            Some(IntOrString::String(p)) => {
+                let percent: usize = p.trim_end_matches('%').parse().unwrap_or(0);
+                nodes * percent / 100
+            }
+        }
+        .max(1);
+        Self {
+            canary: count(spec.canary.unwrap_or(DEFAULT_CANARY)),
+            max_unavailable,
+            bake_seconds: i64::from(spec.bake_seconds.unwrap_or(DEFAULT_BAKE_SECONDS).max(0)),
+            attach_timeout_seconds: i64::from(spec.attach_timeout_seconds.unwrap_or(DEFAULT_ATTACH_TIMEOUT_SECONDS).max(1)),
+            paused: spec.paused,
+        }
+    }
+}
+
+/// The scheduler pod on one node, as the rollout sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    /// The revision it runs.
+    pub revision: String,
+    /// Since when (seconds since the epoch) the pod's Ready condition is True; `None` while not
+    /// Ready. The kubelet marks a scheduler pod Ready only when its agent's /readyz says the
+    /// pod's own scheduler is attached.
+    pub ready_since: Option<i64>,
+    /// `creationTimestamp`, seconds since the epoch.
+    pub created: i64,
+    /// The scheduler container restarted [`CRASH_LOOP_RESTARTS`] times or more, or waits in
+    /// CrashLoopBackOff.
+    pub crash_looping: bool,
+    /// Being deleted.
+    pub terminating: bool,
+}
+
+/// What this pod's agent last reported of the node's kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelView {
+    /// No fresh report from this pod's agent (the reports server may be off): the pod's Ready
+    /// condition, which the same agent's /readyz drives, tells attachment instead.
+    Unknown,
+    /// The pod's scheduler is attached, since `since` (seconds since the epoch).
+    Attached { since: i64 },
+    NotAttached,
+    /// It was attached, then the kernel stopped running it (while the same pod runs).
+    Ejected,
+    /// The node's kernel has no sched_ext.
+    Unsupported,
+    /// Another scheduler owns the node's kernel.
+    Foreign,
+}
+
+/// One node the Scheduler owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    pub node: String,
+    /// Its live or terminating scheduler pod; `None` until the DaemonSet controller creates one.
+    pub pod: Option<PodView>,
+    pub kernel: KernelView,
+}
+
+/// Everything a rollout decision depends on.
+#[derive(Clone, Debug)]
+pub struct Input<'a> {
+    /// The revision the DaemonSet's template makes (what a replaced pod comes back as).
+    pub target: &'a str,
+    /// The last revision that completed a rollout, if any.
+    pub stable: Option<&'a str>,
+    pub nodes: &'a [NodeView],
+    pub pacing: Pacing,
+    /// Seconds since the epoch.
+    pub now: i64,
+}
+
+/// Why the target revision failed on a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub node: String,
+    pub cause: String,
+}
+
+/// What to do now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub phase: RolloutPhase,
+    /// Pods to delete now (each comes back as the target revision).
+    pub replace: Vec<String>,
+    /// The target revision failed (only while it is not the stable one).
+    pub failure: Option<Failure>,
+    /// Nodes that run the target revision.
+    pub updated: usize,
+    /// Of those, the ones Ready with the scheduler attached.
+    pub attached: usize,
+    /// Nodes left out: their kernel cannot run sched_ext or runs another scheduler.
+    pub skipped: Vec<String>,
+    /// Decide again after this many seconds (end of a bake, an attach deadline).
+    pub recheck_in: Option<i64>,
+}
+
+impl Plan {
+    /// Whether the target revision runs, attached and baked, on every node in the rollout.
+    pub fn complete(&self) -> bool {
+        self.phase == RolloutPhase::Complete
+    }
+}
+
+/// Decides the next step of a rollout.
+pub fn decide(input: &Input<'_>) -> Plan {
+    let Input { target, stable, nodes, pacing, now } = *input;
+    let restoring = stable == Some(target);
+    let mut plan = Plan::default();
+    let recheck = |plan: &mut Plan, after: i64| {
+        let after = after.max(1);
+        plan.recheck_in = Some(plan.recheck_in.map_or(after, |r| r.min(after)));
+    };
+    // Old-revision pods whose node is down anyway, and those that run attached.
+    let (mut old_down, mut old_up) = (Vec::new(), Vec::new());
+    // Nodes without an attached scheduler right now.
+    let mut unavailable = 0usize;
+    let mut all_attached = true;
+    let mut newest_attach: Option<i64> = None;
+    for n in nodes {
+        if matches!(n.kernel, KernelView::Unsupported | KernelView::Foreign) {
+            plan.skipped.push(n.node.clone());
+            continue;
+        }
+        let Some(pod) = n.pod.as_ref().filter(|p| !p.terminating) else {
+            // Being replaced: the DaemonSet controller creates the target revision's pod.
+            unavailable += 1;
+            all_attached = false;
+            continue;
+        };
+        let attached = match (n.kernel, pod.ready_since) {
+            (KernelView::Attached { since }, Some(ready)) => Some(since.max(ready)),
+            (KernelView::Unknown, Some(ready)) => Some(ready),
+            _ => None,
+        };
+        if pod.revision != target {
+            match attached {
+                Some(_) => old_up.push(pod.name.clone()),
+                None => {
+                    unavailable += 1;
+                    old_down.push(pod.name.clone());
+                }
+            }
+            continue;
+        }
+        plan.updated += 1;
+        if let Some(since) = attached {
+            plan.attached += 1;
+            newest_attach = Some(newest_attach.map_or(since, |t| t.max(since)));
+            continue;
+        }
+        unavailable += 1;
+        all_attached = false;
+        if restoring || plan.failure.is_some() {
+            continue;
+        }
+        let deadline = pod.created + pacing.attach_timeout_seconds;
+        let cause = if pod.crash_looping {
+            Some("the scheduler container is crash-looping".to_owned())
+        } else if n.kernel == KernelView::Ejected {
+            Some("the kernel stopped running the scheduler after it had attached".to_owned())
+        } else if now >= deadline {
+            Some(format!(
+                "the scheduler did not attach within {}s (spec.rollout.attachTimeoutSeconds)",
+                pacing.attach_timeout_seconds
+            ))
+        } else {
+            recheck(&mut plan, deadline - now);
+            None
+        };
+        plan.failure = cause.map(|cause| Failure { node: n.node.clone(), cause });
+    }
+    old_down.sort();
+    old_up.sort();
+
+    if plan.failure.is_some() {
+        plan.recheck_in = None;
+        plan.phase = RolloutPhase::RolledBack;
+        return plan;
+    }
+    if restoring {
+        // The stable revision again (after a rollback, or a spec set back): every pod of another
+        // revision goes at once; none of them is what should run.
+        plan.replace = old_down.into_iter().chain(old_up).collect();
+        plan.phase = RolloutPhase::Complete;
+        return plan;
+    }
+    let baked_in = newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
+    let in_rollout = nodes.len() - plan.skipped.len();
+    let canary = pacing.canary.min(in_rollout);
+    let phase_for = |updated: usize| if updated <= canary && canary > 0 { RolloutPhase::Canary } else { RolloutPhase::Rolling };
+    if old_down.is_empty() && old_up.is_empty() {
+        // The last wave bakes too; a first deployment (nothing to go back to) is done once
+        // every node runs it attached.
+        if all_attached && (stable.is_none() || baked_in <= 0) {
+            plan.phase = RolloutPhase::Complete;
+        } else {
+            plan.phase = RolloutPhase::Rolling;
+            if all_attached {
+                recheck(&mut plan, baked_in);
+            }
+        }
+        return plan;
+    }
+    if pacing.paused {
+        plan.phase = RolloutPhase::Paused;
+        return plan;
+    }
+    if !all_attached || baked_in > 0 {
+        // The last wave has not attached and baked yet.
+        plan.phase = phase_for(plan.updated);
+        if all_attached {
+            recheck(&mut plan, baked_in);
+        }
+        return plan;
+    }
+    let wave = if plan.updated < canary { (canary - plan.updated).min(pacing.max_unavailable) } else { pacing.max_unavailable };
+    // Replacing a pod that runs attached makes one more node unavailable; keep within the budget.
+    let budget = pacing.max_unavailable.saturating_sub(unavailable);
+    let down = old_down.len().min(wave);
+    let up = old_up.len().min(wave - down).min(budget);
+    plan.replace = old_down.into_iter().take(down).chain(old_up.into_iter().take(up)).collect();
+    plan.phase = phase_for(plan.updated + plan.replace.len());
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    const T: &str = "new";
+    const S: &str = "old";
+
+    fn pacing(canary: usize, max_unavailable: usize) -> Pacing {
+        Pacing { canary, max_unavailable, bake_seconds: 30, attach_timeout_seconds: 120, paused: false }
+    }
+
+    fn node(name: &str, revision: &str, kernel: KernelView) -> NodeView {
+        NodeView {
+            node: name.into(),
+            pod: Some(PodView {
+                name: format!("{name}-{revision}"),
+                revision: revision.into(),
+                ready_since: match kernel {
+                    KernelView::Attached { since } => Some(since),
+                    _ => None,
+                },
+                created: 0,
+                crash_looping: false,
+                terminating: false,
+            }),
+            kernel,
+        }
+    }
+
+    fn up(name: &str, revision: &str) -> NodeView {
+        node(name, revision, KernelView::Attached { since: 0 })
+    }
+
+    fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Plan {
+        decide(&Input { target: T, stable: Some(S), nodes, pacing, now })
+    }
+
+    #[test]
+    fn defaults_and_percentages() {
+        let p = Pacing::of(None, 10);
+        assert_eq!((p.canary, p.max_unavailable, p.bake_seconds, p.attach_timeout_seconds), (1, 1, 30, 120));
+        let spec = RolloutSpec { max_unavailable: Some(IntOrString::String("25%".into())), ..Default::default() };
+        assert_eq!(Pacing::of(Some(&spec), 10).max_unavailable, 2);
+        assert_eq!(Pacing::of(Some(&spec), 3).max_unavailable, 1, "at least one node");
+    }
+
+    #[test]
+    fn a_canary_first_then_waves_after_each_bake() {
+        let nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
+        let plan = decide_at(&nodes, pacing(1, 2), 100);
+        assert_eq!((plan.phase, plan.replace.clone()), (RolloutPhase::Canary, vec!["n0-old".to_string()]));
+
+        // The canary runs but has not attached: nothing more.
+        let mut nodes = nodes;
+        nodes[0] = node("n0", T, KernelView::NotAttached);
+        let plan = decide_at(&nodes, pacing(1, 2), 100);
+        assert_eq!((plan.phase, plan.replace.len()), (RolloutPhase::Canary, 0));
+        assert_eq!(plan.recheck_in, Some(20), "the attach deadline");
+
+        // Attached at 110: baking until 140.
+        nodes[0] = node("n0", T, KernelView::Attached { since: 110 });
+        let plan = decide_at(&nodes, pacing(1, 2), 120);
+        assert_eq!((plan.phase, plan.replace.len(), plan.recheck_in), (RolloutPhase::Canary, 0, Some(20)));
+
+        // Baked: a wave of two.
+        let plan = decide_at(&nodes, pacing(1, 2), 140);
+        assert_eq!((plan.phase, plan.replace.clone()), (RolloutPhase::Rolling, vec!["n1-old".into(), "n2-old".into()]));
+    }
+
+    #[test]
+    fn failures_of_the_new_revision() {
+        let timeout = decide_at(&[node("a", T, KernelView::NotAttached), up("b", S)], pacing(1, 1), 120);
+        assert_eq!(timeout.phase, RolloutPhase::RolledBack);
+        let failure = timeout.failure.unwrap();
+        assert_eq!(failure.node, "a");
+        assert!(failure.cause.contains("attachTimeoutSeconds"), "{}", failure.cause);
+
+        let ejected = decide_at(&[node("a", T, KernelView::Ejected), up("b", S)], pacing(1, 1), 10);
+        assert!(ejected.failure.unwrap().cause.contains("stopped running"));
+
+        let mut crashing = node("a", T, KernelView::NotAttached);
+        crashing.pod.as_mut().unwrap().crash_looping = true;
+        let plan = decide_at(&[crashing, up("b", S)], pacing(1, 1), 10);
+        assert!(plan.failure.unwrap().cause.contains("crash-looping"));
+    }
+
+    #[test]
+    fn unsupported_and_foreign_nodes_are_skipped_not_failed() {
+        let nodes =
+            [node("a", S, KernelView::Unsupported), node("b", T, KernelView::Foreign), up("c", T), up("d", S)];
+        let plan = decide_at(&nodes, pacing(1, 1), 1000);
+        assert_eq!(plan.skipped, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(plan.failure, None);
+        assert_eq!(plan.replace, vec!["d-old".to_string()]);
+        let done = decide_at(&[node("a", S, KernelView::Unsupported), up("c", T)], pacing(1, 1), 1000);
+        assert!(done.complete());
+    }
+
+    #[test]
+    fn paused_starts_no_wave() {
+        let mut p = pacing(1, 1);
+        p.paused = true;
+        let plan = decide_at(&[up("a", T), up("b", S)], p, 1000);
+        assert_eq!((plan.phase, plan.replace.len()), (RolloutPhase::Paused, 0));
+    }
+
+    #[test]
+    fn restoring_the_stable_revision_replaces_every_other_pod_at_once() {
+        let nodes = [up("a", "bad"), node("b", "bad", KernelView::NotAttached), up("c", S)];
+        let plan = decide(&Input { target: S, stable: Some(S), nodes: &nodes, pacing: pacing(1, 1), now: 0 });
+        assert_eq!(plan.replace, vec!["b-bad".to_string(), "a-bad".to_string()]);
+        assert_eq!(plan.failure, None);
+    }
+
+    // A simulated cluster: the DaemonSet controller recreates a deleted pod at the target
+    // revision; a new pod attaches `attach_after` seconds after its creation unless its node is
+    // broken for the target revision.
+    #[derive(Clone, Debug)]
+    struct Sim {
+        nodes: BTreeMap<String, (String, i64)>, // node -> (revision, created)
+        broken: Vec<String>,
+        attach_after: i64,
+        replaced: BTreeMap<String, usize>,
+    }
+
+    impl Sim {
+        fn views(&self, now: i64) -> Vec<NodeView> {
+            self.nodes
+                .iter()
+                .map(|(n, (rev, created))| {
+                    let attached = !(rev == T && self.broken.contains(n)) && now >= created + self.attach_after;
+                    let mut v = node(n, rev, if attached { KernelView::Attached { since: created + self.attach_after } } else { KernelView::NotAttached });
+                    if let Some(p) = v.pod.as_mut() {
+                        p.created = *created;
+                        p.name = format!("{n}/{created}");
+                    }
+                    v
+                })
+                .collect()
+        }
+
+        fn unavailable(&self, now: i64) -> usize {
+            self.views(now).iter().filter(|v| !matches!(v.kernel, KernelView::Attached { .. })).count()
+        }
+
+        fn apply(&mut self, plan: &Plan, target: &str, now: i64) {
+            for pod in &plan.replace {
+                let node = pod.split('/').next().unwrap_or_default().to_owned();
+                *self.replaced.entry(node.clone()).or_default() += 1;
+                self.nodes.insert(node, (target.to_owned(), now));
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn rollouts_respect_the_budget_replace_once_and_converge(
+            count in 1usize..12,
+            canary in 0usize..4,
+            max_unavailable in 1usize..4,
+            attach_after in 0i64..100,
+        ) {
+            let mut sim = Sim {
+                nodes: (0..count).map(|i| (format!("n{i:02}"), (S.to_owned(), 0))).collect(),
+                broken: Vec::new(),
+                attach_after,
+                replaced: BTreeMap::new(),
+            };
+            let p = pacing(canary, max_unavailable);
+            let mut now = 1000;
+            let mut complete = false;
+            for _ in 0..(count * 20 + 20) {
+                let before = sim.unavailable(now);
+                let plan = decide_at(&sim.views(now), p, now);
+                prop_assert!(plan.failure.is_none());
+                if plan.complete() { complete = true; break; }
+                sim.apply(&plan, T, now);
+                // Never more nodes without an attached scheduler than the budget (or than
+                // before, when they were down already).
+                prop_assert!(sim.unavailable(now) <= before.max(max_unavailable));
+                now += 10;
+            }
+            prop_assert!(complete, "the rollout converged");
+            prop_assert!(sim.replaced.values().all(|n| *n == 1), "each node replaced once: {:?}", sim.replaced);
+            prop_assert_eq!(sim.replaced.len(), count);
+        }
+
+        #[test]
+        fn a_failed_revision_is_caught_and_the_rollback_restores_exactly_the_changed_nodes(
+            count in 2usize..10,
+            broken_at in 0usize..10,
+            canary in 1usize..3,
+            max_unavailable in 1usize..3,
+        ) {
+            let broken = format!("n{:02}", broken_at % count);
+            let mut sim = Sim {
+                nodes: (0..count).map(|i| (format!("n{i:02}"), (S.to_owned(), 0))).collect(),
+                broken: vec![broken.clone()],
+                attach_after: 5,
+                replaced: BTreeMap::new(),
+            };
+            let p = pacing(canary, max_unavailable);
+            let mut now = 1000;
+            let mut failed = None;
+            for _ in 0..(count * 40 + 40) {
+                let plan = decide_at(&sim.views(now), p, now);
+                if let Some(f) = plan.failure { failed = Some(f); break; }
+                prop_assert!(!plan.complete(), "a rollout with a broken node cannot complete");
+                sim.apply(&plan, T, now);
+                now += 10;
+            }
+            let failure = failed.expect("the failure is caught");
+            prop_assert_eq!(&failure.node, &broken);
+            let changed: Vec<String> = sim.nodes.iter().filter(|(_, (r, _))| r == T).map(|(n, _)| n.clone()).collect();
+            // The rollback: the template is the stable revision again, every changed node restored.
+            let views = sim.views(now);
+            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, pacing: p, now });
+            let mut restored: Vec<String> = restore.replace.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
+            restored.sort();
+            prop_assert_eq!(restored, changed);
+        }
+    }
+}
