@@ -109,9 +109,7 @@ impl Index {
         let arbiter = lock(&self.arbiter);
         nodes
             .iter()
-            .filter(|n| {
-                arbiter.node_labels(n).and_then(|l| l.get(OWNER_LABEL)).is_none_or(|owner| owner != scheduler)
-            })
+            .filter(|n| arbiter.node_labels(n).and_then(|l| l.get(OWNER_LABEL)).is_none_or(|owner| owner != scheduler))
             .count()
     }
 

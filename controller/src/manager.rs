@@ -258,7 +258,10 @@ async fn control(
             reports_server(flags, client, &kernel, &triggers, &report_stats, &leadership, stop.clone()),
             until(stop.clone(), reverify_on_policy_change(policy, &index, &triggers)),
             until(stop.clone(), mark_leadership(client, flags, metrics, leadership.rx.clone())),
-            until(stop.clone(), crate::ownership::keep_owner_labels(client.clone(), index.clone(), leadership.rx.clone())),
+            until(
+                stop.clone(),
+                crate::ownership::keep_owner_labels(client.clone(), index.clone(), leadership.rx.clone())
+            ),
             reconcile_loop(client, flags, &index, ctx, trigger_rx, leadership.rx.clone(), stop.clone()),
             // On shutdown, hand leadership over first, while the rest drains.
             async {

@@ -182,7 +182,8 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
             let desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
             // A node that runs this Scheduler's pod keeps it only if it carries the owner
             // label the template selects: apply once those labels are written.
-            let running: BTreeSet<String> = ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
+            let running: BTreeSet<String> =
+                ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
             let waiting = ctx.index.unlabelled(&name, &running);
             if waiting > 0 {
                 debug!(nodes = waiting, "waiting for the owner label on nodes that run this Scheduler");
@@ -192,7 +193,8 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
                 if !ctx.leading() {
                     return Ok(Action::await_change());
                 }
-                match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
+                match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await
+                {
                     Ok(applied) => {
                         let ds_generation = applied.metadata.generation.unwrap_or(0);
                         let before = lock(&ctx.memo.applied).insert(name.clone(), ds_generation);
@@ -354,7 +356,8 @@ fn rollout_step(
         .and_then(|l| l.get(workload::REVISION_LABEL))
         .cloned()
         .unwrap_or_default();
-    let scx = template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER));
+    let scx =
+        template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER));
     let image = scx.and_then(|c| c.image.clone()).unwrap_or_default();
     let args = scx.and_then(|c| c.args.clone()).unwrap_or_default();
     let stable = previous.current_revision.as_ref().map(|r| r.name.as_str());
@@ -401,7 +404,8 @@ fn rollout_step(
             .collect()
     });
     let pacing = rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len());
-    let plan = rollout::decide(&rollout::Input { target: &template_revision, stable, nodes: &nodes, pacing, now: wall });
+    let plan =
+        rollout::decide(&rollout::Input { target: &template_revision, stable, nodes: &nodes, pacing, now: wall });
 
     let this = |generation| crate::api::Revision { name: template_revision.clone(), image: image.clone(), generation };
     let mut status = RolloutStatus {
@@ -457,7 +461,9 @@ fn rollout_step(
         image,
         replace,
         newly_failed,
-        recheck_in: plan.recheck_in.map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200)),
+        recheck_in: plan
+            .recheck_in
+            .map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200)),
     }
 }
 
@@ -491,12 +497,12 @@ async fn roll_back(
     let Some(stable) = previous.current_revision.as_ref() else { return Ok(()) };
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), namespace);
     let selector = format!("{}={name},{}={}", workload::NAME_LABEL, workload::REVISION_LABEL, stable.name);
-    let listed = revisions.list(&ListParams::default().labels(&selector)).await.map_err(|source| {
-        Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source }
-    })?;
-    let owned_by_ds = |r: &&ControllerRevision| {
-        r.owner_references().iter().any(|o| Some(&o.uid) == ds.metadata.uid.as_ref())
-    };
+    let listed = revisions
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
+    let owned_by_ds =
+        |r: &&ControllerRevision| r.owner_references().iter().any(|o| Some(&o.uid) == ds.metadata.uid.as_ref());
     let template = listed
         .items
         .iter()

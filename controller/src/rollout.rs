@@ -58,7 +58,9 @@ impl Pacing {
             canary: count(spec.canary.unwrap_or(DEFAULT_CANARY)),
             max_unavailable,
             bake_seconds: i64::from(spec.bake_seconds.unwrap_or(DEFAULT_BAKE_SECONDS).max(0)),
-            attach_timeout_seconds: i64::from(spec.attach_timeout_seconds.unwrap_or(DEFAULT_ATTACH_TIMEOUT_SECONDS).max(1)),
+            attach_timeout_seconds: i64::from(
+                spec.attach_timeout_seconds.unwrap_or(DEFAULT_ATTACH_TIMEOUT_SECONDS).max(1),
+            ),
             paused: spec.paused,
         }
     }
@@ -90,7 +92,9 @@ pub enum KernelView {
     /// condition, which the same agent's /readyz drives, tells attachment instead.
     Unknown,
     /// The pod's scheduler is attached, since `since` (seconds since the epoch).
-    Attached { since: i64 },
+    Attached {
+        since: i64,
+    },
     NotAttached,
     /// It was attached, then the kernel stopped running it (while the same pod runs).
     Ejected,
@@ -240,7 +244,8 @@ pub fn decide(input: &Input<'_>) -> Plan {
     let baked_in = newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
     let in_rollout = nodes.len() - plan.skipped.len();
     let canary = pacing.canary.min(in_rollout);
-    let phase_for = |updated: usize| if updated <= canary && canary > 0 { RolloutPhase::Canary } else { RolloutPhase::Rolling };
+    let phase_for =
+        |updated: usize| if updated <= canary && canary > 0 { RolloutPhase::Canary } else { RolloutPhase::Rolling };
     if old_down.is_empty() && old_up.is_empty() {
         // The last wave bakes too; a first deployment (nothing to go back to) is done once
         // every node runs it attached.
@@ -266,7 +271,11 @@ pub fn decide(input: &Input<'_>) -> Plan {
         }
         return plan;
     }
-    let wave = if plan.updated < canary { (canary - plan.updated).min(pacing.max_unavailable) } else { pacing.max_unavailable };
+    let wave = if plan.updated < canary {
+        (canary - plan.updated).min(pacing.max_unavailable)
+    } else {
+        pacing.max_unavailable
+    };
     // Replacing a pod that runs attached makes one more node unavailable; keep within the budget.
     let budget = pacing.max_unavailable.saturating_sub(unavailable);
     let down = old_down.len().min(wave);
@@ -366,8 +375,7 @@ mod tests {
 
     #[test]
     fn unsupported_and_foreign_nodes_are_skipped_not_failed() {
-        let nodes =
-            [node("a", S, KernelView::Unsupported), node("b", T, KernelView::Foreign), up("c", T), up("d", S)];
+        let nodes = [node("a", S, KernelView::Unsupported), node("b", T, KernelView::Foreign), up("c", T), up("d", S)];
         let plan = decide_at(&nodes, pacing(1, 1), 1000);
         assert_eq!(plan.skipped, vec!["a".to_string(), "b".to_string()]);
         assert_eq!(plan.failure, None);
@@ -409,7 +417,15 @@ mod tests {
                 .iter()
                 .map(|(n, (rev, created))| {
                     let attached = !(rev == T && self.broken.contains(n)) && now >= created + self.attach_after;
-                    let mut v = node(n, rev, if attached { KernelView::Attached { since: created + self.attach_after } } else { KernelView::NotAttached });
+                    let mut v = node(
+                        n,
+                        rev,
+                        if attached {
+                            KernelView::Attached { since: created + self.attach_after }
+                        } else {
+                            KernelView::NotAttached
+                        },
+                    );
                     if let Some(p) = v.pod.as_mut() {
                         p.created = *created;
                         p.name = format!("{n}/{created}");

@@ -177,18 +177,34 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         && !matches!(rollout.phase, RolloutPhase::RolledBack | RolloutPhase::Failed);
     let running_generation = obs.rollout.and_then(|r| r.current_revision.as_ref()).map(|r| r.generation);
     let ready_generation = if settled { generation } else { running_generation.or(generation) };
-    let stalled = matches!(health.reason, Reason::SpecInvalid | Reason::ImageVerificationFailed | Reason::RolloutFailed);
+    let stalled =
+        matches!(health.reason, Reason::SpecInvalid | Reason::ImageVerificationFailed | Reason::RolloutFailed);
 
+    // While a rollout is under way, Ready says whether the pods that run are all available.
+    let ready_state = rollout_state.as_ref().map(|r| match r.reason {
+        Reason::RolloutInProgress | Reason::RolloutPaused
+            if rollout.desired > 0 && rollout.available >= rollout.desired =>
+        {
+            RolloutState {
+                reason: Reason::DaemonSetReady,
+                message: format!(
+                    "{ds_name}: {} of {} pods available; {}",
+                    rollout.available, rollout.desired, r.message
+                ),
+            }
+        }
+        _ => r.clone(),
+    });
     let mut conditions = Vec::new();
-    match &rollout_state {
-        Some(r) => {
+    match (&rollout_state, &ready_state) {
+        (Some(r), Some(ready)) => {
             let is = |want: Reason| r.reason == want;
             conditions.push(condition(
                 prev,
                 condition::READY,
-                is(Reason::DaemonSetReady),
-                r.reason,
-                &r.message,
+                ready.reason == Reason::DaemonSetReady,
+                ready.reason,
+                &ready.message,
                 ready_generation,
                 &obs.now,
             ));
@@ -204,15 +220,14 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         }
         // Until the DaemonSet controller reports, the rollout conditions keep describing the
         // last known state (with that state's observedGeneration).
-        None => {
+        _ => {
             conditions.extend([condition::READY, condition::PROGRESSING].iter().filter_map(|t| find(prev, t).cloned()))
         }
     }
     // The kstatus pair: Reconciling while the controller works toward this generation, Stalled
     // when it cannot get there without a change of spec.
-    let reconciling = !stalled && rollout_state.as_ref().is_none_or(|r| {
-        matches!(r.reason, Reason::RolloutInProgress | Reason::RolloutPaused)
-    });
+    let reconciling = !stalled
+        && rollout_state.as_ref().is_none_or(|r| matches!(r.reason, Reason::RolloutInProgress | Reason::RolloutPaused));
     let (reconciling_reason, reconciling_message) = match &rollout_state {
         Some(r) => (r.reason, r.message.clone()),
         None => (Reason::RolloutInProgress, format!("Waiting for the DaemonSet controller to observe {ds_name}")),
@@ -294,7 +309,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             if health.degraded {
                 Some(EventSpec { kind: EventKind::Warning, reason: health.reason, message: health.message.clone() })
             } else {
-                rollout_state.map(|r| EventSpec { kind: EventKind::Normal, reason: r.reason, message: r.message })
+                ready_state.map(|r| EventSpec { kind: EventKind::Normal, reason: r.reason, message: r.message })
             }
         })
         .flatten();
@@ -417,10 +432,7 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
             format!("{ds_name}: {down} of {} scheduled pods are not available", rollout.desired),
         );
     }
-    state(
-        Reason::RolloutInProgress,
-        format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired),
-    )
+    state(Reason::RolloutInProgress, format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired))
 }
 
 fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
@@ -649,12 +661,77 @@ mod tests {
         assert_eq!(out.event, None);
         assert_eq!(out.status.observed_generation, Some(2));
         assert_eq!(cond(&out.status, "Ready").observed_generation, Some(1));
-        // Observed, pods being replaced.
+        // Observed, the old pod still available: Ready stays, the rollout is under way.
         let out = run.step(Some(&ds(2, 2, 1, 0, 1)), &p);
+        assert_eq!(out.event, None);
+        assert_eq!(cond(&out.status, "Ready").status, "True");
+        assert_eq!(cond(&out.status, "Progressing").reason, "RolloutInProgress");
+        assert_eq!(cond(&out.status, "Reconciling").status, "True");
+        // The pod being replaced.
+        let out = run.step(Some(&ds(2, 2, 1, 0, 0)), &p);
         assert_eq!(reasons(&out.event), Some((EventKind::Normal, "RolloutInProgress")));
         assert!(out.status.conditions.iter().all(|c| c.observed_generation == Some(2)));
         let out = run.step(Some(&ds(2, 2, 1, 1, 1)), &p);
         assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+        assert_eq!(cond(&out.status, "Reconciling").status, "False");
+    }
+
+    #[test]
+    fn ready_describes_the_running_generation_while_a_newer_one_rolls_or_fails() {
+        use crate::api::{Revision, RolloutFailure};
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let daemonset = ds(3, 3, 1, 0, 1);
+        let previous = SchedulerStatus::default();
+        let kernel_summary = kernel(1, 1, "KernelAttached");
+        let running = Revision { name: "aaa".into(), image: "x/y@sha256:1".into(), generation: 2 };
+        let observe = |rollout: &RolloutStatus| {
+            compute(&Observed {
+                generation: Some(3),
+                previous: &previous,
+                daemonset: Some(&daemonset),
+                placement: &p,
+                image: None,
+                image_error: None,
+                spec_error: None,
+                kernel: &kernel_summary,
+                rollout: Some(rollout),
+                now: time(5),
+            })
+        };
+        let rolling = RolloutStatus {
+            phase: RolloutPhase::Canary,
+            current_revision: Some(running.clone()),
+            ..Default::default()
+        };
+        let out = observe(&rolling);
+        assert_eq!(cond(&out.status, "Ready").observed_generation, Some(2));
+        assert_eq!(cond(&out.status, "Reconciling").status, "True");
+        assert_eq!(cond(&out.status, "Stalled").status, "False");
+
+        let rolled_back = RolloutStatus {
+            phase: RolloutPhase::RolledBack,
+            current_revision: Some(running),
+            failed: Some(RolloutFailure {
+                revision: "bbb".into(),
+                generation: 3,
+                node: "n1".into(),
+                cause: "the scheduler did not attach within 120s".into(),
+                time: time(4),
+            }),
+            ..Default::default()
+        };
+        let out = observe(&rolled_back);
+        assert_eq!(cond(&out.status, "Ready").observed_generation, Some(2));
+        let stalled = cond(&out.status, "Stalled");
+        assert_eq!((stalled.status.as_str(), stalled.reason.as_str()), ("True", "RolloutFailed"));
+        assert_eq!(cond(&out.status, "Reconciling").status, "False");
+        let degraded = cond(&out.status, "Degraded");
+        assert_eq!(degraded.reason, "RolloutFailed");
+        assert!(
+            degraded.message.contains("n1") && degraded.message.contains("pause and resume"),
+            "{}",
+            degraded.message
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -402,7 +402,9 @@ mod tests {
         let a = desired_daemonset(&base, "x/y@sha256:1", &settings()).unwrap();
         let b = desired_daemonset(&base, "x/y@sha256:1", &other).unwrap();
         assert_ne!(a, b);
-        let label = |ds: &DaemonSet| ds.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap()[REVISION_LABEL].clone();
+        let label = |ds: &DaemonSet| {
+            ds.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap()[REVISION_LABEL].clone()
+        };
         assert_eq!(label(&a), label(&b));
     }
 

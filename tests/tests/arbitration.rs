@@ -191,10 +191,11 @@ async fn relabelling_adding_and_deleting_nodes_moves_ownership_without_touching_
     fx.wait_owners(&[("r-1", Some("pool-a")), ("r-2", Some("everything"))]).await?;
     let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "everything", 1).await?;
     let on_r2 = pods.get("r-2").and_then(|p| p.uid()).expect("a pod on r-2");
-    let ds = fx.wait_daemonset("everything", "observed", |d| {
-        d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
-    })
-    .await?;
+    let ds = fx
+        .wait_daemonset("everything", "observed", |d| {
+            d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
+        })
+        .await?;
     let generation = ds.metadata.generation;
 
     // r-1 leaves pool a: the younger catch-all takes it.

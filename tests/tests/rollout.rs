@@ -1,0 +1,426 @@
+//! Rollouts paced by the kernel, against the real API server: the DaemonSets use `OnDelete` and
+//! the controller replaces pods itself (a canary, then waves, each after the new pods' agents
+//! report the scheduler attached and it baked), rolls a failing revision back, skips nodes whose
+//! kernel runs another scheduler, and adopts the pods of an older sked without restarting them.
+//!
+//! The harness plays the kubelet and the kernel of each node: for every new pod it starts a real
+//! agent (with a token bound to that pod) on a fake sysfs that shows the scheduler attached, or
+//! not, as the test wants of that revision; a pod is marked Ready when its agent's /readyz is.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use sked_controller::api::{RolloutPhase, RolloutSpec};
+use sked_controller::config::ControllerFlags;
+use sked_controller::{Scheduler, SchedulerSpec};
+use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token};
+use sked_tests::cluster::free_port;
+use sked_tests::{Fixture, condition, has_condition, spec_on};
+
+const IMAGE: &str = "ghcr.io/schedkit/scx_rusty:v1";
+const REVISION: &str = "sked.schedkit.io/revision";
+
+/// What the kernel of a node does with a pod's scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// It attaches.
+    Attaches,
+    /// It never attaches.
+    Refuses,
+    /// Another scheduler owns the kernel.
+    Foreign,
+}
+
+struct Cluster {
+    fx: Fixture,
+    name: String,
+    tls: ReportsTls,
+    controller: String,
+    dir: tempfile::TempDir,
+    /// The agent of each node, with the pod it reports for.
+    agents: BTreeMap<String, (String, AgentProcess)>,
+    /// How each node's kernel treats the pods of each revision (by the args they run).
+    kernel: Box<dyn Fn(&str, &Pod) -> Kernel + Send>,
+    /// Every pod uid seen per node, in order.
+    history: BTreeMap<String, Vec<String>>,
+    /// The most nodes seen at once without a Ready pod.
+    most_down: usize,
+    phases: Vec<RolloutPhase>,
+}
+
+fn rollout(bake: i32, attach_timeout: i32) -> RolloutSpec {
+    RolloutSpec { bake_seconds: Some(bake), attach_timeout_seconds: Some(attach_timeout), ..RolloutSpec::default() }
+}
+
+async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Cluster> {
+    let dir = tempfile::tempdir()?;
+    let tls = ReportsTls::generate(dir.path())?;
+    let port = free_port()?;
+    let flags = ControllerFlags {
+        reports_bind_address: ([127, 0, 0, 1], port).into(),
+        reports_cert_file: Some(tls.cert.clone()),
+        reports_key_file: Some(tls.key.clone()),
+        ..ControllerFlags::default()
+    };
+    let fx = Fixture::start_with(flags).await?;
+    for n in nodes {
+        fx.create_node(n, &[("pool", name)]).await?;
+    }
+    fx.create_scheduler(name, spec).await?;
+    Ok(Cluster {
+        fx,
+        name: name.to_owned(),
+        tls,
+        controller: format!("https://localhost:{port}"),
+        dir,
+        agents: BTreeMap::new(),
+        kernel: Box::new(|_, _| Kernel::Attaches),
+        history: BTreeMap::new(),
+        most_down: 0,
+        phases: Vec::new(),
+    })
+}
+
+fn base_spec(name: &str, rollout: RolloutSpec) -> SchedulerSpec {
+    SchedulerSpec { expected_ops: Some("rusty".into()), rollout: Some(rollout), ..spec_on(IMAGE, &[("pool", name)]) }
+}
+
+impl Cluster {
+    /// One move of every node's kubelet and kernel: an agent for each new pod, the fake kernel
+    /// set for it, pods Ready as their agents say. Records what the test asserts on.
+    async fn drive(&mut self) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.fx.client.clone(), &self.fx.namespace);
+        let list = pods.list(&ListParams::default().labels(&format!("name={}", self.name))).await?;
+        let live: BTreeMap<String, Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+            .collect();
+        let mut down = 0;
+        for (node, pod) in &live {
+            let uid = pod.uid().unwrap_or_default();
+            let seen = self.history.entry(node.clone()).or_default();
+            if seen.last() != Some(&uid) {
+                seen.push(uid);
+            }
+            if self.agents.get(node).is_none_or(|(p, _)| *p != pod.name_any()) {
+                if let Some((_, mut old)) = self.agents.remove(node) {
+                    old.stop();
+                }
+                let token = bound_token(&self.fx.client, &self.fx.namespace, "sked-agent", Some(pod)).await?;
+                let agent = AgentProcess::start(&AgentSpec {
+                    dir: self.dir.path(),
+                    node,
+                    pod: &pod.name_any(),
+                    scheduler: &self.name,
+                    expected_ops: Some("rusty"),
+                    controller: &self.controller,
+                    ca: &self.tls.ca,
+                    token: &token,
+                })?;
+                match (self.kernel)(node, pod) {
+                    Kernel::Attaches => agent.set_kernel("enabled", Some("rusty_1.0.0_x86_64"), 1)?,
+                    Kernel::Refuses => agent.set_kernel("disabled", None, 1)?,
+                    Kernel::Foreign => agent.set_kernel("enabled", Some("lavd_1.0.0"), 1)?,
+                }
+                self.agents.insert(node.clone(), (pod.name_any(), agent));
+            }
+            let ready = self.agents.get(node).is_some_and(|(_, a)| a.get("/readyz").is_ok_and(|(code, _)| code == 200));
+            let was_ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready != was_ready {
+                set_ready(&pods, &pod.name_any(), ready).await?;
+            }
+            if !ready {
+                down += 1;
+            }
+        }
+        let nodes = self.fx.nodes().list(&ListParams::default().labels(&format!("pool={}", self.name))).await?;
+        down += nodes.items.len().saturating_sub(live.len());
+        self.most_down = self.most_down.max(down);
+        if let Some(phase) = self.fx.schedulers().get(&self.name).await?.status.and_then(|s| s.rollout).map(|r| r.phase)
+            && self.phases.last() != Some(&phase)
+        {
+            self.phases.push(phase);
+        }
+        Ok(())
+    }
+
+    /// Drives the nodes until the Scheduler satisfies `pred`.
+    async fn drive_until(&mut self, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            self.drive().await?;
+            let s = self.fx.schedulers().get(&self.name).await?;
+            if pred(&s) {
+                return Ok(s);
+            }
+            if std::time::Instant::now() > deadline {
+                let status = serde_json::to_string_pretty(&s.status)?;
+                anyhow::bail!("Scheduler {}: timed out waiting for {what}; last status: {status}", self.name);
+            }
+            // Poll as a kubelet would (its probes run every few seconds).
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    async fn patch_spec(&self, spec: serde_json::Value) -> Result<()> {
+        let body = json!({ "spec": spec });
+        self.fx.schedulers().patch(&self.name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+        Ok(())
+    }
+
+    /// How often each node's pod was replaced since the harness first saw it.
+    fn replacements(&self) -> BTreeMap<String, usize> {
+        self.history.iter().map(|(n, uids)| (n.clone(), uids.len() - 1)).collect()
+    }
+}
+
+async fn set_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<()> {
+    let now = jiff::Timestamp::now().to_string();
+    let status = if ready { "True" } else { "False" };
+    let body = json!({"status": {
+        "phase": "Running",
+        "conditions": [
+            {"type": "Ready", "status": status, "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": status, "lastTransitionTime": now},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        ],
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+    Ok(())
+}
+
+fn phase(s: &Scheduler) -> Option<RolloutPhase> {
+    s.status.as_ref()?.rollout.as_ref().map(|r| r.phase)
+}
+
+fn complete_at(s: &Scheduler, generation: i64) -> bool {
+    let Some(st) = s.status.as_ref() else { return false };
+    phase(s) == Some(RolloutPhase::Complete)
+        && st.rollout.as_ref().and_then(|r| r.current_revision.as_ref()).is_some_and(|r| r.generation == generation)
+        && condition(s, "Ready").is_some_and(|c| c.status == "True" && c.observed_generation == Some(generation))
+}
+
+fn args(pod: &Pod) -> Vec<String> {
+    pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.args.clone()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_new_revision_goes_canary_first_then_in_waves_each_node_once() -> Result<()> {
+    let nodes = ["w-1", "w-2", "w-3", "w-4"];
+    let mut c = cluster("waves", &nodes, base_spec("waves", rollout(2, 30))).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    assert_eq!(c.replacements().values().sum::<usize>(), 0);
+    let first = c.fx.schedulers().get("waves").await?;
+    let v1 = first.status.and_then(|s| s.rollout).and_then(|r| r.current_revision).context("current revision")?;
+
+    // A new revision, paused at once: nothing is replaced.
+    c.patch_spec(json!({"args": ["--v2"], "rollout": {"paused": true}})).await?;
+    let paused = c.drive_until("paused", |s| phase(s) == Some(RolloutPhase::Paused)).await?;
+    assert!(has_condition(&paused, "Progressing", "False", "RolloutPaused"));
+    assert!(has_condition(&paused, "Reconciling", "True", "RolloutPaused"));
+    assert_eq!(c.replacements().values().sum::<usize>(), 0, "a paused rollout replaces nothing");
+    // Ready still describes the generation that runs, not the one waiting.
+    let ready = condition(&paused, "Ready").context("Ready")?;
+    assert_eq!((ready.status.as_str(), ready.observed_generation), ("True", Some(1)));
+
+    // Resumed: a canary, then waves of one, never two nodes down at once.
+    c.most_down = 0;
+    c.phases.clear();
+    c.patch_spec(json!({"rollout": {"paused": false}})).await?;
+    let done = c.drive_until("the new revision complete", |s| complete_at(s, 3)).await?;
+    assert_eq!(c.phases.first(), Some(&RolloutPhase::Canary), "{:?}", c.phases);
+    assert!(c.phases.contains(&RolloutPhase::Rolling), "{:?}", c.phases);
+    assert!(c.most_down <= 1, "at most maxUnavailable (1) node without an attached scheduler: {}", c.most_down);
+    assert!(c.replacements().values().all(|n| *n == 1), "each node replaced once: {:?}", c.replacements());
+    let st = done.status.clone().context("status")?;
+    let r = st.rollout.clone().context("rollout")?;
+    assert_ne!(r.current_revision.as_ref().map(|r| &r.name), Some(&v1.name));
+    assert_eq!((st.updated_number_scheduled, r.attached_nodes), (4, 4));
+    assert!(has_condition(&done, "Reconciling", "False", "AsExpected"));
+    assert!(has_condition(&done, "Stalled", "False", "AsExpected"));
+    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "waves", 4).await?;
+    assert!(pods.values().all(|p| args(p) == ["--v2"]));
+    let ds = c.fx.daemonsets().get("waves").await?;
+    assert_eq!(ds.spec.update_strategy.and_then(|u| u.type_).as_deref(), Some("OnDelete"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_revision_that_never_attaches_is_rolled_back_and_not_retried() -> Result<()> {
+    let nodes = ["b-1", "b-2", "b-3"];
+    let mut c = cluster("rollback", &nodes, base_spec("rollback", rollout(1, 4))).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    let before: BTreeMap<String, String> = c.history.iter().map(|(n, u)| (n.clone(), u[0].clone())).collect();
+    let stable =
+        c.fx.schedulers().get("rollback").await?.status.and_then(|s| s.rollout).and_then(|r| r.current_revision);
+
+    // The kernel refuses the scheduler of the new revision.
+    c.kernel = Box::new(|_, pod| if args(pod) == ["--broken"] { Kernel::Refuses } else { Kernel::Attaches });
+    c.patch_spec(json!({"args": ["--broken"]})).await?;
+    let failed = c
+        .drive_until("rolled back", |s| {
+            phase(s) == Some(RolloutPhase::RolledBack) && has_condition(s, "Degraded", "True", "RolloutFailed")
+        })
+        .await?;
+    let degraded = condition(&failed, "Degraded").context("Degraded")?;
+    assert!(degraded.message.contains("attachTimeoutSeconds"), "{}", degraded.message);
+    assert!(has_condition(&failed, "Stalled", "True", "RolloutFailed"));
+    let r = failed.status.as_ref().and_then(|s| s.rollout.clone()).context("rollout")?;
+    assert_eq!(r.current_revision, stable, "the last attached revision stays current");
+    let failure = r.failed.context("failure recorded")?;
+    c.fx.wait_event("rollback", "Warning", "RolledBack", 1).await?;
+
+    // The canary node runs the stable revision again, attached; the others were never touched.
+    let restored = c
+        .drive_until("the canary restored", |s| {
+            has_condition(s, "Ready", "True", "DaemonSetReady")
+                && s.status.as_ref().is_some_and(|st| st.kernel_attached == 3)
+        })
+        .await?;
+    let ready = condition(&restored, "Ready").context("Ready")?;
+    assert_eq!(ready.observed_generation, Some(1), "Ready does not claim the failed generation");
+    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "rollback", 3).await?;
+    for (node, pod) in &pods {
+        assert!(args(pod).is_empty(), "{node} runs the stable revision");
+        if *node != failure.node {
+            assert_eq!(pod.uid().as_ref(), before.get(node), "{node} was never replaced");
+        }
+    }
+    assert_eq!(c.replacements().get(&failure.node), Some(&2), "the failed node: replaced, then restored");
+
+    // Not retried while the spec stays: a later reconcile replaces nothing.
+    let replaced = c.replacements();
+    c.fx.mark_pods_ready("rollback").await?;
+    c.drive_until("still rolled back", |s| phase(s) == Some(RolloutPhase::RolledBack)).await?;
+    assert_eq!(c.replacements(), replaced);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() -> Result<()> {
+    let nodes = ["e-1", "e-2", "e-3"];
+    let mut c = cluster("eject", &nodes, base_spec("eject", rollout(600, 60))).await?;
+    // e-3's kernel runs another scheduler: skipped by every rollout, never failing one.
+    c.kernel = Box::new(|node, _| if node == "e-3" { Kernel::Foreign } else { Kernel::Attaches });
+    let s = c
+        .drive_until("first deployment, e-3 skipped", |s| {
+            phase(s) == Some(RolloutPhase::Complete)
+                && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.skipped_nodes == ["e-3"])
+        })
+        .await?;
+    assert!(has_condition(&s, "KernelAttached", "False", "ForeignScheduler"));
+
+    c.patch_spec(json!({"args": ["--v2"]})).await?;
+    c.drive_until("the canary baking", |s| {
+        phase(s) == Some(RolloutPhase::Canary)
+            && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.attached_nodes == 1)
+    })
+    .await?;
+    // The kernel ejects the canary's scheduler during its bake.
+    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
+    let canary_node = pods.iter().find(|(_, p)| args(p) == ["--v2"]).map(|(n, _)| n.clone()).context("canary")?;
+    let sysfs = c.agents.get(&canary_node).map(|(_, a)| a.sysfs.clone()).context("canary agent")?;
+    sked_agent::sysfs::fixture::write(&sysfs, "disabled", None, 2)?;
+    c.kernel = Box::new(|node, pod| {
+        if node == "e-3" {
+            Kernel::Foreign
+        } else if args(pod) == ["--v2"] {
+            Kernel::Refuses
+        } else {
+            Kernel::Attaches
+        }
+    });
+    let failed = c.drive_until("rolled back", |s| phase(s) == Some(RolloutPhase::RolledBack)).await?;
+    let failure = failed.status.and_then(|s| s.rollout).and_then(|r| r.failed).context("failure")?;
+    assert_eq!(failure.node, canary_node);
+    assert!(failure.cause.contains("stopped running"), "{}", failure.cause);
+    c.drive_until("the canary restored", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 2)).await?;
+    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
+    assert!(pods.values().all(|p| args(p).is_empty()), "every node runs the stable revision");
+    Ok(())
+}
+
+/// The DaemonSet an earlier sked made: RollingUpdate, nodes excluded by name, no revision label.
+fn legacy_daemonset(scheduler: &Scheduler, namespace: &str) -> Result<DaemonSet> {
+    let uid = scheduler.uid().context("uid")?;
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {
+            "name": scheduler.name_any(), "namespace": namespace,
+            "labels": {"name": scheduler.name_any(), "app.kubernetes.io/managed-by": "sked"},
+            "ownerReferences": [{"apiVersion": "sked.schedkit.io/v1", "kind": "Scheduler",
+                "name": scheduler.name_any(), "uid": uid, "controller": true, "blockOwnerDeletion": true}],
+        },
+        "spec": {
+            "selector": {"matchLabels": {"name": scheduler.name_any()}},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": {"name": scheduler.name_any(), "app.kubernetes.io/managed-by": "sked"}},
+                "spec": {
+                    "nodeSelector": {"pool": "legacy"},
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchFields": [
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["elsewhere"]}]}]}}},
+                    "shareProcessNamespace": true,
+                    "automountServiceAccountToken": false,
+                    "serviceAccountName": "sked-agent",
+                    "containers": [
+                        {"name": "scx", "image": IMAGE, "securityContext": {"privileged": true}},
+                        {"name": "agent", "image": "ghcr.io/schedkit/sked-agent:old",
+                         "securityContext": {"capabilities": {"add": ["BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"], "drop": ["ALL"]}}},
+                    ],
+                },
+            },
+        },
+    }))?)
+}
+
+#[tokio::test]
+async fn upgrading_from_a_notin_daemonset_restarts_no_pod() -> Result<()> {
+    let mut fx = Fixture::without_controller().await?;
+    for n in ["l-1", "l-2"] {
+        fx.create_node(n, &[("pool", "legacy")]).await?;
+    }
+    let scheduler = fx.create_scheduler("legacy", spec_on(IMAGE, &[("pool", "legacy")])).await?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(fx.client.clone(), &fx.namespace);
+    // Applied as the earlier sked applied it: server-side, field manager "sked".
+    let legacy = legacy_daemonset(&scheduler, &fx.namespace)?;
+    daemonsets.patch("legacy", &PatchParams::apply("sked").force(), &Patch::Apply(&legacy)).await?;
+    let before = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "legacy", 2).await?;
+    fx.mark_pods_ready("legacy").await?;
+    let uids: BTreeSet<String> = before.values().filter_map(ResourceExt::uid).collect();
+
+    // The new controller takes over: owner labels first, then its own template, OnDelete.
+    fx.start_controller(ControllerFlags::default())?;
+    fx.wait_owners(&[("l-1", Some("legacy")), ("l-2", Some("legacy"))]).await?;
+    let ds = fx
+        .wait_daemonset("legacy", "the new template", |d| {
+            d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete")
+                && d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
+        })
+        .await?;
+    assert!(ds.spec.template.spec.as_ref().is_some_and(|p| p.affinity.is_none()));
+    let s = fx
+        .wait_scheduler("legacy", "the adopted pods complete", |s| {
+            phase(s) == Some(RolloutPhase::Complete) && has_condition(s, "Ready", "True", "DaemonSetReady")
+        })
+        .await?;
+    assert_eq!(s.status.as_ref().map(|st| st.updated_number_scheduled), Some(2), "adopted as the current revision");
+    // The same two pods, never restarted.
+    let after = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "legacy", 2).await?;
+    assert_eq!(after.values().filter_map(ResourceExt::uid).collect::<BTreeSet<_>>(), uids);
+    assert!(after.values().all(|p| !p.labels().contains_key(REVISION)), "the old pods, as they were");
+    Ok(())
+}
