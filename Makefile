@@ -22,7 +22,7 @@ setup:
 	@hack/setup.sh
 
 ## tools: build (once, cached per user) the pinned etcd, kube-apiserver,
-## kube-controller-manager, kubectl, helm, actionlint, cosign and crane the tests run.
+## kube-controller-manager, kubectl, helm, actionlint, cosign, crane and kstatus the tests run.
 tools: setup
 	@hack/build-tools.sh $(TOOLS_BIN) >/dev/null
 
@@ -45,7 +45,7 @@ test-integration: tools
 # scheduler; installs qemu, clang, bpftool, busybox with apt when missing.
 test-kernel: tools
 	bash hack/kernel-e2e.sh deps
-	$(CARGO) test -p sked-tests --test real_kernel -- --ignored --nocapture
+	$(CARGO) test -p sked-tests --test real_kernel -- --ignored --nocapture --test-threads=1
 
 ## coverage: run every test instrumented (cargo-llvm-cov), write an lcov report and fail
 ## when total line coverage is below COVERAGE_THRESHOLD (default 40).

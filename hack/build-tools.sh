@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane) from the Go
+# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane, and a
+# kstatus check on sigs.k8s.io/cli-utils) from the Go
 # module proxy with the local Go toolchain, the way envtest ships downloaded binaries. Each tool
 # set is built once into a per-user cache keyed by its version; later runs (from any clone) only
 # link it. Prints one line per tool set it builds (the Go tool's own output goes to a log file,
@@ -17,6 +18,8 @@ ACTIONLINT_VERSION=${ACTIONLINT_VERSION:-v1.7.12}
 # Image trust tests: cosign signs, crane pushes images.
 COSIGN_VERSION=${COSIGN_VERSION:-v3.1.3}
 CRANE_VERSION=${CRANE_VERSION:-v0.22.1}
+# kstatus: the status library Flux, Argo CD health checks and helm --wait build on.
+CLI_UTILS_VERSION=${CLI_UTILS_VERSION:-v0.37.2}
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir=${1:-$root/.tools/bin}
@@ -35,6 +38,7 @@ sets=(
   "actionlint $ACTIONLINT_VERSION actionlint 1"
   "cosign $COSIGN_VERSION cosign 5"
   "crane $CRANE_VERSION crane 1"
+  "kstatus $CLI_UTILS_VERSION kstatus 2"
 )
 built() { # NAME VERSION BINARIES
   local bin
@@ -136,6 +140,48 @@ go_tool() {
   rm -rf "$work"
 }
 
+# kstatus: reads one object (JSON) on stdin, prints its kstatus status and message.
+build_kstatus() {
+  local work
+  work=$(mktemp -d)
+  cat >"$work/main.go" <<'GO'
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/json"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
+)
+
+func main() {
+	var obj map[string]interface{}
+	data, err := io.ReadAll(os.Stdin)
+	if err == nil {
+		err = json.Unmarshal(data, &obj)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kstatus: reading the object:", err)
+		os.Exit(2)
+	}
+	result, err := status.Compute(&unstructured.Unstructured{Object: obj})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kstatus:", err)
+		os.Exit(2)
+	}
+	fmt.Printf("%s\t%s\n", result.Status, result.Message)
+}
+GO
+  printf 'module sked.local/tools/kstatus\n\ngo 1.26.0\n\nrequire sigs.k8s.io/cli-utils %s\n' "$CLI_UTILS_VERSION" >"$work/go.mod"
+  mkdir -p "$cache/kstatus-$CLI_UTILS_VERSION"
+  go_build "$work" "$cache/kstatus-$CLI_UTILS_VERSION/kstatus.tmp" "" . || return 1
+  mv "$cache/kstatus-$CLI_UTILS_VERSION/kstatus.tmp" "$cache/kstatus-$CLI_UTILS_VERSION/kstatus"
+  rm -rf "$work"
+}
+
 for set in "${sets[@]}"; do
   read -r name version bins mins <<<"$set"
   built "$name" "$version" "$bins" && continue
@@ -154,6 +200,7 @@ for set in "${sets[@]}"; do
       run_build "$name" "$version" "$mins" go_tool cosign "$COSIGN_VERSION" github.com/sigstore/cosign/v3 \
         github.com/sigstore/cosign/v3/cmd/cosign "-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION"
       ;;
+    kstatus) run_build "$name" "$version" "$mins" build_kstatus ;;
     crane)
       run_build "$name" "$version" "$mins" go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry \
         github.com/google/go-containerregistry/cmd/crane
@@ -170,4 +217,5 @@ ln -sf "$cache/helm-$HELM_VERSION/helm" "$bin_dir/helm"
 ln -sf "$cache/actionlint-$ACTIONLINT_VERSION/actionlint" "$bin_dir/actionlint"
 ln -sf "$cache/cosign-$COSIGN_VERSION/cosign" "$bin_dir/cosign"
 ln -sf "$cache/crane-$CRANE_VERSION/crane" "$bin_dir/crane"
+ln -sf "$cache/kstatus-$CLI_UTILS_VERSION/kstatus" "$bin_dir/kstatus"
 echo "$bin_dir"

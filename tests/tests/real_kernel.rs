@@ -89,16 +89,7 @@ async fn setup(dir: &Path) -> Result<Setup> {
 impl Setup {
     /// Starts the agent in the VM. Polling is set to an hour: changes must arrive by uevent.
     async fn start_agent(&self, vm: &mut TestVm) -> Result<()> {
-        vm.write_file("/run/sked/token", self.token.as_bytes()).await?;
-        vm.write_file("/run/sked/ca.crt", &std::fs::read(&self.tls.ca)?).await?;
-        vm.run(&format!(
-            "/bin/sked-agent --node-name {NODE} --pod-name {} --scheduler {SCHEDULER} --expected-ops sked_canary \
-             --controller-address https://127.0.0.1:8443 --ca-file /run/sked/ca.crt --token-file /run/sked/token \
-             --poll-interval 1h --listen-address 127.0.0.1:9464 > /run/agent.log 2>&1 &",
-            self.pod
-        ))
-        .await?;
-        Ok(())
+        start_agent_for(vm, &self.tls, &self.token, &self.pod).await
     }
 
     async fn wait_kernel(&self, what: &str, attached: i32, reason: &str) -> Result<Scheduler> {
@@ -109,6 +100,20 @@ impl Setup {
             })
             .await
     }
+}
+
+/// Starts (or restarts) the agent in the VM for `pod`, with a token bound to it.
+async fn start_agent_for(vm: &mut TestVm, tls: &ReportsTls, token: &str, pod: &str) -> Result<()> {
+    vm.write_file("/run/sked/token", token.as_bytes()).await?;
+    vm.write_file("/run/sked/ca.crt", &std::fs::read(&tls.ca)?).await?;
+    vm.run(&format!(
+        "if [ -f /run/agent.pid ]; then kill $(cat /run/agent.pid) 2>/dev/null; sleep 0.2; fi; \
+         /bin/sked-agent --node-name {NODE} --pod-name {pod} --scheduler {SCHEDULER} --expected-ops sked_canary \
+         --controller-address https://127.0.0.1:8443 --ca-file /run/sked/ca.crt --token-file /run/sked/token \
+         --poll-interval 1h --listen-address 127.0.0.1:9464 >> /run/agent.log 2>&1 & echo $! > /run/agent.pid"
+    ))
+    .await?;
+    Ok(())
 }
 
 /// `attached <map> <unix ns>` as the loader prints it: the guest's time of the attach.
@@ -220,5 +225,76 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
     s.fx.wait_event(SCHEDULER, "Warning", "KernelUnsupported", 1).await?;
     vm.shutdown().await?;
     eprintln!("measured: whole real-kernel test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// Plays the kubelet for the VM's Node: waits for the live pod of the canary Scheduler that is
+/// not `old`, starts the agent for it and runs `scheduler` (a shell command) as its process.
+async fn run_pod(s: &Setup, vm: &mut TestVm, old: &str, scheduler: &str) -> Result<k8s_openapi::api::core::v1::Pod> {
+    let pod = wait_for("the next canary pod", || async {
+        let pods = sked_tests::wait_bound_pods(&s.fx.client, &s.fx.namespace, SCHEDULER, 1).await?;
+        Ok(pods.get(NODE).filter(|p| p.name_any() != old).cloned())
+    })
+    .await?;
+    // The old pod's scheduler process goes with its pod.
+    vm.run(
+        "if [ -f /run/canary.pid ]; then kill $(cat /run/canary.pid) 2>/dev/null; rm /run/canary.pid; fi; \
+            while grep -q enabled /sys/kernel/sched_ext/state; do sleep 0.05; done",
+    )
+    .await?;
+    let token = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(&pod)).await?;
+    start_agent_for(vm, &s.tls, &token, &pod.name_any()).await?;
+    vm.run(&format!("{scheduler} > /run/canary.out 2>&1 & echo $! > /run/canary.pid")).await?;
+    Ok(pod)
+}
+
+fn rollout_phase(s: &Scheduler) -> Option<sked_controller::api::RolloutPhase> {
+    s.status.as_ref()?.rollout.as_ref().map(|r| r.phase)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
+async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Result<()> {
+    use sked_controller::api::RolloutPhase;
+    let started = Instant::now();
+    let dir = tempfile::Builder::new().prefix("sked-kernel-rollback-").tempdir()?;
+    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
+    let s = setup(dir.path()).await?;
+    let rollout = serde_json::json!({"spec": {"rollout": {"bakeSeconds": 1, "attachTimeoutSeconds": 10}}});
+    let params = kube::api::PatchParams::default();
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&rollout)).await?;
+    let (kernel, initramfs) = artifacts.kernel("sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-rollback"), s.reports).await?;
+
+    // The good revision: the canary scheduler attaches; the kubelet marks its pod Ready.
+    let good = "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o";
+    let first = run_pod(&s, &mut vm, "", good).await?;
+    s.wait_kernel("the good revision attached", 1, "KernelAttached").await?;
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", |s| {
+        rollout_phase(s) == Some(RolloutPhase::Complete)
+            && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.current_revision.is_some())
+    })
+    .await?;
+
+    // A new revision whose scheduler cannot attach: its object does not exist in the image.
+    let broken = serde_json::json!({"spec": {"args": ["--broken"]}});
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&broken)).await?;
+    let bad = "/bin/sked-canary-loader hold /sked/missing.bpf.o";
+    let second = run_pod(&s, &mut vm, &first.name_any(), bad).await?;
+    let failed =
+        s.fx.wait_scheduler(SCHEDULER, "rolled back", |s| rollout_phase(s) == Some(RolloutPhase::RolledBack)).await?;
+    let failure = failed.status.and_then(|st| st.rollout).and_then(|r| r.failed).context("failure recorded")?;
+    assert_eq!(failure.node, NODE);
+    assert!(failure.cause.contains("did not attach"), "{}", failure.cause);
+    s.fx.wait_event(SCHEDULER, "Warning", "RolledBack", 1).await?;
+
+    // The good revision comes back and attaches again in the real kernel.
+    let third = run_pod(&s, &mut vm, &second.name_any(), good).await?;
+    assert!(third.spec.as_ref().and_then(|p| p.containers.first()).and_then(|c| c.args.clone()).is_none());
+    s.wait_kernel("the good revision attached again", 1, "KernelAttached").await?;
+    assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary");
+    vm.shutdown().await?;
+    eprintln!("measured: real-kernel rollback test: {:?}", started.elapsed());
     Ok(())
 }

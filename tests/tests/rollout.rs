@@ -52,6 +52,7 @@ struct Cluster {
     /// The most nodes seen at once without a Ready pod.
     most_down: usize,
     phases: Vec<RolloutPhase>,
+    flags: ControllerFlags,
 }
 
 fn rollout(bake: i32, attach_timeout: i32) -> RolloutSpec {
@@ -68,7 +69,7 @@ async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Clus
         reports_key_file: Some(tls.key.clone()),
         ..ControllerFlags::default()
     };
-    let fx = Fixture::start_with(flags).await?;
+    let fx = Fixture::start_with(flags.clone()).await?;
     for n in nodes {
         fx.create_node(n, &[("pool", name)]).await?;
     }
@@ -84,6 +85,7 @@ async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Clus
         history: BTreeMap::new(),
         most_down: 0,
         phases: Vec::new(),
+        flags,
     })
 }
 
@@ -201,6 +203,30 @@ async fn set_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<()> {
     Ok(())
 }
 
+/// What kstatus (the library Flux, Argo CD and `helm --wait` use) makes of the Scheduler.
+fn kstatus(s: &Scheduler) -> Result<String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(sked_tests::cluster::tools_dir().join("kstatus"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running kstatus")?;
+    let mut object = serde_json::to_value(s)?;
+    object["apiVersion"] = json!("sked.schedkit.io/v1");
+    object["kind"] = json!("Scheduler");
+    child.stdin.take().context("stdin")?.write_all(&serde_json::to_vec(&object)?)?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(out.status.success(), "kstatus: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).split('\t').next().unwrap_or_default().to_owned())
+}
+
+/// Whether `kubectl wait --for=condition=Ready` is satisfied now (it checks once).
+fn kubectl_wait_ready(fx: &Fixture, name: &str) -> Result<bool> {
+    let out = fx.cluster.kubectl(&["wait", "--for=condition=Ready", &format!("scheduler/{name}"), "--timeout=0s"])?;
+    Ok(out.status.success())
+}
+
 fn phase(s: &Scheduler) -> Option<RolloutPhase> {
     s.status.as_ref()?.rollout.as_ref().map(|r| r.phase)
 }
@@ -227,20 +253,27 @@ async fn a_new_revision_goes_canary_first_then_in_waves_each_node_once() -> Resu
 
     // A new revision, paused at once: nothing is replaced.
     c.patch_spec(json!({"args": ["--v2"], "rollout": {"paused": true}})).await?;
-    let paused = c.drive_until("paused", |s| phase(s) == Some(RolloutPhase::Paused)).await?;
+    let paused = c
+        .drive_until("paused", |s| {
+            phase(s) == Some(RolloutPhase::Paused) && has_condition(s, "Progressing", "False", "RolloutPaused")
+        })
+        .await?;
     assert!(has_condition(&paused, "Progressing", "False", "RolloutPaused"));
     assert!(has_condition(&paused, "Reconciling", "True", "RolloutPaused"));
     assert_eq!(c.replacements().values().sum::<usize>(), 0, "a paused rollout replaces nothing");
     // Ready still describes the generation that runs, not the one waiting.
     let ready = condition(&paused, "Ready").context("Ready")?;
     assert_eq!((ready.status.as_str(), ready.observed_generation), ("True", Some(1)));
+    assert_eq!(kstatus(&paused)?, "InProgress");
+    assert!(!kubectl_wait_ready(&c.fx, "waves")?, "kubectl wait does not take the running generation for this one");
 
     // Resumed: a canary, then waves of one, never two nodes down at once.
     c.most_down = 0;
     c.phases.clear();
     c.patch_spec(json!({"rollout": {"paused": false}})).await?;
     let done = c.drive_until("the new revision complete", |s| complete_at(s, 3)).await?;
-    assert_eq!(c.phases.first(), Some(&RolloutPhase::Canary), "{:?}", c.phases);
+    let resumed: Vec<&RolloutPhase> = c.phases.iter().filter(|p| **p != RolloutPhase::Paused).collect();
+    assert_eq!(resumed.first(), Some(&&RolloutPhase::Canary), "{:?}", c.phases);
     assert!(c.phases.contains(&RolloutPhase::Rolling), "{:?}", c.phases);
     assert!(c.most_down <= 1, "at most maxUnavailable (1) node without an attached scheduler: {}", c.most_down);
     assert!(c.replacements().values().all(|n| *n == 1), "each node replaced once: {:?}", c.replacements());
@@ -250,6 +283,8 @@ async fn a_new_revision_goes_canary_first_then_in_waves_each_node_once() -> Resu
     assert_eq!((st.updated_number_scheduled, r.attached_nodes), (4, 4));
     assert!(has_condition(&done, "Reconciling", "False", "AsExpected"));
     assert!(has_condition(&done, "Stalled", "False", "AsExpected"));
+    assert_eq!(kstatus(&done)?, "Current");
+    assert!(kubectl_wait_ready(&c.fx, "waves")?);
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "waves", 4).await?;
     assert!(pods.values().all(|p| args(p) == ["--v2"]));
     let ds = c.fx.daemonsets().get("waves").await?;
@@ -277,6 +312,7 @@ async fn a_revision_that_never_attaches_is_rolled_back_and_not_retried() -> Resu
     let degraded = condition(&failed, "Degraded").context("Degraded")?;
     assert!(degraded.message.contains("attachTimeoutSeconds"), "{}", degraded.message);
     assert!(has_condition(&failed, "Stalled", "True", "RolloutFailed"));
+    assert_eq!(kstatus(&failed)?, "Failed");
     let r = failed.status.as_ref().and_then(|s| s.rollout.clone()).context("rollout")?;
     assert_eq!(r.current_revision, stable, "the last attached revision stays current");
     let failure = r.failed.context("failure recorded")?;
@@ -349,6 +385,24 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     c.drive_until("the canary restored", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 2)).await?;
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
     assert!(pods.values().all(|p| args(p).is_empty()), "every node runs the stable revision");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_new_leader_carries_on_a_rollout_and_replaces_no_node_twice() -> Result<()> {
+    let nodes = ["f-1", "f-2", "f-3"];
+    let mut c = cluster("failover", &nodes, base_spec("failover", rollout(3, 60))).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    c.patch_spec(json!({"args": ["--v2"]})).await?;
+    c.drive_until("the canary attached", |s| {
+        s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.attached_nodes == 1)
+    })
+    .await?;
+    // The leader goes mid-rollout; a new one starts from what the API server holds.
+    c.fx.stop_controller().await;
+    c.fx.start_controller(c.flags.clone())?;
+    c.drive_until("the rollout complete under the new leader", |s| complete_at(s, 2)).await?;
+    assert!(c.replacements().values().all(|n| *n == 1), "each node replaced once: {:?}", c.replacements());
     Ok(())
 }
 
