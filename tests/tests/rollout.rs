@@ -37,6 +37,9 @@ enum Kernel {
     Foreign,
 }
 
+/// How each node's kernel treats a pod's scheduler, by node and pod.
+type KernelPlay = Box<dyn Fn(&str, &Pod) -> Kernel + Send>;
+
 struct Cluster {
     fx: Fixture,
     name: String,
@@ -46,7 +49,7 @@ struct Cluster {
     /// The agent of each node, with the pod it reports for.
     agents: BTreeMap<String, (String, AgentProcess)>,
     /// How each node's kernel treats the pods of each revision (by the args they run).
-    kernel: Box<dyn Fn(&str, &Pod) -> Kernel + Send>,
+    kernel: KernelPlay,
     /// Every pod uid seen per node, in order.
     history: BTreeMap<String, Vec<String>>,
     /// The most nodes seen at once without a Ready pod.
