@@ -59,6 +59,7 @@ pub struct Metrics {
     reports_received: Gauge,
     verifications: Family<Labels, Counter>,
     policy_reloads: Family<Labels, Counter>,
+    rollbacks: Family<Labels, Counter>,
     report_stats: Arc<ReportStats>,
 }
 
@@ -76,6 +77,7 @@ impl Metrics {
         let reports_received = Gauge::default();
         let verifications = Family::<Labels, Counter>::default();
         let policy_reloads = Family::<Labels, Counter>::default();
+        let rollbacks = Family::<Labels, Counter>::default();
         registry.register("reconciles", "Scheduler reconciles by result", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by error kind", reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Time a reconcile took", reconcile_duration.clone());
@@ -113,6 +115,11 @@ impl Metrics {
             verifications.clone(),
         );
         registry.register("trust_policy_reloads", "Trust policy file reloads by result", policy_reloads.clone());
+        registry.register(
+            "rollbacks",
+            "Rollouts stopped because the new revision failed (rolled back, or nothing to roll back to), by Scheduler",
+            rollbacks.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -126,6 +133,7 @@ impl Metrics {
             reports_received,
             verifications,
             policy_reloads,
+            rollbacks,
             report_stats,
         }
     }
@@ -158,7 +166,14 @@ impl Metrics {
     }
 
     pub fn forget_scheduler(&self, scheduler: &str) {
-        self.conflicting_nodes.remove(&vec![("scheduler".into(), scheduler.to_owned())]);
+        let labels = vec![("scheduler".into(), scheduler.to_owned())];
+        self.conflicting_nodes.remove(&labels);
+        self.rollbacks.remove(&labels);
+    }
+
+    /// Counts a rollout stopped by a failed revision.
+    pub fn rolled_back(&self, scheduler: &str) {
+        self.rollbacks.get_or_create(&vec![("scheduler".into(), scheduler.to_owned())]).inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -326,8 +326,8 @@ struct RolloutStep {
     status: RolloutStatus,
     /// The image the DaemonSet's template runs.
     image: String,
-    /// Pods to delete (each comes back as the template's revision).
-    replace: Vec<String>,
+    /// Pods to delete, by name and uid (each comes back as the template's revision).
+    replace: Vec<(String, String)>,
     /// The revision being rolled out failed in this reconcile: roll it back.
     newly_failed: Option<RolloutFailure>,
     recheck_in: Option<Duration>,
@@ -442,6 +442,7 @@ fn rollout_step(
             time: Time(jiff::Timestamp::now()),
         };
         warn!(revision = %failure.revision, node = %failure.node, cause = %failure.cause, "rollout failed");
+        ctx.metrics.rolled_back(&name);
         status.phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
         status.failed = Some(failure.clone());
         newly_failed = stable.is_some().then_some(failure);
@@ -456,6 +457,14 @@ fn rollout_step(
         // back as the old revision.
         replace.clear();
     }
+    // By uid too: a pod of the same name made since is not the one decided on.
+    let replace = replace
+        .into_iter()
+        .filter_map(|name| {
+            let uid = pods.iter().find(|p| p.name_any() == name)?.uid()?;
+            Some((name, uid))
+        })
+        .collect();
     RolloutStep {
         status,
         image,
@@ -468,15 +477,20 @@ fn rollout_step(
 }
 
 /// Deletes the pods a rollout replaces now.
-async fn replace_pods(ctx: &Context, replace: &[String]) {
+async fn replace_pods(ctx: &Context, replace: &[(String, String)]) {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
-    for pod in replace {
+    for (pod, uid) in replace {
         if !ctx.leading() {
             return;
         }
-        match pods.delete(pod, &DeleteParams::default()).await {
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions { uid: Some(uid.clone()), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match pods.delete(pod, &params).await {
             Ok(_) => info!(pod = %pod, "replacing pod with the new revision"),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            // Gone, or another pod by now: decided again at the next reconcile.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => warn!(pod = %pod, err = %e, "could not delete pod; retried at the next reconcile"),
         }
     }

@@ -320,6 +320,8 @@ async fn a_revision_that_never_attaches_is_rolled_back_and_not_retried() -> Resu
     assert_eq!(r.current_revision, stable, "the last attached revision stays current");
     let failure = r.failed.context("failure recorded")?;
     c.fx.wait_event("rollback", "Warning", "RolledBack", 1).await?;
+    let metrics = c.fx.scrape_metrics().await?;
+    assert!(metrics.lines().any(|l| l == "sked_rollbacks_total{scheduler=\"rollback\"} 1"), "{metrics}");
 
     // The canary node runs the stable revision again, attached; the others were never touched.
     let restored = c
