@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tracing::warn;
 
@@ -38,6 +39,8 @@ pub(crate) struct Index {
     schedulers: Store<Scheduler>,
     /// The scheduler pods (those sked manages in the workload namespace).
     pods: Store<Pod>,
+    /// The Schedulers' DaemonSets.
+    daemonsets: Store<DaemonSet>,
     /// Woken when a Node or a Scheduler changed: the owner labels may need writing.
     ownership: Arc<Notify>,
 }
@@ -48,6 +51,7 @@ pub(crate) struct Feeds {
     arbiter: Arc<Mutex<Arbiter>>,
     store: reflector::store::Writer<Scheduler>,
     pods: reflector::store::Writer<Pod>,
+    daemonsets: reflector::store::Writer<DaemonSet>,
     ownership: Arc<Notify>,
 }
 
@@ -56,10 +60,17 @@ pub(crate) fn index() -> (Index, Feeds) {
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
     let (schedulers, store) = reflector::store();
     let (pod_reader, pods) = reflector::store();
+    let (daemonset_reader, daemonsets) = reflector::store();
     let ownership = Arc::new(Notify::new());
     (
-        Index { arbiter: arbiter.clone(), schedulers, pods: pod_reader, ownership: ownership.clone() },
-        Feeds { arbiter, store, pods, ownership },
+        Index {
+            arbiter: arbiter.clone(),
+            schedulers,
+            pods: pod_reader,
+            daemonsets: daemonset_reader,
+            ownership: ownership.clone(),
+        },
+        Feeds { arbiter, store, pods, daemonsets, ownership },
     )
 }
 
@@ -87,6 +98,11 @@ impl Index {
             })
             .filter_map(|p| p.spec.as_ref()?.node_name.clone())
             .collect()
+    }
+
+    /// The DaemonSet of the Scheduler `name`, as last seen (it may lag behind a write just made).
+    pub(crate) fn daemonset(&self, name: &str, namespace: &str) -> Option<Arc<DaemonSet>> {
+        self.daemonsets.get(&ObjectRef::new(name).within(namespace))
     }
 
     /// Every pod of the Scheduler `name`, terminating ones included.
@@ -336,6 +352,42 @@ where
     }
 }
 
+/// The Scheduler owning a DaemonSet (the owner is cluster-scoped, so the namespace is dropped).
+fn owning_scheduler(ds: &DaemonSet) -> Option<String> {
+    ds.owner_references()
+        .iter()
+        .find(|o| o.kind == Scheduler::kind(&()) && o.api_version == Scheduler::api_version(&()))
+        .map(|o| o.name.clone())
+}
+
+/// Keeps the Schedulers' DaemonSets and triggers the owner of one that changed (its status, a
+/// hand edit, a deletion); after a relist, every owner. `listed` turns true after the first
+/// full list.
+async fn feed_daemonsets<S>(
+    events: S,
+    mut store: reflector::store::Writer<DaemonSet>,
+    tx: Triggers,
+    listed: watch::Sender<bool>,
+) where
+    S: futures::Stream<Item = Result<Event<DaemonSet>, watcher::Error>>,
+{
+    let mut events = std::pin::pin!(logged("DaemonSet", events));
+    while let Some(event) = events.next().await {
+        store.apply_watcher_event(&event);
+        let touched: Vec<String> = match &event {
+            Event::Apply(ds) | Event::Delete(ds) => owning_scheduler(ds).into_iter().collect(),
+            Event::InitDone => {
+                let _ = listed.send(true);
+                store.as_reader().state().iter().filter_map(|ds| owning_scheduler(ds)).collect()
+            }
+            _ => Vec::new(),
+        };
+        for scheduler in touched {
+            let _ = tx.unbounded_send(ObjectRef::new(&scheduler));
+        }
+    }
+}
+
 impl Feeds {
     /// Runs the feeds: every Scheduler into the store and the arbiter, from the one Scheduler
     /// watch; Node labels into the arbiter, from a metadata-only watch; the scheduler pods of
@@ -349,15 +401,18 @@ impl Feeds {
         tx: Triggers,
         ready: watch::Sender<bool>,
     ) {
-        let Feeds { arbiter, mut store, pods, ownership } = self;
+        let Feeds { arbiter, mut store, pods, daemonsets, ownership } = self;
         let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
         let (nodes_listed, mut nodes_ready) = watch::channel(false);
         let (pods_listed, mut pods_ready) = watch::channel(false);
+        let (daemonsets_listed, mut daemonsets_ready) = watch::channel(false);
         let schedulers = watcher::watcher(Api::<Scheduler>::all(client.clone()), watcher::Config::default());
         // Metadata only: names and labels are all the arbiter reads.
         let nodes = watcher::watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default());
         let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-        let scheduler_pods = watcher::watcher(Api::<Pod>::namespaced(client, workload_namespace), managed);
+        let scheduler_pods =
+            watcher::watcher(Api::<Pod>::namespaced(client.clone(), workload_namespace), managed.clone());
+        let scheduler_daemonsets = watcher::watcher(Api::<DaemonSet>::namespaced(client, workload_namespace), managed);
         let feed = SchedulerFeed { store: &mut store, memo, metrics };
         futures::join!(
             feed_arbiter(
@@ -370,13 +425,15 @@ impl Feeds {
                 &ownership
             ),
             feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx.clone(), nodes_listed, &ownership),
-            feed_pods(scheduler_pods.default_backoff(), pods, tx, pods_listed),
+            feed_pods(scheduler_pods.default_backoff(), pods, tx.clone(), pods_listed),
+            feed_daemonsets(scheduler_daemonsets.default_backoff(), daemonsets, tx, daemonsets_listed),
             async {
                 // Every list, or nothing: a partial view could hand a node to the wrong Scheduler
                 // or count a Scheduler's kernels on nodes without its pods.
                 if schedulers_ready.wait_for(|r| *r).await.is_ok()
                     && nodes_ready.wait_for(|r| *r).await.is_ok()
                     && pods_ready.wait_for(|r| *r).await.is_ok()
+                    && daemonsets_ready.wait_for(|r| *r).await.is_ok()
                 {
                     let _ = ready.send(true);
                 }

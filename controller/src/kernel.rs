@@ -28,6 +28,8 @@ pub struct NodeReport {
     /// This pod's scheduler was attached and no longer is: the kernel ejected it, or it exited.
     /// Kept by [`KernelTable::record`] for as long as the same pod reports.
     pub ejected: bool,
+    /// Marked by [`KernelTable::expire`] once the report went stale.
+    pub stale: bool,
 }
 
 /// Latest report per node, shared by the reports server and the reconciler.
@@ -66,6 +68,20 @@ impl KernelTable {
         }
     }
 
+    /// Marks the reports older than `stale_after` stale, and returns the Schedulers of those
+    /// that just went stale: each node's silence touches only its own Scheduler, once.
+    pub fn expire(&self, now: Instant, stale_after: Duration) -> Vec<String> {
+        let mut nodes = lock(&self.nodes);
+        nodes
+            .values_mut()
+            .filter(|r| !r.stale && now.saturating_duration_since(r.received) > stale_after)
+            .map(|r| {
+                r.stale = true;
+                r.scheduler.clone()
+            })
+            .collect()
+    }
+
     /// Runs `f` on the table under its lock, without copying it (a reconcile reads a few
     /// nodes of a table that can hold thousands).
     pub fn read<R>(&self, f: impl FnOnce(&HashMap<String, NodeReport>) -> R) -> R {
@@ -81,8 +97,6 @@ pub struct KernelSummary {
     pub is_true: bool,
     pub reason: Reason,
     pub message: String,
-    /// When the freshest-but-aging report turns stale: reconcile again then.
-    pub recheck_in: Option<Duration>,
     /// Scheduled nodes with no report from this Scheduler's agent at all.
     pub unreported: usize,
     /// Whether this view may replace the condition written before: false while a new leader
@@ -104,7 +118,6 @@ pub fn summarize(
 ) -> KernelSummary {
     let mut attached = 0i32;
     let mut by_kind: BTreeMap<Reason, Vec<String>> = BTreeMap::new();
-    let mut recheck_in: Option<Duration> = None;
     let mut unreported = 0;
     for node in nodes {
         let Some(r) = reports.get(node).filter(|r| r.scheduler == scheduler) else {
@@ -117,8 +130,6 @@ pub fn summarize(
             by_kind.entry(Reason::ReportStale).or_default().push(format!("{node}: no report for {}s", age.as_secs()));
             continue;
         }
-        let left = stale_after - age;
-        recheck_in = Some(recheck_in.map_or(left, |d| d.min(left)));
         let kind = match r.verdict {
             Verdict::Attached => {
                 attached += 1;
@@ -150,7 +161,7 @@ pub fn summarize(
         let listed = by_kind.get(&reason).map(|v| list(v)).unwrap_or_default();
         (false, reason, format!("{counted}; {listed}"))
     };
-    KernelSummary { attached, is_true, reason, message, recheck_in, unreported, settled: true }
+    KernelSummary { attached, is_true, reason, message, unreported, settled: true }
 }
 
 fn list(items: &[String]) -> String {
@@ -173,6 +184,7 @@ mod tests {
             received,
             attached_since: None,
             ejected: false,
+            stale: false,
         }
     }
 
@@ -196,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn all_attached_is_true_and_rechecks_before_going_stale() {
+    fn all_attached_is_true() {
         let now = Instant::now();
         let reports = HashMap::from([
             ("a".to_string(), report("s", Verdict::Attached, now - Duration::from_secs(10))),
@@ -205,7 +217,6 @@ mod tests {
         let k = summarize("s", &nodes(&["a", "b"]), 2, &reports, now, STALE);
         assert!(k.is_true);
         assert_eq!((k.attached, k.reason.as_str()), (2, "KernelAttached"));
-        assert_eq!(k.recheck_in, Some(Duration::from_secs(20)));
     }
 
     #[test]
@@ -235,7 +246,6 @@ mod tests {
         let k = summarize("s", &nodes(&["a"]), 1, &reports, now, STALE);
         assert_eq!((k.is_true, k.attached, k.reason.as_str()), (false, 0, "ReportStale"));
         assert!(k.message.contains("a: no report for 45s"), "{}", k.message);
-        assert_eq!(k.recheck_in, None);
     }
 
     #[test]
@@ -265,6 +275,21 @@ mod tests {
         let later = now + STALE + Duration::from_secs(1);
         assert_eq!(t.record("a", report("s2", Verdict::Attached, later), STALE), vec!["s2"]);
         assert_eq!(t.read(|nodes| nodes["a"].scheduler.clone()), "s2");
+    }
+
+    #[test]
+    fn silence_expires_a_node_once_and_a_report_brings_it_back() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        t.record("b", report("s2", Verdict::Attached, now + Duration::from_secs(20)), STALE);
+        assert!(t.expire(now + STALE, STALE).is_empty(), "not older than the limit yet");
+        let later = now + STALE + Duration::from_secs(1);
+        assert_eq!(t.expire(later, STALE), vec!["s"], "only the silent node's Scheduler");
+        assert!(t.expire(later, STALE).is_empty(), "once");
+        // The node reports again: news for its Scheduler, and it may go stale again later.
+        assert_eq!(t.record("a", report("s", Verdict::Attached, later), STALE), vec!["s"]);
+        assert_eq!(t.expire(later + STALE + Duration::from_secs(1), STALE).len(), 2);
     }
 
     #[test]

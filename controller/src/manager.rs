@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc::unbounded;
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{wait, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::wait;
+use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -33,7 +32,7 @@ use crate::reconcile::{Context, error_policy, reconcile};
 use crate::reports::ReportsService;
 use crate::trust::{Trust, TrustRootSource, TrustSettings};
 use crate::webhook::WebhookState;
-use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
+use crate::workload::{FIELD_MANAGER, WorkloadSettings};
 
 /// Trust settings from the flags.
 fn trust_settings(flags: &ControllerFlags) -> TrustSettings {
@@ -262,7 +261,11 @@ async fn control(
                 stop.clone(),
                 crate::ownership::keep_owner_labels(client.clone(), index.clone(), leadership.rx.clone())
             ),
-            reconcile_loop(client, flags, &index, ctx, trigger_rx, leadership.rx.clone(), stop.clone()),
+            until(
+                stop.clone(),
+                crate::reports::expire_stale_reports(kernel.clone(), triggers.clone(), flags.report_stale_after)
+            ),
+            reconcile_loop(flags, &index, ctx, trigger_rx, leadership.rx.clone(), stop.clone()),
             // On shutdown, hand leadership over first, while the rest drains.
             async {
                 stop.clone().requested().await;
@@ -277,7 +280,7 @@ async fn control(
         result.map(|_| ())
     };
     // A part that fails (the election, the reports server) stops the process, feeds included.
-    tokio::try_join!(feeds, lead_and_reconcile).map(|_| ())
+    tokio::try_join!(Box::pin(feeds), Box::pin(lead_and_reconcile)).map(|_| ())
 }
 
 /// Runs `part` until shutdown.
@@ -403,7 +406,6 @@ async fn mark_leadership(
 /// and policy changes. Every replica runs it; a reconcile writes only while this replica leads
 /// (it returns at once otherwise), and gaining leadership reconciles every Scheduler.
 async fn reconcile_loop(
-    client: &Client,
     flags: &ControllerFlags,
     index: &Index,
     ctx: Arc<Context>,
@@ -418,14 +420,9 @@ async fn reconcile_loop(
         memo.new_term();
         metrics.set_leader(true);
     });
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &flags.workload_namespace);
-    let managed =
-        watcher::Config::default().labels(&format!("{}={}", workload::MANAGED_BY_LABEL, workload::MANAGED_BY));
-    // The Scheduler feed triggers every change of a Scheduler itself (after the arbiter saw it),
-    // so the Controller's own trigger stream stays empty.
+    // The index feeds trigger every change of a Scheduler itself (after the arbiter saw it), of
+    // its DaemonSet and of its pods, so the Controller's own trigger stream stays empty.
     Controller::for_shared_stream(futures::stream::pending(), index.store())
-        // Not `owns`: it would look the cluster-scoped owner up in the child's namespace.
-        .watches(daemonsets, managed, |ds| owning_scheduler(&ds))
         .reconcile_on(triggers)
         .reconcile_all_on(gained)
         .with_config(ControllerConfig::default().concurrency(flags.max_concurrent_reconciles))
@@ -512,14 +509,6 @@ async fn wait_for_crd(client: &Client) -> Result<(), BoxError> {
         }
     }
     Ok(())
-}
-
-/// The Scheduler owning a DaemonSet (the owner is cluster-scoped, so the namespace is dropped).
-fn owning_scheduler(ds: &DaemonSet) -> Option<ObjectRef<Scheduler>> {
-    ds.owner_references()
-        .iter()
-        .find(|o| o.kind == Scheduler::kind(&()) && o.api_version == Scheduler::api_version(&()))
-        .map(|o| ObjectRef::new(&o.name))
 }
 
 /// Resolves on SIGTERM or SIGINT: the one shutdown signal every server and controller shares.

@@ -9,6 +9,26 @@ use kube::ResourceExt;
 
 use crate::api::{Scheduler, SchedulerStatus};
 use crate::sync::lock;
+use crate::trust::Admitted;
+
+/// A DaemonSet as this controller last applied it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Applied {
+    /// Hash of the object sent.
+    pub(crate) hash: u64,
+    /// The `metadata.generation` the API server gave it.
+    pub(crate) generation: i64,
+}
+
+/// An image admission kept for one Scheduler, with what it was decided from.
+#[derive(Clone, Debug)]
+pub(crate) struct Admission {
+    /// `spec.sched`, the pull secrets' names and the trust policy generation it was decided under.
+    pub(crate) inputs: (String, Vec<String>, u64),
+    pub(crate) admitted: Admitted,
+    /// When to ask the registry again (a tag may move); `None` for a digest, which cannot.
+    pub(crate) recheck_at: Option<Instant>,
+}
 
 /// Per-Scheduler memory of the last writes, dropped when a Scheduler is deleted, and when this
 /// leadership term began.
@@ -17,13 +37,21 @@ pub(crate) struct Memo {
     term_started: Mutex<Instant>,
     /// The status last written, per Scheduler uid: newer than a cache that may lag behind.
     pub(crate) written: Mutex<HashMap<String, SchedulerStatus>>,
-    /// Generation of the DaemonSet last applied, per Scheduler (to log real changes at info).
-    pub(crate) applied: Mutex<HashMap<String, i64>>,
+    /// The DaemonSet last applied, per Scheduler: an unchanged one is not applied again.
+    pub(crate) applied: Mutex<HashMap<String, Applied>>,
+    /// The last admission of each Scheduler's image, per Scheduler uid: reused until its inputs
+    /// change or a tag is due to be resolved again. Kept across leadership terms.
+    pub(crate) admissions: Mutex<HashMap<String, Admission>>,
 }
 
 impl Default for Memo {
     fn default() -> Self {
-        Self { term_started: Mutex::new(Instant::now()), written: Mutex::default(), applied: Mutex::default() }
+        Self {
+            term_started: Mutex::new(Instant::now()),
+            written: Mutex::default(),
+            applied: Mutex::default(),
+            admissions: Mutex::default(),
+        }
     }
 }
 
@@ -45,12 +73,14 @@ impl Memo {
         let uids: std::collections::HashSet<String> = live.iter().filter_map(ResourceExt::uid).collect();
         let names: std::collections::HashSet<String> = live.iter().map(ResourceExt::name_any).collect();
         lock(&self.written).retain(|uid, _| uids.contains(uid));
+        lock(&self.admissions).retain(|uid, _| uids.contains(uid));
         lock(&self.applied).retain(|name, _| names.contains(name));
     }
 
     pub(crate) fn forget(&self, scheduler: &Scheduler) {
         if let Some(uid) = scheduler.uid() {
             lock(&self.written).remove(&uid);
+            lock(&self.admissions).remove(&uid);
         }
         lock(&self.applied).remove(&scheduler.name_any());
     }

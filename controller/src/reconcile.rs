@@ -115,7 +115,7 @@ pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> R
     let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());
     let timeout = ctx.flags.reconcile_timeout;
     let started = std::time::Instant::now();
-    let bounded = tokio::time::timeout(timeout, reconcile_scheduler(&name, &ctx).instrument(span.clone()));
+    let bounded = tokio::time::timeout(timeout, Box::pin(reconcile_scheduler(&name, &ctx).instrument(span.clone())));
     let result = tokio::select! {
         result = bounded => match result {
             Ok(result) => result,
@@ -162,9 +162,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
 
     // The trust policy admits the image (whether or not the Scheduler has nodes, so its status
     // always tells) before anything is deployed; a refusal leaves the DaemonSet as it is.
-    let secrets = scheduler.spec.pull_secret_names();
-    let admission = ctx.trust.admit(&ctx.client, &scheduler.spec.sched, &secrets).await;
-    ctx.metrics.verified("reconcile", crate::trust::outcome_label(&admission));
+    let (admission, recheck_at) = Box::pin(admit(ctx, scheduler, &uid)).await;
     if let Err(e) = &admission {
         warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
     }
@@ -180,12 +178,20 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     let daemonset = match (&wanted, placement.wants_daemonset()) {
         (Some((_, image)), true) if failed.is_none() => {
             let desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
+            let hash = object_hash(&desired);
+            let live = ctx.index.daemonset(&name, namespace);
+            // Applied before, unchanged since (nobody edited its spec): nothing to write.
+            let unchanged = lock(&ctx.memo.applied).get(&name).is_some_and(|a| {
+                a.hash == hash && live.as_ref().is_some_and(|ds| ds.metadata.generation.unwrap_or(0) <= a.generation)
+            });
             // A node that runs this Scheduler's pod keeps it only if it carries the owner
             // label the template selects: apply once those labels are written.
             let running: BTreeSet<String> =
                 ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
             let waiting = ctx.index.unlabelled(&name, &running);
-            if waiting > 0 {
+            if unchanged {
+                live.map(|ds| ds.as_ref().clone())
+            } else if waiting > 0 {
                 debug!(nodes = waiting, "waiting for the owner label on nodes that run this Scheduler");
                 requeue = Some(Duration::from_secs(1));
                 daemonsets.get_opt(&name).await.map_err(apply_error)?
@@ -196,9 +202,10 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
                 match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await
                 {
                     Ok(applied) => {
-                        let ds_generation = applied.metadata.generation.unwrap_or(0);
-                        let before = lock(&ctx.memo.applied).insert(name.clone(), ds_generation);
-                        if before != Some(ds_generation) {
+                        let generation = applied.metadata.generation.unwrap_or(0);
+                        let before =
+                            lock(&ctx.memo.applied).insert(name.clone(), crate::memo::Applied { hash, generation });
+                        if before.map(|a| a.generation) != Some(generation) {
                             info!(daemonset = %format!("{namespace}/{name}"), image = %image, "applied DaemonSet");
                         }
                         Some(applied)
@@ -215,7 +222,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
             }
         }
         // Refused image, or a revision that failed: the DaemonSet stays as it is.
-        (_, true) => daemonsets.get_opt(&name).await.map_err(apply_error)?,
+        (_, true) => ctx.index.daemonset(&name, namespace).map(|ds| ds.as_ref().clone()),
         (_, false) => {
             if !ctx.leading() {
                 return Ok(Action::await_change());
@@ -304,21 +311,73 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         requeue = requeue.into_iter().chain(step.recheck_in).min();
     }
 
-    let admitted = match admission {
-        Ok(admitted) => admitted,
+    if let Err(source) = admission {
         // Retried with backoff by `error_policy`; the Warning event above already says why.
-        Err(source) => return Err(Error::Image { name, source }),
-    };
-    // Look again when the freshest report would turn stale, when a rollout waits for a bake or a
-    // deadline, and periodically when the image is a tag that may move; everything else is a
-    // watch event.
-    let tag_recheck = admitted.from_tag.then_some(ctx.flags.image_recheck_interval);
-    let kernel_recheck = kernel.recheck_in.map(|after| after + Duration::from_millis(100));
+        return Err(Error::Image { name, source });
+    }
+    // Look again when a rollout waits for a bake or a deadline, when a new term's grace for the
+    // agents ends, and when a tag is due to be resolved again; everything else (reports, reports
+    // going stale, pods, the DaemonSet) is an event.
+    let tag_recheck = recheck_at.map(|at| at.saturating_duration_since(std::time::Instant::now()));
     let grace_recheck = (!kernel.settled).then_some(grace_left + Duration::from_millis(100));
-    Ok(match kernel_recheck.into_iter().chain(grace_recheck).chain(tag_recheck).chain(requeue).min() {
+    Ok(match grace_recheck.into_iter().chain(tag_recheck).chain(requeue).min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
+}
+
+/// Admits the Scheduler's image, reusing its last admission while the inputs (image, pull
+/// secrets, trust policy) are the same and, for a tag, until `--image-recheck-interval` says to
+/// resolve it again: an idle Scheduler costs no registry request. When that recheck cannot
+/// reach the registry (or the trust root), the digest verified before stays admitted and the
+/// recheck is tried again within a minute. Returns when to recheck.
+async fn admit(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    uid: &str,
+) -> (Result<crate::trust::Admitted, TrustError>, Option<std::time::Instant>) {
+    let secrets = scheduler.spec.pull_secret_names();
+    let inputs = (scheduler.spec.sched.clone(), secrets.clone(), ctx.trust.policy().generation);
+    let now = std::time::Instant::now();
+    let kept = lock(&ctx.memo.admissions).get(uid).filter(|a| a.inputs == inputs).cloned();
+    if let Some(kept) = &kept
+        && kept.recheck_at.is_none_or(|at| now < at)
+    {
+        return (Ok(kept.admitted.clone()), kept.recheck_at);
+    }
+    let result = ctx.trust.admit(&ctx.client, &scheduler.spec.sched, &secrets).await;
+    ctx.metrics.verified("reconcile", crate::trust::outcome_label(&result));
+    let interval = ctx.flags.image_recheck_interval;
+    let mut admissions = lock(&ctx.memo.admissions);
+    match (result, kept) {
+        (Ok(admitted), _) => {
+            let recheck_at = admitted.from_tag.then(|| now + interval);
+            let admission = crate::memo::Admission { inputs, admitted: admitted.clone(), recheck_at };
+            admissions.insert(uid.to_owned(), admission);
+            (Ok(admitted), recheck_at)
+        }
+        (Err(e), Some(mut kept)) if e.is_transient() => {
+            warn!(image = %scheduler.spec.sched, err = %e, kept = %kept.admitted.image,
+                "could not resolve the image again; the digest verified before stays deployed");
+            let recheck_at = Some(now + interval.min(Duration::from_secs(60)));
+            kept.recheck_at = recheck_at;
+            let admitted = kept.admitted.clone();
+            admissions.insert(uid.to_owned(), kept);
+            (Ok(admitted), recheck_at)
+        }
+        (Err(e), _) => {
+            admissions.remove(uid);
+            (Err(e), None)
+        }
+    }
+}
+
+/// A hash of an object as it would be sent.
+fn object_hash(object: &impl serde::Serialize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(object).unwrap_or_default().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// One step of a Scheduler's rollout, decided but not yet carried out.
@@ -421,7 +480,14 @@ fn rollout_step(
     let mut replace = plan.replace.clone();
     let caught_up =
         ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
-    if let Some(failure) = failed {
+    let recovered = failed.is_some_and(|f| stable.is_none() && f.revision == template_revision) && plan.complete();
+    if recovered {
+        // A first revision reported failed (nothing to roll back to, so its pods stayed) that
+        // attached everywhere after all: it is the current one.
+        info!(revision = %template_revision, "the revision reported failed runs attached everywhere now");
+        status.current_revision = Some(this(generation));
+        status.failed = None;
+    } else if let Some(failure) = failed {
         // A failed revision: the nodes it reached run the stable one again (the template was
         // set back when it failed), or stay as they are when none ever attached.
         status.update_revision = wanted.map(|(revision, image)| crate::api::Revision {

@@ -457,6 +457,24 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
         received,
         attached_since: None,
         ejected: false,
+        stale: false,
+    }
+}
+
+/// Turns silent nodes' reports stale as their time comes, and triggers only the Scheduler of each
+/// (a per-node timer, checked every second), so no Scheduler is re-read on a schedule.
+pub(crate) async fn expire_stale_reports(
+    kernel: Arc<KernelTable>,
+    triggers: UnboundedSender<ObjectRef<Scheduler>>,
+    stale_after: Duration,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        for scheduler in kernel.expire(Instant::now(), stale_after) {
+            let _ = triggers.unbounded_send(ObjectRef::new(&scheduler));
+        }
     }
 }
 

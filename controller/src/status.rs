@@ -552,7 +552,6 @@ mod tests {
             is_true: reason == Reason::KernelAttached,
             reason,
             message: format!("{attached} of {desired}"),
-            recheck_in: None,
             unreported: 0,
             settled: true,
         }

@@ -240,6 +240,35 @@ impl Fixture {
         Ok(())
     }
 
+    /// Writes the API server has served so far to the kinds sked writes (Schedulers and their
+    /// status, DaemonSets, pods, Nodes, events), by (resource, subresource, verb), from its own
+    /// `apiserver_request_total` metric.
+    pub fn apiserver_writes(&self) -> Result<BTreeMap<(String, String, String), u64>> {
+        let out = self.cluster.kubectl(&["get", "--raw", "/metrics"])?;
+        anyhow::ensure!(out.status.success(), "kubectl get --raw /metrics: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut writes = BTreeMap::new();
+        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+            let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+            let label = |name: &str| {
+                labels
+                    .split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let verb = label("verb");
+            let resource = label("resource");
+            let writes_kind = ["schedulers", "daemonsets", "pods", "nodes", "events"].contains(&resource.as_str());
+            if writes_kind && ["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
+                let count: f64 = value.parse().unwrap_or(0.0);
+                *writes.entry((resource, label("subresource"), verb)).or_insert(0) += count as u64;
+            }
+        }
+        Ok(writes)
+    }
+
     /// Waits until each node carries the owner label `sked.schedkit.io/scheduler` with the given
     /// value (`None`: no such label).
     pub async fn wait_owners(&self, owners: &[(&str, Option<&str>)]) -> Result<()> {

@@ -621,3 +621,59 @@ async fn a_renewed_reports_certificate_is_served_without_a_restart() -> Result<(
     assert!(sked_tests::agents::tls_handshake(address, &old_ca).await.is_err(), "the old certificate is gone");
     Ok(())
 }
+
+/// The sum of the controller's image admissions so far (each one is a registry check unless the
+/// policy lets the image run unsigned).
+async fn admissions(fx: &Fixture) -> Result<u64> {
+    let text = fx.scrape_metrics().await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("sked_image_verifications_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum())
+}
+
+#[tokio::test]
+async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Result<()> {
+    let s = setup("idle").await?;
+    let a1 = s.agent("k-1").await?;
+    let a2 = s.agent("k-2").await?;
+    for a in [&a1, &a2] {
+        a.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 1)?;
+    }
+    s.fx.mark_pods_ready(&s.name).await?;
+    s.fx.wait_scheduler(&s.name, "attached and complete", |sch| {
+        has_condition(sch, "KernelAttached", "True", "KernelAttached")
+            && has_condition(sch, "Ready", "True", "DaemonSetReady")
+            && sch.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.current_revision.is_some())
+    })
+    .await?;
+
+    // Idle: the agents keep reporting (a heartbeat a second each) and nothing changes.
+    let writes = s.fx.apiserver_writes()?;
+    let checks = admissions(&s.fx).await?;
+    let heard = s.fx.report_stats.reports.load(Ordering::Relaxed);
+    wait_for("a dozen more heartbeats", || async {
+        Ok((s.fx.report_stats.reports.load(Ordering::Relaxed) >= heard + 12).then_some(()))
+    })
+    .await?;
+    assert_eq!(s.fx.apiserver_writes()?, writes, "no write while idle");
+    assert_eq!(admissions(&s.fx).await?, checks, "no image check while idle");
+
+    // A kernel report that changes something changes the status, and nothing else.
+    a1.set_kernel("disabled", None, 1)?;
+    s.wait_kernel("k-1 detached", 1, "NotAttached").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 2)?;
+    s.wait_kernel("k-1 back", 2, "KernelAttached").await?;
+    let after = s.fx.apiserver_writes()?;
+    let changed: Vec<_> = after.iter().filter(|(k, v)| writes.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
+    assert!(
+        changed
+            .iter()
+            .all(|(resource, subresource, _)| (resource == "schedulers" && subresource == "status")
+                || resource == "events"),
+        "only the Scheduler's status and its events were written: {changed:?}"
+    );
+    assert_eq!(admissions(&s.fx).await?, checks, "no image check for a kernel report");
+    Ok(())
+}

@@ -260,9 +260,7 @@ async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Re
     let dir = tempfile::Builder::new().prefix("sked-kernel-rollback-").tempdir()?;
     let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
     let s = setup(dir.path()).await?;
-    let rollout = serde_json::json!({"spec": {"rollout": {"bakeSeconds": 1, "attachTimeoutSeconds": 10}}});
     let params = kube::api::PatchParams::default();
-    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&rollout)).await?;
     let (kernel, initramfs) = artifacts.kernel("sched-ext");
     let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-rollback"), s.reports).await?;
 
@@ -278,7 +276,10 @@ async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Re
     .await?;
 
     // A new revision whose scheduler cannot attach: its object does not exist in the image.
-    let broken = serde_json::json!({"spec": {"args": ["--broken"]}});
+    let broken = serde_json::json!({"spec": {
+        "args": ["--broken"],
+        "rollout": {"bakeSeconds": 1, "attachTimeoutSeconds": 10},
+    }});
     s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&broken)).await?;
     let bad = "/bin/sked-canary-loader hold /sked/missing.bpf.o";
     let second = run_pod(&s, &mut vm, &first.name_any(), bad).await?;

@@ -394,6 +394,27 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
 }
 
 #[tokio::test]
+async fn a_first_deployment_that_is_slow_to_attach_is_reported_then_completes() -> Result<()> {
+    let nodes = ["s-1", "s-2"];
+    let mut c = cluster("slow", &nodes, base_spec("slow", rollout(1, 2))).await?;
+    // The kernels refuse at first: nothing to roll back to, so the pods stay and it is reported.
+    c.kernel = Box::new(|_, _| Kernel::Refuses);
+    let failed = c.drive_until("reported failed", |s| phase(s) == Some(RolloutPhase::Failed)).await?;
+    assert!(has_condition(&failed, "Stalled", "True", "RolloutFailed"));
+    let message = condition(&failed, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains("nothing to roll back to"), "{message}");
+    assert_eq!(c.replacements().values().sum::<usize>(), 0, "no pod replaced");
+    // They attach after all: the revision is the current one, nothing was restarted.
+    for (_, agent) in c.agents.values() {
+        agent.set_kernel("enabled", Some("rusty_1.0.0_x86_64"), 1)?;
+    }
+    let done = c.drive_until("complete", |s| complete_at(s, 1)).await?;
+    assert!(has_condition(&done, "Stalled", "False", "AsExpected"));
+    assert_eq!(c.replacements().values().sum::<usize>(), 0);
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_new_leader_carries_on_a_rollout_and_replaces_no_node_twice() -> Result<()> {
     let nodes = ["f-1", "f-2", "f-3"];
     let mut c = cluster("failover", &nodes, base_spec("failover", rollout(3, 60))).await?;
