@@ -21,7 +21,7 @@ use sked_proto::Verdict;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::api::{Reason, RolloutFailure, RolloutPhase, RolloutStatus, Scheduler, SchedulerStatus};
+use crate::api::{Reason, RolloutFailure, RolloutStatus, Scheduler, SchedulerStatus};
 use crate::config::ControllerFlags;
 use crate::index::Index;
 use crate::kernel::{self, KernelTable};
@@ -261,7 +261,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         rollout_step(ctx, scheduler, ds, &placement, &previous_rollout, failed.as_ref(), wanted.as_ref(), wall, now)
     });
     let rollout = step.as_ref().map(|s| s.status.clone()).or(previous.rollout.clone());
-    let newly_failed = step.as_ref().and_then(|s| s.newly_failed.clone());
+    let roll_back_from = step.as_ref().and_then(|s| s.roll_back.clone());
 
     let outcome = status::compute(&Observed {
         generation,
@@ -303,7 +303,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
-    if let (Some(failure), Some(ds)) = (&newly_failed, daemonset.as_ref()) {
+    if let (Some(failure), Some(ds)) = (&roll_back_from, daemonset.as_ref()) {
         roll_back(ctx, scheduler, ds, &previous_rollout, failure).await?;
     }
     if let Some(step) = &step {
@@ -387,8 +387,8 @@ struct RolloutStep {
     image: String,
     /// Pods to delete, by name and uid (each comes back as the template's revision).
     replace: Vec<(String, String)>,
-    /// The revision being rolled out failed in this reconcile: roll it back.
-    newly_failed: Option<RolloutFailure>,
+    /// The revision being rolled out failed in this reconcile: roll it back to the current one.
+    roll_back: Option<RolloutFailure>,
     recheck_in: Option<Duration>,
 }
 
@@ -466,63 +466,26 @@ fn rollout_step(
     let plan =
         rollout::decide(&rollout::Input { target: &template_revision, stable, nodes: &nodes, pacing, now: wall });
 
-    let this = |generation| crate::api::Revision { name: template_revision.clone(), image: image.clone(), generation };
-    let mut status = RolloutStatus {
-        phase: plan.phase,
-        current_revision: previous.current_revision.clone(),
-        update_revision: Some(this(generation)),
-        updated_nodes: i32::try_from(plan.updated).unwrap_or(i32::MAX),
-        attached_nodes: i32::try_from(plan.attached).unwrap_or(i32::MAX),
-        skipped_nodes: plan.skipped.clone(),
-        failed: failed.cloned(),
-    };
-    let mut newly_failed = None;
-    let mut replace = plan.replace.clone();
     let caught_up =
         ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
-    let recovered = failed.is_some_and(|f| stable.is_none() && f.revision == template_revision) && plan.complete();
-    if recovered {
-        // A first revision reported failed (nothing to roll back to, so its pods stayed) that
-        // attached everywhere after all: it is the current one.
-        info!(revision = %template_revision, "the revision reported failed runs attached everywhere now");
-        status.current_revision = Some(this(generation));
-        status.failed = None;
-    } else if let Some(failure) = failed {
-        // A failed revision: the nodes it reached run the stable one again (the template was
-        // set back when it failed), or stay as they are when none ever attached.
-        status.update_revision = wanted.map(|(revision, image)| crate::api::Revision {
-            name: revision.clone(),
-            image: image.clone(),
-            generation: failure.generation,
-        });
-        status.phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
-        if stable != Some(template_revision.as_str()) {
-            replace.clear();
-        }
-    } else if let Some(failure) = plan.failure.as_ref().filter(|_| stable != Some(template_revision.as_str())) {
-        let failure = RolloutFailure {
-            revision: template_revision.clone(),
-            generation,
-            node: failure.node.clone(),
-            cause: failure.cause.clone(),
-            time: Time(jiff::Timestamp::now()),
-        };
+    let step = rollout::advance(&rollout::Progress {
+        previous,
+        failed,
+        plan: &plan,
+        template: crate::api::Revision { name: template_revision.clone(), image: image.clone(), generation },
+        wanted: wanted.map(|(revision, image)| (revision.as_str(), image.as_str())),
+        caught_up,
+        now: Time(jiff::Timestamp::now()),
+    });
+    if let Some(failure) = &step.newly_failed {
         warn!(revision = %failure.revision, node = %failure.node, cause = %failure.cause, "rollout failed");
         ctx.metrics.rolled_back(&name);
-        status.phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
-        status.failed = Some(failure.clone());
-        newly_failed = stable.is_some().then_some(failure);
-        replace.clear();
-    } else if plan.complete() && wanted.is_some_and(|(revision, _)| *revision == template_revision) {
-        // The revision of this generation runs everywhere, attached: it is the one to go back to.
-        status.current_revision = Some(this(generation));
-        status.failed = None;
     }
-    if !caught_up {
-        // The DaemonSet controller has not seen the template yet: a pod deleted now could come
-        // back as the old revision.
-        replace.clear();
+    if step.status.failed.is_none() && failed.is_some() {
+        info!(revision = %template_revision, "the revision reported failed runs attached everywhere now");
     }
+    let (status, replace) = (step.status, step.replace);
+    let roll_back = step.newly_failed.filter(|_| step.roll_back);
     // By uid too: a pod of the same name made since is not the one decided on.
     let replace = replace
         .into_iter()
@@ -535,7 +498,7 @@ fn rollout_step(
         status,
         image,
         replace,
-        newly_failed,
+        roll_back,
         recheck_in: plan
             .recheck_in
             .map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200)),

@@ -19,9 +19,10 @@
 //! memory), so a new leader carries on where the last one stopped; only pods of another
 //! revision are ever replaced, so no node is replaced twice for one revision.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::{RolloutPhase, RolloutSpec};
+use crate::api::{Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatus};
 
 /// Defaults of `spec.rollout`.
 pub const DEFAULT_CANARY: i32 = 1;
@@ -285,6 +286,107 @@ pub fn decide(input: &Input<'_>) -> Plan {
     plan
 }
 
+/// What a rollout step starts from, besides the plan.
+#[derive(Clone, Debug)]
+pub struct Progress<'a> {
+    /// The rollout status as last written.
+    pub previous: &'a RolloutStatus,
+    /// The recorded failure of the revision the spec asks for, when it is that one's (same
+    /// revision, same generation): it is not tried again.
+    pub failed: Option<&'a RolloutFailure>,
+    pub plan: &'a Plan,
+    /// The revision the DaemonSet's template makes, with the Scheduler's generation.
+    pub template: Revision,
+    /// The revision and image the spec asks for, when its image is admitted.
+    pub wanted: Option<(&'a str, &'a str)>,
+    /// The DaemonSet controller has seen the current template.
+    pub caught_up: bool,
+    pub now: Time,
+}
+
+/// The rollout's new status and what to do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub status: RolloutStatus,
+    /// Pods to delete now.
+    pub replace: Vec<String>,
+    /// The revision failed in this step.
+    pub newly_failed: Option<RolloutFailure>,
+    /// Set the template back to the current revision now (there is one to go back to).
+    pub roll_back: bool,
+}
+
+/// Folds a plan into the rollout's status: a revision that completes becomes the current one
+/// (what a rollback restores); one that fails is recorded (and rolled back when an earlier one
+/// ever completed, else reported as Failed with its pods left as they are); a recorded failure
+/// keeps the rollout stopped, unless a first revision attached everywhere after all.
+pub fn advance(p: &Progress<'_>) -> Step {
+    let plan = p.plan;
+    let stable = p.previous.current_revision.as_ref().map(|r| r.name.as_str());
+    let on_stable = stable == Some(p.template.name.as_str());
+    let mut status = RolloutStatus {
+        phase: plan.phase,
+        current_revision: p.previous.current_revision.clone(),
+        update_revision: Some(p.template.clone()),
+        updated_nodes: i32::try_from(plan.updated).unwrap_or(i32::MAX),
+        attached_nodes: i32::try_from(plan.attached).unwrap_or(i32::MAX),
+        skipped_nodes: plan.skipped.clone(),
+        failed: p.failed.cloned(),
+    };
+    let mut step = Step { status: status.clone(), replace: plan.replace.clone(), newly_failed: None, roll_back: false };
+    let failed_phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
+    let wants_template = p.wanted.is_some_and(|(revision, _)| revision == p.template.name);
+    match p.failed {
+        Some(f) if stable.is_none() && f.revision == p.template.name && plan.complete() => {
+            // Nothing was rolled back, and the revision attached everywhere after all.
+            status.current_revision = Some(p.template.clone());
+            status.failed = None;
+        }
+        Some(f) => {
+            // The nodes it reached run the current revision again (the template was set back
+            // when it failed), or stay as they are when there is none.
+            status.update_revision = p.wanted.map(|(name, image)| Revision {
+                name: name.into(),
+                image: image.into(),
+                generation: f.generation,
+            });
+            status.phase = failed_phase;
+            if !on_stable {
+                step.replace.clear();
+            }
+        }
+        None => match plan.failure.as_ref().filter(|_| !on_stable) {
+            Some(failure) => {
+                let failure = RolloutFailure {
+                    revision: p.template.name.clone(),
+                    generation: p.template.generation,
+                    node: failure.node.clone(),
+                    cause: failure.cause.clone(),
+                    time: p.now.clone(),
+                };
+                status.phase = failed_phase;
+                status.failed = Some(failure.clone());
+                step.roll_back = stable.is_some();
+                step.newly_failed = Some(failure);
+                step.replace.clear();
+            }
+            None if plan.complete() && wants_template => {
+                // The revision of this generation runs everywhere, attached: the one to go back to.
+                status.current_revision = Some(p.template.clone());
+                status.failed = None;
+            }
+            None => {}
+        },
+    }
+    if !p.caught_up {
+        // The DaemonSet controller has not seen the template yet: a pod deleted now could come
+        // back as the old revision.
+        step.replace.clear();
+    }
+    step.status = status;
+    step
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,6 +548,91 @@ mod tests {
                 self.nodes.insert(node, (target.to_owned(), now));
             }
         }
+    }
+
+    fn revision(name: &str, generation: i64) -> Revision {
+        Revision { name: name.into(), image: format!("r.io/s@sha256:{name}"), generation }
+    }
+
+    fn progress<'a>(previous: &'a RolloutStatus, plan: &'a Plan, template: Revision) -> Progress<'a> {
+        Progress {
+            previous,
+            failed: None,
+            plan,
+            wanted: None,
+            template,
+            caught_up: true,
+            now: Time(k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap()),
+        }
+    }
+
+    #[test]
+    fn a_complete_revision_becomes_the_current_one() {
+        let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
+        let plan = Plan { phase: RolloutPhase::Complete, updated: 2, attached: 2, ..Default::default() };
+        let mut p = progress(&previous, &plan, revision(T, 2));
+        p.wanted = Some((T, "r.io/s@sha256:new"));
+        let step = advance(&p);
+        assert_eq!(step.status.current_revision, Some(revision(T, 2)));
+        assert_eq!((step.status.updated_nodes, step.status.attached_nodes), (2, 2));
+        // A template the spec does not ask for (its image refused) is not made current.
+        p.wanted = None;
+        assert_eq!(advance(&p).status.current_revision, Some(revision(S, 1)));
+    }
+
+    #[test]
+    fn a_failure_rolls_back_when_there_is_something_to_go_back_to() {
+        let failure = Failure { node: "n1".into(), cause: "crash".into() };
+        let plan = Plan { failure: Some(failure), replace: vec!["p".into()], ..Default::default() };
+        let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
+        let step = advance(&progress(&previous, &plan, revision(T, 2)));
+        assert!(step.roll_back);
+        assert_eq!(step.status.phase, RolloutPhase::RolledBack);
+        assert!(step.replace.is_empty());
+        let recorded = step.status.failed.clone().unwrap();
+        assert_eq!((recorded.revision.as_str(), recorded.generation, recorded.node.as_str()), (T, 2, "n1"));
+        assert_eq!(step.newly_failed, Some(recorded));
+
+        // A first revision has nothing to go back to.
+        let first = RolloutStatus::default();
+        let step = advance(&progress(&first, &plan, revision(T, 2)));
+        assert!(!step.roll_back && step.newly_failed.is_some());
+        assert_eq!(step.status.phase, RolloutPhase::Failed);
+    }
+
+    #[test]
+    fn a_recorded_failure_stops_the_rollout_until_restored_or_recovered() {
+        let failure = RolloutFailure {
+            revision: T.into(),
+            generation: 2,
+            node: "n1".into(),
+            cause: "crash".into(),
+            time: Time(k8s_openapi::jiff::Timestamp::from_second(900).unwrap()),
+        };
+        let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
+        // The template is the stable revision again: its restoring replacements go ahead.
+        let plan = Plan { phase: RolloutPhase::Complete, replace: vec!["bad-pod".into()], ..Default::default() };
+        let mut p = progress(&previous, &plan, revision(S, 2));
+        p.failed = Some(&failure);
+        p.wanted = Some((T, "r.io/s@sha256:new"));
+        let step = advance(&p);
+        assert_eq!(step.status.phase, RolloutPhase::RolledBack);
+        assert_eq!(step.replace, vec!["bad-pod".to_string()]);
+        assert_eq!(step.status.update_revision.as_ref().map(|r| r.name.as_str()), Some(T));
+        assert!(step.newly_failed.is_none() && !step.roll_back);
+        // ...but not before the DaemonSet controller saw the template.
+        p.caught_up = false;
+        assert!(advance(&p).replace.is_empty());
+
+        // A first revision that failed and then attached everywhere recovers.
+        let first = RolloutStatus::default();
+        let complete = Plan { phase: RolloutPhase::Complete, ..Default::default() };
+        let mut p = progress(&first, &complete, revision(T, 2));
+        p.failed = Some(&failure);
+        let step = advance(&p);
+        assert_eq!(step.status.failed, None);
+        assert_eq!(step.status.current_revision, Some(revision(T, 2)));
+        assert_eq!(step.status.phase, RolloutPhase::Complete);
     }
 
     proptest! {
