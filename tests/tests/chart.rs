@@ -145,7 +145,9 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
         ])?;
         assert!(out.status.success(), "{}", text(&out));
     }
-    let mut install = vec!["install", "sked", &*chart, "--namespace", ns];
+    // With a workload namespace of its own, which nothing else creates: the chart does.
+    let workloads = "sked-chart-workloads";
+    let mut install = vec!["install", "sked", &*chart, "--namespace", ns, "--set", "workloadNamespace=sked-chart-workloads"];
     install.extend(&values);
     let out = helm(&fx, &install)?;
     assert!(out.status.success(), "{}", text(&out));
@@ -161,7 +163,11 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     assert_eq!(sc.read_only_root_filesystem, Some(true));
     assert!(manager.resources.as_ref().and_then(|r| r.limits.as_ref()).is_some(), "limits are set");
     let args = manager.args.clone().unwrap_or_default();
-    assert!(args.contains(&"--workload-namespace=sked-chart".to_string()), "{args:?}");
+    assert!(args.contains(&format!("--workload-namespace={workloads}")), "{args:?}");
+    let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(fx.client.clone()).get(workloads).await?;
+    let labels = namespace.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("pod-security.kubernetes.io/enforce").map(String::as_str), Some("privileged"));
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(fx.client.clone(), workloads).get("sked-workloads").await?;
     for flag in ["--trust-policy=/etc/sked/trust/policy.yaml", "--webhook-cert-dir=/var/run/sked/webhook-tls"] {
         assert!(args.contains(&flag.to_string()), "{flag} missing: {args:?}");
     }
@@ -170,9 +176,10 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     let reports = Api::<Service>::namespaced(fx.client.clone(), ns).get("sked-reports").await?;
     let selector = reports.spec.and_then(|s| s.selector).unwrap_or_default();
     assert_eq!(selector.get("sked.schedkit.io/leader").map(String::as_str), Some("true"), "routes to the leader");
-    let ca_map = Api::<ConfigMap>::namespaced(fx.client.clone(), ns).get("sked-reports-ca").await?;
+    // What the agents mount lives where their pods run.
+    let ca_map = Api::<ConfigMap>::namespaced(fx.client.clone(), workloads).get("sked-reports-ca").await?;
     assert_eq!(ca_map.data.unwrap_or_default().get("ca.crt"), Some(&ca));
-    Api::<ServiceAccount>::namespaced(fx.client.clone(), ns).get("sked-agent").await?;
+    Api::<ServiceAccount>::namespaced(fx.client.clone(), workloads).get("sked-agent").await?;
 
     // The webhook: every replica behind one Service, called for Scheduler creates and updates.
     let webhooks =
@@ -201,6 +208,9 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
 
     let out = helm(&fx, &["uninstall", "sked", "--namespace", ns, "--wait"])?;
     assert!(out.status.success(), "{}", text(&out));
+    // The workload namespace outlives the release (its schedulers keep running).
+    let kept = Api::<k8s_openapi::api::core::v1::Namespace>::all(fx.client.clone()).get(workloads).await?;
+    assert!(kept.metadata.deletion_timestamp.is_none(), "the workload namespace is kept");
     Ok(())
 }
 
