@@ -118,7 +118,7 @@ pub struct SchedulerSpec {
 /// Pacing of a rollout: a canary first, then waves, each moving on only once the kernel reports
 /// the new revision attached and it baked without an ejection; a revision that fails is rolled
 /// back.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutSpec {
     /// Nodes updated (and baked) before any other node. Default 1.
@@ -130,6 +130,9 @@ pub struct RolloutSpec {
     /// (rounded down, at least 1). Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "int_or_percent_schema")]
+    #[x_kube(validation = Rule::new(
+        "type(self) == int ? self >= 1 : string(self).matches('^([1-9][0-9]?|100)%$')"
+    ).message("maxUnavailable must be a number of nodes (at least 1) or a percentage from 1% to 100%, such as 25%"))]
     pub max_unavailable: Option<IntOrString>,
     /// How long the newest updated node must stay attached, with no node ejected, before the
     /// next wave starts. Default 30.
@@ -149,10 +152,6 @@ pub struct RolloutSpec {
 fn int_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "x-kubernetes-int-or-string": true,
-        "anyOf": [
-            {"type": "integer", "minimum": 1},
-            {"type": "string", "pattern": "^([1-9][0-9]?|100)%$"}
-        ],
         "description": "Most nodes replaced in one wave, and most nodes without an attached scheduler at once because of the rollout: a number, or a percentage of the Scheduler's nodes such as `25%` (rounded down, at least 1). Default 1."
     })
 }

@@ -147,7 +147,8 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     }
     // With a workload namespace of its own, which nothing else creates: the chart does.
     let workloads = "sked-chart-workloads";
-    let mut install = vec!["install", "sked", &*chart, "--namespace", ns, "--set", "workloadNamespace=sked-chart-workloads"];
+    let mut install =
+        vec!["install", "sked", &*chart, "--namespace", ns, "--set", "workloadNamespace=sked-chart-workloads"];
     install.extend(&values);
     let out = helm(&fx, &install)?;
     assert!(out.status.success(), "{}", text(&out));

@@ -219,6 +219,26 @@ async fn the_api_server_refuses_invalid_specs_naming_the_field() -> Result<()> {
     let bad_selector = sked_tests::spec_on(IMAGE, &[("not a label key", "x")]);
     let err = api.create(&PostParams::default(), &Scheduler::new("bad-sel", bad_selector)).await.expect_err("selector");
     assert!(err.to_string().contains("spec.nodeSelector"), "{err}");
+
+    // The owner label is sked's to set; selecting on it would chase its own tail.
+    let owner_selector = sked_tests::spec_on(IMAGE, &[("sked.schedkit.io/scheduler", "other")]);
+    let err = api
+        .create(&PostParams::default(), &Scheduler::new("bad-owner", owner_selector))
+        .await
+        .expect_err("owner label");
+    assert!(err.to_string().contains("may not use sked.schedkit.io/scheduler"), "{err}");
+
+    // A rollout that could never move, or a percentage that is not one.
+    for (value, name) in [(json!(0), "bad-wave"), (json!("150%"), "bad-percent")] {
+        let mut spec = spec(IMAGE);
+        spec.rollout = Some(serde_json::from_value(json!({"maxUnavailable": value}))?);
+        let err = api.create(&PostParams::default(), &Scheduler::new(name, spec)).await.expect_err("maxUnavailable");
+        assert!(err.to_string().contains("spec.rollout.maxUnavailable"), "{err}");
+    }
+    let mut percent = spec(IMAGE);
+    percent.rollout = Some(serde_json::from_value(json!({"maxUnavailable": "25%", "canary": 2}))?);
+    let dry_run = PostParams { dry_run: true, ..PostParams::default() };
+    api.create(&dry_run, &Scheduler::new("percent", percent)).await?;
     Ok(())
 }
 
