@@ -256,7 +256,7 @@ async fn control(
         let result = tokio::try_join!(
             reports_server(flags, client, &kernel, &triggers, &report_stats, &leadership, stop.clone()),
             until(stop.clone(), reverify_on_policy_change(policy, &index, &triggers)),
-            until(stop.clone(), mark_leadership(client, flags, metrics, leadership.rx.clone())),
+            until(stop.clone(), mark_leadership(client, flags, metrics, &memo, leadership.rx.clone())),
             until(
                 stop.clone(),
                 crate::ownership::keep_owner_labels(client.clone(), index.clone(), leadership.rx.clone())
@@ -370,12 +370,14 @@ async fn reverify_on_policy_change(
     }
 }
 
-/// Follows this replica's leadership: the leader metric and the leader label on its pod, and the
-/// workload namespace's Pod Security labels when it starts leading.
+/// Follows this replica's leadership: the leader metric and the leader label on its pod, the
+/// workload namespace's Pod Security labels when it starts leading, and forgetting this term's
+/// writes when it stops.
 async fn mark_leadership(
     client: &Client,
     flags: &ControllerFlags,
     metrics: &Metrics,
+    memo: &Memo,
     mut leader: watch::Receiver<bool>,
 ) {
     let mut leading = false;
@@ -387,6 +389,8 @@ async fn mark_leadership(
             if leading {
                 info!("leading: reconciling Schedulers");
             } else {
+                // What this term wrote may be overtaken by the next leader's writes: forget it.
+                memo.new_term();
                 warn!("lost leadership: stopped reconciling and writing");
             }
             label_own_pod(client, leading).await;

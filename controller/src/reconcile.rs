@@ -52,6 +52,10 @@ pub enum Error {
     Identity(#[from] workload::MissingIdentity),
     #[error("image of Scheduler {name} refused: {source}")]
     Image { name: String, source: TrustError },
+    #[error(
+        "rolling Scheduler {name} back to revision {revision}: the DaemonSet's history (ControllerRevisions in {namespace}) no longer holds it; set spec back to that revision's image and args, or fix the failed one"
+    )]
+    RollbackLost { name: String, namespace: String, revision: String },
 }
 
 impl Error {
@@ -64,6 +68,7 @@ impl Error {
             Error::Timeout { .. } => "timeout",
             Error::Identity(_) => "identity",
             Error::Image { .. } => "image_verification",
+            Error::RollbackLost { .. } => "rollback_lost",
         }
     }
 }
@@ -169,8 +174,9 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     // The revision the spec asks for, and whether it already failed (then it is not tried again
     // until the spec changes).
     let wanted = admission.as_ref().ok().map(|a| (workload::revision(scheduler, &a.image), a.image.clone()));
+    // (While the image is not admitted, the failure of this generation stands too.)
     let failed = previous_rollout.failed.clone().filter(|f| {
-        wanted.as_ref().is_some_and(|(revision, _)| *revision == f.revision) && generation == Some(f.generation)
+        generation == Some(f.generation) && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
     });
 
     let mut spec_error = None;
@@ -192,9 +198,10 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
             if unchanged {
                 live.map(|ds| ds.as_ref().clone())
             } else if waiting > 0 {
+                // The label's arrival triggers this Scheduler; look again now and then anyway.
                 debug!(nodes = waiting, "waiting for the owner label on nodes that run this Scheduler");
-                requeue = Some(Duration::from_secs(1));
-                daemonsets.get_opt(&name).await.map_err(apply_error)?
+                requeue = Some(Duration::from_secs(5));
+                live.map(|ds| ds.as_ref().clone())
             } else {
                 if !ctx.leading() {
                     return Ok(Action::await_change());
@@ -271,6 +278,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         image: step.as_ref().map(|s| s.image.as_str()),
         spec_error: spec_error.as_deref(),
         image_error: admission.as_ref().err().map(ToString::to_string).as_deref(),
+        image_error_transient: admission.as_ref().err().is_some_and(TrustError::is_transient),
         kernel: &kernel,
         rollout: rollout.as_ref(),
         now: Time(jiff::Timestamp::now()),
@@ -303,8 +311,8 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
-    if let (Some(failure), Some(ds)) = (&roll_back_from, daemonset.as_ref()) {
-        roll_back(ctx, scheduler, ds, &previous_rollout, failure).await?;
+    if let (Some((failure, newly)), Some(ds)) = (&roll_back_from, daemonset.as_ref()) {
+        roll_back(ctx, scheduler, ds, &previous_rollout, failure, *newly).await?;
     }
     if let Some(step) = &step {
         replace_pods(ctx, &step.replace).await;
@@ -387,8 +395,9 @@ struct RolloutStep {
     image: String,
     /// Pods to delete, by name and uid (each comes back as the template's revision).
     replace: Vec<(String, String)>,
-    /// The revision being rolled out failed in this reconcile: roll it back to the current one.
-    roll_back: Option<RolloutFailure>,
+    /// Set the template back to the current revision, for this failure (and whether it failed
+    /// in this reconcile).
+    roll_back: Option<(RolloutFailure, bool)>,
     recheck_in: Option<Duration>,
 }
 
@@ -455,7 +464,7 @@ fn rollout_step(
                         ready_since: pods::ready_since(p),
                         created: p.creation_timestamp().map_or(wall, |t| t.0.as_second()),
                         crash_looping: backing_off || restarts >= rollout::CRASH_LOOP_RESTARTS,
-                        terminating: p.metadata.deletion_timestamp.is_some(),
+                        terminating_since: p.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
                     }
                 });
                 rollout::NodeView { node: node.clone(), pod, kernel }
@@ -463,11 +472,27 @@ fn rollout_step(
             .collect()
     });
     let pacing = rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len());
-    let plan =
-        rollout::decide(&rollout::Input { target: &template_revision, stable, nodes: &nodes, pacing, now: wall });
+    // The pods the DaemonSet controller means to run; until it has counted them, one per node.
+    let expected_pods = ds
+        .status
+        .as_ref()
+        .filter(|s| s.observed_generation.is_some())
+        .map_or(nodes.len(), |s| usize::try_from(s.desired_number_scheduled).unwrap_or(0));
+    let plan = rollout::decide(&rollout::Input {
+        target: &template_revision,
+        stable,
+        nodes: &nodes,
+        expected_pods,
+        pacing,
+        now: wall,
+    });
 
-    let caught_up =
-        ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
+    // The DaemonSet controller has seen the template, and this copy is not older than the one
+    // this controller last applied (the index may lag behind its own write).
+    let applied = lock(&ctx.memo.applied).get(&name).map_or(0, |a| a.generation);
+    let ds_generation = ds.metadata.generation.unwrap_or(0);
+    let caught_up = ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds_generation
+        && ds_generation >= applied;
     let step = rollout::advance(&rollout::Progress {
         previous,
         failed,
@@ -484,8 +509,9 @@ fn rollout_step(
     if step.status.failed.is_none() && failed.is_some() {
         info!(revision = %template_revision, "the revision reported failed runs attached everywhere now");
     }
+    let newly = step.newly_failed.is_some();
+    let roll_back = step.status.failed.clone().filter(|_| step.roll_back).map(|f| (f, newly));
     let (status, replace) = (step.status, step.replace);
-    let roll_back = step.newly_failed.filter(|_| step.roll_back);
     // By uid too: a pod of the same name made since is not the one decided on.
     let replace = replace
         .into_iter()
@@ -534,6 +560,7 @@ async fn roll_back(
     ds: &DaemonSet,
     previous: &RolloutStatus,
     failure: &RolloutFailure,
+    newly: bool,
 ) -> Result<(), Error> {
     let name = scheduler.name_any();
     let namespace = &ctx.settings.namespace;
@@ -557,31 +584,30 @@ async fn roll_back(
                 t.remove("$patch");
             }
             serde_json::from_value::<PodTemplateSpec>(t).ok()
-        });
-    let message = match template {
-        Some(template) => {
-            let mut desired = workload::desired_daemonset(scheduler, &stable.image, &ctx.settings)?;
-            desired.spec.template = template;
-            if !ctx.leading() {
-                return Ok(());
-            }
-            let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
-            daemonsets
-                .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
-                .await
-                .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
-            info!(revision = %stable.name, image = %stable.image, "rolled back to the last attached revision");
-            format!(
-                "Revision {} failed on node {}: {}. Rolled back to revision {} ({})",
-                failure.revision, failure.node, failure.cause, stable.name, stable.image
-            )
-        }
-        None => format!(
-            "Revision {} failed on node {}: {}. Revision {} cannot be restored: the DaemonSet's history no longer holds it",
-            failure.revision, failure.node, failure.cause, stable.name
-        ),
-    };
-    publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
+        })
+        .ok_or_else(|| Error::RollbackLost {
+            name: name.clone(),
+            namespace: namespace.clone(),
+            revision: stable.name.clone(),
+        })?;
+    let mut desired = workload::desired_daemonset(scheduler, &stable.image, &ctx.settings)?;
+    workload::restore_revision(&mut desired, &template);
+    if !ctx.leading() {
+        return Ok(());
+    }
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
+    daemonsets
+        .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
+        .await
+        .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
+    if newly {
+        info!(revision = %stable.name, image = %stable.image, "rolled back to the last attached revision");
+        let message = format!(
+            "Revision {} failed on node {}: {}. Rolled back to revision {} ({})",
+            failure.revision, failure.node, failure.cause, stable.name, stable.image
+        );
+        publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
+    }
     Ok(())
 }
 

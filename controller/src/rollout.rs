@@ -82,8 +82,8 @@ pub struct PodView {
     /// The scheduler container restarted [`CRASH_LOOP_RESTARTS`] times or more, or waits in
     /// CrashLoopBackOff.
     pub crash_looping: bool,
-    /// Being deleted.
-    pub terminating: bool,
+    /// Being deleted since then (seconds since the epoch).
+    pub terminating_since: Option<i64>,
 }
 
 /// What this pod's agent last reported of the node's kernel.
@@ -122,6 +122,10 @@ pub struct Input<'a> {
     /// The last revision that completed a rollout, if any.
     pub stable: Option<&'a str>,
     pub nodes: &'a [NodeView],
+    /// How many nodes the DaemonSet controller means to run a pod on (its
+    /// `desiredNumberScheduled`): an owned node may get none (a taint the Scheduler does not
+    /// tolerate), and such a node is not waited for.
+    pub expected_pods: usize,
     pub pacing: Pacing,
     /// Seconds since the epoch.
     pub now: i64,
@@ -161,7 +165,7 @@ impl Plan {
 
 /// Decides the next step of a rollout.
 pub fn decide(input: &Input<'_>) -> Plan {
-    let Input { target, stable, nodes, pacing, now } = *input;
+    let Input { target, stable, nodes, expected_pods, pacing, now } = *input;
     let restoring = stable == Some(target);
     let mut plan = Plan::default();
     let recheck = |plan: &mut Plan, after: i64| {
@@ -174,15 +178,29 @@ pub fn decide(input: &Input<'_>) -> Plan {
     let mut unavailable = 0usize;
     let mut all_attached = true;
     let mut newest_attach: Option<i64> = None;
+    // Nodes without a live pod are waited for only as far as the DaemonSet controller means to
+    // run pods there: a pod terminating for less than the attach timeout is being replaced; past
+    // that (its node is gone or unreachable), or with no pod at all, only as many nodes as the
+    // DaemonSet still lacks pods for.
+    let live = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(|p| p.terminating_since.is_none())).count();
+    let recently_deleted = |p: &PodView| p.terminating_since.is_some_and(|t| now - t < pacing.attach_timeout_seconds);
+    let replacing = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(recently_deleted)).count();
+    let mut awaited_without_pod = expected_pods.saturating_sub(live + replacing);
     for n in nodes {
         if matches!(n.kernel, KernelView::Unsupported | KernelView::Foreign) {
             plan.skipped.push(n.node.clone());
             continue;
         }
-        let Some(pod) = n.pod.as_ref().filter(|p| !p.terminating) else {
-            // Being replaced: the DaemonSet controller creates the target revision's pod.
-            unavailable += 1;
-            all_attached = false;
+        let Some(pod) = n.pod.as_ref().filter(|p| p.terminating_since.is_none()) else {
+            let replaced = n.pod.as_ref().is_some_and(recently_deleted);
+            if replaced || awaited_without_pod > 0 {
+                if !replaced {
+                    awaited_without_pod -= 1;
+                }
+                // Being replaced: the DaemonSet controller creates the target revision's pod.
+                unavailable += 1;
+                all_attached = false;
+            }
             continue;
         };
         let attached = match (n.kernel, pod.ready_since) {
@@ -243,14 +261,16 @@ pub fn decide(input: &Input<'_>) -> Plan {
         return plan;
     }
     let baked_in = newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
-    let in_rollout = nodes.len() - plan.skipped.len();
+    let in_rollout = nodes.len().saturating_sub(plan.skipped.len());
     let canary = pacing.canary.min(in_rollout);
     let phase_for =
         |updated: usize| if updated <= canary && canary > 0 { RolloutPhase::Canary } else { RolloutPhase::Rolling };
     if old_down.is_empty() && old_up.is_empty() {
         // The last wave bakes too; a first deployment (nothing to go back to) is done once
         // every node runs it attached.
-        if all_attached && (stable.is_none() || baked_in <= 0) {
+        // Every pod the DaemonSet controller means to run must be there, attached.
+        let everywhere = plan.attached >= expected_pods.saturating_sub(plan.skipped.len());
+        if all_attached && everywhere && (stable.is_none() || baked_in <= 0) {
             plan.phase = RolloutPhase::Complete;
         } else {
             plan.phase = RolloutPhase::Rolling;
@@ -312,7 +332,8 @@ pub struct Step {
     pub replace: Vec<String>,
     /// The revision failed in this step.
     pub newly_failed: Option<RolloutFailure>,
-    /// Set the template back to the current revision now (there is one to go back to).
+    /// Set the template back to the current revision now (there is one to go back to, and the
+    /// template is not it yet).
     pub roll_back: bool,
 }
 
@@ -343,8 +364,9 @@ pub fn advance(p: &Progress<'_>) -> Step {
             status.failed = None;
         }
         Some(f) => {
-            // The nodes it reached run the current revision again (the template was set back
-            // when it failed), or stay as they are when there is none.
+            // The nodes it reached run the current revision again once the template is set back
+            // (again, until that holds: a rollback cut short is carried on), or stay as they
+            // are when there is none.
             status.update_revision = p.wanted.map(|(name, image)| Revision {
                 name: name.into(),
                 image: image.into(),
@@ -353,6 +375,7 @@ pub fn advance(p: &Progress<'_>) -> Step {
             status.phase = failed_phase;
             if !on_stable {
                 step.replace.clear();
+                step.roll_back = stable.is_some();
             }
         }
         None => match plan.failure.as_ref().filter(|_| !on_stable) {
@@ -375,6 +398,9 @@ pub fn advance(p: &Progress<'_>) -> Step {
                 status.current_revision = Some(p.template.clone());
                 status.failed = None;
             }
+            // The DaemonSet does not carry the revision asked for yet (an apply on its way, or
+            // a copy older than it): not complete.
+            None if p.wanted.is_some() && !wants_template && plan.complete() => status.phase = RolloutPhase::Rolling,
             None => {}
         },
     }
@@ -412,7 +438,7 @@ mod tests {
                 },
                 created: 0,
                 crash_looping: false,
-                terminating: false,
+                terminating_since: None,
             }),
             kernel,
         }
@@ -423,7 +449,7 @@ mod tests {
     }
 
     fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Plan {
-        decide(&Input { target: T, stable: Some(S), nodes, pacing, now })
+        decide(&Input { target: T, stable: Some(S), nodes, expected_pods: nodes.len(), pacing, now })
     }
 
     #[test]
@@ -487,6 +513,91 @@ mod tests {
     }
 
     #[test]
+    fn nodes_the_daemonset_puts_no_pod_on_do_not_hold_a_rollout() {
+        let no_pod = NodeView { node: "tainted".into(), pod: None, kernel: KernelView::Unknown };
+        let nodes = [up("a", T), up("b", S), no_pod.clone()];
+        // The DaemonSet means to run two pods: the pod-less node is not one of them.
+        let plan = decide(&Input {
+            target: T,
+            stable: Some(S),
+            nodes: &nodes,
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        assert_eq!(plan.replace, vec!["b-old".to_string()]);
+        // It means to run three: the third is on its way, so the next wave waits.
+        let plan = decide(&Input {
+            target: T,
+            stable: Some(S),
+            nodes: &nodes,
+            expected_pods: 3,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        assert!(plan.replace.is_empty());
+        // A pod terminating for longer than the attach timeout (its node unreachable) holds nothing.
+        let mut stuck = up("c", S);
+        stuck.pod.as_mut().unwrap().terminating_since = Some(0);
+        let nodes = [up("a", T), up("b", S), stuck];
+        let plan = decide(&Input {
+            target: T,
+            stable: Some(S),
+            nodes: &nodes,
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        assert_eq!(plan.replace, vec!["b-old".to_string()]);
+        // ...but one deleted a moment ago is being replaced.
+        let mut deleted = up("c", S);
+        deleted.pod.as_mut().unwrap().terminating_since = Some(990);
+        let nodes = [up("a", T), up("b", S), deleted];
+        let plan = decide(&Input {
+            target: T,
+            stable: Some(S),
+            nodes: &nodes,
+            expected_pods: 3,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        assert!(plan.replace.is_empty());
+    }
+
+    #[test]
+    fn nothing_is_complete_while_the_daemonset_expects_more_pods_than_run_attached() {
+        // A pod the index has not seen yet: the node looks pod-less, the DaemonSet expects it.
+        let nodes = [up("a", T), NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown }];
+        let plan = decide(&Input {
+            target: T,
+            stable: None,
+            nodes: &nodes,
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        assert!(!plan.complete());
+        let plan = decide(&Input {
+            target: T,
+            stable: None,
+            nodes: &nodes[..1],
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        assert!(!plan.complete(), "fewer attached than expected");
+        let plan = decide(&Input {
+            target: T,
+            stable: None,
+            nodes: &nodes[..1],
+            expected_pods: 1,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        assert!(plan.complete());
+    }
+
+    #[test]
     fn paused_starts_no_wave() {
         let mut p = pacing(1, 1);
         p.paused = true;
@@ -497,7 +608,14 @@ mod tests {
     #[test]
     fn restoring_the_stable_revision_replaces_every_other_pod_at_once() {
         let nodes = [up("a", "bad"), node("b", "bad", KernelView::NotAttached), up("c", S)];
-        let plan = decide(&Input { target: S, stable: Some(S), nodes: &nodes, pacing: pacing(1, 1), now: 0 });
+        let plan = decide(&Input {
+            target: S,
+            stable: Some(S),
+            nodes: &nodes,
+            expected_pods: 3,
+            pacing: pacing(1, 1),
+            now: 0,
+        });
         assert_eq!(plan.replace, vec!["b-bad".to_string(), "a-bad".to_string()]);
         assert_eq!(plan.failure, None);
     }
@@ -578,6 +696,10 @@ mod tests {
         // A template the spec does not ask for (its image refused) is not made current.
         p.wanted = None;
         assert_eq!(advance(&p).status.current_revision, Some(revision(S, 1)));
+        // Nor one that is not yet the revision asked for: that rollout has not begun.
+        p.wanted = Some(("newer", "r.io/s@sha256:newer"));
+        let step = advance(&p);
+        assert_eq!((step.status.phase, step.status.current_revision), (RolloutPhase::Rolling, Some(revision(S, 1))));
     }
 
     #[test]
@@ -619,7 +741,12 @@ mod tests {
         assert_eq!(step.status.phase, RolloutPhase::RolledBack);
         assert_eq!(step.replace, vec!["bad-pod".to_string()]);
         assert_eq!(step.status.update_revision.as_ref().map(|r| r.name.as_str()), Some(T));
-        assert!(step.newly_failed.is_none() && !step.roll_back);
+        assert!(step.newly_failed.is_none() && !step.roll_back, "the template is the stable one already");
+        // A rollback cut short (the template still the failed revision) is carried on.
+        let mut q = p.clone();
+        q.template = revision(T, 2);
+        let step = advance(&q);
+        assert!(step.roll_back && step.newly_failed.is_none() && step.replace.is_empty());
         // ...but not before the DaemonSet controller saw the template.
         p.caught_up = false;
         assert!(advance(&p).replace.is_empty());
@@ -697,7 +824,7 @@ mod tests {
             let changed: Vec<String> = sim.nodes.iter().filter(|(_, (r, _))| r == T).map(|(n, _)| n.clone()).collect();
             // The rollback: the template is the stable revision again, every changed node restored.
             let views = sim.views(now);
-            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, pacing: p, now });
+            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, expected_pods: views.len(), pacing: p, now });
             let mut restored: Vec<String> = restore.replace.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
             restored.sort();
             prop_assert_eq!(restored, changed);

@@ -40,6 +40,8 @@ pub struct Observed<'a> {
     pub spec_error: Option<&'a str>,
     /// Why the image may not run (trust policy, registry, signature), if so.
     pub image_error: Option<&'a str>,
+    /// That refusal may go away by itself (the registry or the trust root could not be reached).
+    pub image_error_transient: bool,
     /// What the agents report of the kernels of this Scheduler's nodes.
     pub kernel: &'a KernelSummary,
     /// The rollout as this reconcile decided it (`None` without a DaemonSet).
@@ -176,9 +178,15 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         && obs.spec_error.is_none()
         && !matches!(rollout.phase, RolloutPhase::RolledBack | RolloutPhase::Failed);
     let running_generation = obs.rollout.and_then(|r| r.current_revision.as_ref()).map(|r| r.generation);
-    let ready_generation = if settled { generation } else { running_generation.or(generation) };
-    let stalled =
-        matches!(health.reason, Reason::SpecInvalid | Reason::ImageVerificationFailed | Reason::RolloutFailed);
+    let ready_before = find(prev, condition::READY).and_then(|c| c.observed_generation);
+    let ready_generation = if settled { generation } else { running_generation.or(ready_before).or(generation) };
+    // Stalled: only a change of spec (or of the policy) gets the controller further. A registry
+    // that cannot be reached is retried: that is still reconciling.
+    let stalled = match health.reason {
+        Reason::SpecInvalid | Reason::RolloutFailed => true,
+        Reason::ImageVerificationFailed => !obs.image_error_transient,
+        _ => false,
+    };
 
     // While a rollout is under way, Ready says whether the pods that run are all available.
     let ready_state = rollout_state.as_ref().map(|r| match r.reason {
@@ -226,9 +234,14 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     }
     // The kstatus pair: Reconciling while the controller works toward this generation, Stalled
     // when it cannot get there without a change of spec.
+    let retrying = health.reason == Reason::ImageVerificationFailed && obs.image_error_transient;
     let reconciling = !stalled
-        && rollout_state.as_ref().is_none_or(|r| matches!(r.reason, Reason::RolloutInProgress | Reason::RolloutPaused));
+        && (retrying
+            || rollout_state
+                .as_ref()
+                .is_none_or(|r| matches!(r.reason, Reason::RolloutInProgress | Reason::RolloutPaused)));
     let (reconciling_reason, reconciling_message) = match &rollout_state {
+        _ if retrying => (health.reason, health.message.clone()),
         Some(r) => (r.reason, r.message.clone()),
         None => (Reason::RolloutInProgress, format!("Waiting for the DaemonSet controller to observe {ds_name}")),
     };
@@ -578,6 +591,7 @@ mod tests {
                 image: Some("x/y:z"),
                 spec_error: None,
                 image_error: None,
+                image_error_transient: false,
                 kernel: &self.kernel,
                 rollout: rollout.as_ref(),
                 now: time(self.clock),
@@ -669,9 +683,13 @@ mod tests {
         // The pod being replaced.
         let out = run.step(Some(&ds(2, 2, 1, 0, 0)), &p);
         assert_eq!(reasons(&out.event), Some((EventKind::Normal, "RolloutInProgress")));
-        assert!(out.status.conditions.iter().all(|c| c.observed_generation == Some(2)));
+        // Ready stays with the generation that ran until this one runs everywhere.
+        assert!(
+            out.status.conditions.iter().all(|c| c.observed_generation == Some(if c.type_ == "Ready" { 1 } else { 2 }))
+        );
         let out = run.step(Some(&ds(2, 2, 1, 1, 1)), &p);
         assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+        assert_eq!(cond(&out.status, "Ready").observed_generation, Some(2));
         assert_eq!(cond(&out.status, "Reconciling").status, "False");
     }
 
@@ -691,6 +709,7 @@ mod tests {
                 placement: &p,
                 image: None,
                 image_error: None,
+                image_error_transient: false,
                 spec_error: None,
                 kernel: &kernel_summary,
                 rollout: Some(rollout),
@@ -911,6 +930,7 @@ mod tests {
             placement: &p,
             image: Some("x/y"),
             image_error: None,
+            image_error_transient: false,
             spec_error: Some("spec.template.spec.containers[0].resources.limits: Invalid value"),
             kernel: &kernel(0, 1, "NotAttached"),
             rollout: None,
@@ -935,6 +955,7 @@ mod tests {
             placement: &p,
             image: None,
             image_error,
+            image_error_transient: false,
             spec_error: None,
             kernel: &kernel_summary,
             rollout: None,
@@ -947,6 +968,36 @@ mod tests {
         assert!(d.message.contains("r.io/a:v2") && d.message.contains("kept as it was"), "{}", d.message);
         assert_eq!(out.status.resolved_image.as_deref(), Some("r.io/a@sha256:1"));
         assert_eq!(cond(&out.status, "Ready").status, "True", "the running pods are still ready");
+    }
+
+    #[test]
+    fn an_unreachable_registry_is_retried_not_stalled() {
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let previous = SchedulerStatus::default();
+        let daemonset = ds(1, 1, 1, 1, 1);
+        let kernel_summary = kernel(1, 1, "KernelAttached");
+        let observe = |transient| {
+            compute(&Observed {
+                generation: Some(1),
+                previous: &previous,
+                daemonset: Some(&daemonset),
+                placement: &p,
+                image: None,
+                image_error: Some("cannot reach the registry r.io for image \"r.io/a:v1\""),
+                image_error_transient: transient,
+                spec_error: None,
+                kernel: &kernel_summary,
+                rollout: None,
+                now: time(5),
+            })
+        };
+        let out = observe(true);
+        assert_eq!(cond(&out.status, "Stalled").status, "False");
+        let r = cond(&out.status, "Reconciling");
+        assert_eq!((r.status.as_str(), r.reason.as_str()), ("True", "ImageVerificationFailed"));
+        let out = observe(false);
+        assert_eq!(cond(&out.status, "Stalled").status, "True");
+        assert_eq!(cond(&out.status, "Reconciling").status, "False");
     }
 
     #[test]

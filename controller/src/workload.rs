@@ -167,6 +167,38 @@ pub fn desired_daemonset(
     })
 }
 
+/// Puts back, into a DaemonSet built from the current spec and settings, what makes up the
+/// revision of `template` (a pod template from the DaemonSet's history): the scheduler container,
+/// the revision label, the expected ops the agent checks, tolerations, pull secrets and priority
+/// class. Placement (the nodeSelector with the owner label) and sked's settings (the agent, its
+/// volumes) stay current, so a rollback never sends pods to nodes the Scheduler no longer owns.
+pub fn restore_revision(desired: &mut DaemonSet, template: &PodTemplateSpec) {
+    let (Some(pod), Some(old)) = (desired.spec.template.spec.as_mut(), template.spec.as_ref()) else { return };
+    let old_container = |name: &str| old.containers.iter().find(|c| c.name == name);
+    if let (Some(scx), Some(old_scx)) =
+        (pod.containers.iter_mut().find(|c| c.name == SCHEDULER_CONTAINER), old_container(SCHEDULER_CONTAINER))
+    {
+        *scx = old_scx.clone();
+    }
+    let old_ops = old_container(AGENT_CONTAINER)
+        .and_then(|c| c.env.as_ref())
+        .and_then(|env| env.iter().find(|e| e.name == env::EXPECTED_OPS).cloned());
+    if let Some(agent) = pod.containers.iter_mut().find(|c| c.name == AGENT_CONTAINER) {
+        let vars = agent.env.get_or_insert_with(Vec::new);
+        vars.retain(|e| e.name != env::EXPECTED_OPS);
+        vars.extend(old_ops);
+    }
+    pod.tolerations = old.tolerations.clone();
+    pod.image_pull_secrets = old.image_pull_secrets.clone();
+    pod.priority_class_name = old.priority_class_name.clone();
+    let old_revision = template.metadata.as_ref().and_then(|m| m.labels.as_ref()).and_then(|l| l.get(REVISION_LABEL));
+    if let (Some(labels), Some(revision)) =
+        (desired.spec.template.metadata.as_mut().and_then(|m| m.labels.as_mut()), old_revision)
+    {
+        labels.insert(REVISION_LABEL.to_owned(), revision.clone());
+    }
+}
+
 /// The agent sidecar: reads the node's sched_ext state, serves /readyz (Ready only when this
 /// pod's scheduler is attached) and streams reports to the controller.
 fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSettings) -> Container {
@@ -406,6 +438,48 @@ mod tests {
             ds.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap()[REVISION_LABEL].clone()
         };
         assert_eq!(label(&a), label(&b));
+    }
+
+    #[test]
+    fn a_restored_revision_keeps_current_placement_and_settings() {
+        let old_spec = SchedulerSpec {
+            sched: "x/y".into(),
+            args: vec!["--old".into()],
+            expected_ops: Some("old_ops".into()),
+            node_selector: BTreeMap::from([("pool".into(), "a".into())]),
+            ..Default::default()
+        };
+        let old = desired_daemonset(&scheduler(old_spec), "x/y@sha256:1", &settings()).unwrap();
+        // Since then: new args and ops, another pool, another agent image.
+        let new_spec = SchedulerSpec {
+            sched: "x/y".into(),
+            args: vec!["--new".into()],
+            expected_ops: Some("new_ops".into()),
+            node_selector: BTreeMap::from([("pool".into(), "b".into())]),
+            ..Default::default()
+        };
+        let mut other = settings();
+        other.agent.image = "ghcr.io/schedkit/sked-agent:v9".into();
+        let mut restored = desired_daemonset(&scheduler(new_spec), "x/y@sha256:1", &other).unwrap();
+        restore_revision(&mut restored, &old.spec.template);
+
+        let pod = pod(&restored);
+        assert_eq!(pod.containers[0].args.as_deref(), Some(&["--old".to_string()][..]), "the old scheduler");
+        let labels = restored.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        let old_labels = old.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert_eq!(labels[REVISION_LABEL], old_labels[REVISION_LABEL]);
+        let agent = &pod.containers[1];
+        assert_eq!(agent.image.as_deref(), Some("ghcr.io/schedkit/sked-agent:v9"), "current settings");
+        let ops: Vec<&str> = agent
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|e| e.name == "SKED_EXPECTED_OPS")
+            .filter_map(|e| e.value.as_deref())
+            .collect();
+        assert_eq!(ops, ["old_ops"]);
+        assert_eq!(pod.node_selector.as_ref().unwrap()["pool"], "b", "current placement");
     }
 
     #[test]

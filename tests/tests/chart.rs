@@ -249,6 +249,10 @@ async fn node_writes_are_held_to_sked_labels(fx: &Fixture, ns: &str) -> Result<(
         (vec!["taint", "node", node, "dedicated=sked:NoSchedule"], "spec"),
         (vec!["cordon", node], "spec"),
         (vec!["annotate", "node", node, "note=x"], "annotations"),
+        (
+            vec!["patch", "node", node, "--type=merge", "-p", r#"{"metadata":{"finalizers":["example.com/hold"]}}"#],
+            "finalizers",
+        ),
     ] {
         let out = as_controller(&args)?;
         // (`kubectl cordon` reports a refusal but exits 0.)
