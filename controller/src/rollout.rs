@@ -448,6 +448,11 @@ mod tests {
         node(name, revision, KernelView::Attached { since: 0 })
     }
 
+    /// Decides with the default pacing at t=1000, the DaemonSet expecting `expected` pods.
+    fn decide_expecting(nodes: &[NodeView], stable: Option<&str>, expected: usize) -> Plan {
+        decide(&Input { target: T, stable, nodes, expected_pods: expected, pacing: pacing(1, 1), now: 1000 })
+    }
+
     fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Plan {
         decide(&Input { target: T, stable: Some(S), nodes, expected_pods: nodes.len(), pacing, now })
     }
@@ -517,50 +522,22 @@ mod tests {
         let no_pod = NodeView { node: "tainted".into(), pod: None, kernel: KernelView::Unknown };
         let nodes = [up("a", T), up("b", S), no_pod.clone()];
         // The DaemonSet means to run two pods: the pod-less node is not one of them.
-        let plan = decide(&Input {
-            target: T,
-            stable: Some(S),
-            nodes: &nodes,
-            expected_pods: 2,
-            pacing: pacing(1, 1),
-            now: 1000,
-        });
+        let plan = decide_expecting(&nodes, Some(S), 2);
         assert_eq!(plan.replace, vec!["b-old".to_string()]);
         // It means to run three: the third is on its way, so the next wave waits.
-        let plan = decide(&Input {
-            target: T,
-            stable: Some(S),
-            nodes: &nodes,
-            expected_pods: 3,
-            pacing: pacing(1, 1),
-            now: 1000,
-        });
+        let plan = decide_expecting(&nodes, Some(S), 3);
         assert!(plan.replace.is_empty());
         // A pod terminating for longer than the attach timeout (its node unreachable) holds nothing.
         let mut stuck = up("c", S);
         stuck.pod.as_mut().unwrap().terminating_since = Some(0);
         let nodes = [up("a", T), up("b", S), stuck];
-        let plan = decide(&Input {
-            target: T,
-            stable: Some(S),
-            nodes: &nodes,
-            expected_pods: 2,
-            pacing: pacing(1, 1),
-            now: 1000,
-        });
+        let plan = decide_expecting(&nodes, Some(S), 2);
         assert_eq!(plan.replace, vec!["b-old".to_string()]);
         // ...but one deleted a moment ago is being replaced.
         let mut deleted = up("c", S);
         deleted.pod.as_mut().unwrap().terminating_since = Some(990);
         let nodes = [up("a", T), up("b", S), deleted];
-        let plan = decide(&Input {
-            target: T,
-            stable: Some(S),
-            nodes: &nodes,
-            expected_pods: 3,
-            pacing: pacing(1, 1),
-            now: 1000,
-        });
+        let plan = decide_expecting(&nodes, Some(S), 3);
         assert!(plan.replace.is_empty());
     }
 
@@ -568,32 +545,11 @@ mod tests {
     fn nothing_is_complete_while_the_daemonset_expects_more_pods_than_run_attached() {
         // A pod the index has not seen yet: the node looks pod-less, the DaemonSet expects it.
         let nodes = [up("a", T), NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown }];
-        let plan = decide(&Input {
-            target: T,
-            stable: None,
-            nodes: &nodes,
-            expected_pods: 2,
-            pacing: pacing(1, 1),
-            now: 1000,
-        });
+        let plan = decide_expecting(&nodes, None, 2);
         assert!(!plan.complete());
-        let plan = decide(&Input {
-            target: T,
-            stable: None,
-            nodes: &nodes[..1],
-            expected_pods: 2,
-            pacing: pacing(1, 1),
-            now: 1000,
-        });
+        let plan = decide_expecting(&nodes[..1], None, 2);
         assert!(!plan.complete(), "fewer attached than expected");
-        let plan = decide(&Input {
-            target: T,
-            stable: None,
-            nodes: &nodes[..1],
-            expected_pods: 1,
-            pacing: pacing(1, 1),
-            now: 1000,
-        });
+        let plan = decide_expecting(&nodes[..1], None, 1);
         assert!(plan.complete());
     }
 
@@ -632,6 +588,15 @@ mod tests {
     }
 
     impl Sim {
+        fn new(count: usize, broken: Option<String>, attach_after: i64) -> Self {
+            Sim {
+                nodes: (0..count).map(|i| (format!("n{i:02}"), (S.to_owned(), 0))).collect(),
+                broken: broken.into_iter().collect(),
+                attach_after,
+                replaced: BTreeMap::new(),
+            }
+        }
+
         fn views(&self, now: i64) -> Vec<NodeView> {
             self.nodes
                 .iter()
@@ -770,12 +735,7 @@ mod tests {
             max_unavailable in 1usize..4,
             attach_after in 0i64..100,
         ) {
-            let mut sim = Sim {
-                nodes: (0..count).map(|i| (format!("n{i:02}"), (S.to_owned(), 0))).collect(),
-                broken: Vec::new(),
-                attach_after,
-                replaced: BTreeMap::new(),
-            };
+            let mut sim = Sim::new(count, None, attach_after);
             let p = pacing(canary, max_unavailable);
             let mut now = 1000;
             let mut complete = false;
@@ -803,12 +763,7 @@ mod tests {
             max_unavailable in 1usize..3,
         ) {
             let broken = format!("n{:02}", broken_at % count);
-            let mut sim = Sim {
-                nodes: (0..count).map(|i| (format!("n{i:02}"), (S.to_owned(), 0))).collect(),
-                broken: vec![broken.clone()],
-                attach_after: 5,
-                replaced: BTreeMap::new(),
-            };
+            let mut sim = Sim::new(count, Some(broken.clone()), 5);
             let p = pacing(canary, max_unavailable);
             let mut now = 1000;
             let mut failed = None;

@@ -32,6 +32,19 @@ impl ReportsTls {
         Ok(out)
     }
 
+    /// Controller flags that serve agent reports on a free port of 127.0.0.1 with this pair, and
+    /// the address agents dial (`https://localhost:<port>`).
+    pub fn serving_flags(&self) -> Result<(sked_controller::config::ControllerFlags, String)> {
+        let port = free_port()?;
+        let flags = sked_controller::config::ControllerFlags {
+            reports_bind_address: ([127, 0, 0, 1], port).into(),
+            reports_cert_file: Some(self.cert.clone()),
+            reports_key_file: Some(self.key.clone()),
+            ..sked_controller::config::ControllerFlags::default()
+        };
+        Ok((flags, format!("https://localhost:{port}")))
+    }
+
     /// Renews the serving pair as a certificate rotation would: a new CA, a new certificate
     /// and key swapped in with a rename. Returns the new CA (PEM).
     pub fn rotate(&self) -> Result<String> {
@@ -181,7 +194,37 @@ pub struct AgentSpec<'a> {
     pub token: &'a str,
 }
 
+/// Where the agents of a test report: the reports server and the CA that signed it.
+pub struct ReportsEndpoint<'a> {
+    pub address: &'a str,
+    pub ca: &'a Path,
+}
+
 impl AgentProcess {
+    /// The agent of `pod` (a Scheduler's pod on `node`), with a token bound to that pod, expecting
+    /// the ops `rusty`.
+    pub async fn for_pod(
+        client: &Client,
+        namespace: &str,
+        dir: &Path,
+        pod: &Pod,
+        scheduler: &str,
+        reports: &ReportsEndpoint<'_>,
+    ) -> Result<Self> {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).ok_or_else(|| anyhow!("pod is not bound"))?;
+        let token = bound_token(client, namespace, "sked-agent", Some(pod)).await?;
+        Self::start(&AgentSpec {
+            dir,
+            node: &node,
+            pod: &pod.name_any(),
+            scheduler,
+            expected_ops: Some("rusty"),
+            controller: reports.address,
+            ca: reports.ca,
+            token: &token,
+        })
+    }
+
     pub fn start(spec: &AgentSpec<'_>) -> Result<Self> {
         let dir = spec.dir.join(format!("agent-{}", spec.node));
         let sysfs = dir.join("sys");

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use sked_controller::config::ControllerFlags;
 use sked_controller::{Scheduler, SchedulerSpec};
-use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token, ensure_running};
+use sked_tests::agents::{AgentProcess, AgentSpec, ReportsEndpoint, ReportsTls, bound_token, ensure_running};
 use sked_tests::cluster::free_port;
 use sked_tests::{Fixture, condition, has_condition, spec_on, wait_for};
 
@@ -33,14 +33,8 @@ struct Setup {
 async fn setup(name: &str) -> Result<Setup> {
     let dir = tempfile::tempdir()?;
     let tls = ReportsTls::generate(dir.path())?;
-    let port = free_port()?;
-    let flags = ControllerFlags {
-        reports_bind_address: ([127, 0, 0, 1], port).into(),
-        reports_cert_file: Some(tls.cert.clone()),
-        reports_key_file: Some(tls.key.clone()),
-        report_stale_after: STALE_AFTER,
-        ..ControllerFlags::default()
-    };
+    let (flags, controller) = tls.serving_flags()?;
+    let flags = ControllerFlags { report_stale_after: STALE_AFTER, ..flags };
     let fx = Fixture::start_with(flags).await?;
     for n in ["k-1", "k-2"] {
         fx.create_node(n, &[("pool", "k")]).await?;
@@ -48,23 +42,21 @@ async fn setup(name: &str) -> Result<Setup> {
     let spec = SchedulerSpec { expected_ops: Some("rusty".into()), ..spec_on(IMAGE, &[("pool", "k")]) };
     fx.create_scheduler(name, spec).await?;
     let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, name, 2).await?;
-    Ok(Setup { fx, name: name.to_owned(), tls, controller: format!("https://localhost:{port}"), dir, pods })
+    Ok(Setup { fx, name: name.to_owned(), tls, controller, dir, pods })
 }
 
 impl Setup {
     async fn agent(&self, node: &str) -> Result<AgentProcess> {
-        let pod = &self.pods[node];
-        let token = bound_token(&self.fx.client, &self.fx.namespace, "sked-agent", Some(pod)).await?;
-        AgentProcess::start(&AgentSpec {
-            dir: self.dir.path(),
-            node,
-            pod: &pod.name_any(),
-            scheduler: &self.name,
-            expected_ops: Some("rusty"),
-            controller: &self.controller,
-            ca: &self.tls.ca,
-            token: &token,
-        })
+        let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca };
+        AgentProcess::for_pod(
+            &self.fx.client,
+            &self.fx.namespace,
+            self.dir.path(),
+            &self.pods[node],
+            &self.name,
+            &reports,
+        )
+        .await
     }
 
     async fn wait_kernel(&self, what: &str, attached: i32, reason: &str) -> Result<Scheduler> {

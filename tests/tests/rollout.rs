@@ -19,8 +19,7 @@ use serde_json::json;
 use sked_controller::api::{RolloutPhase, RolloutSpec};
 use sked_controller::config::ControllerFlags;
 use sked_controller::{Scheduler, SchedulerSpec};
-use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token};
-use sked_tests::cluster::free_port;
+use sked_tests::agents::{AgentProcess, ReportsEndpoint, ReportsTls};
 use sked_tests::{Fixture, condition, has_condition, spec_on};
 
 const IMAGE: &str = "ghcr.io/schedkit/scx_rusty:v1";
@@ -65,13 +64,7 @@ fn rollout(bake: i32, attach_timeout: i32) -> RolloutSpec {
 async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Cluster> {
     let dir = tempfile::tempdir()?;
     let tls = ReportsTls::generate(dir.path())?;
-    let port = free_port()?;
-    let flags = ControllerFlags {
-        reports_bind_address: ([127, 0, 0, 1], port).into(),
-        reports_cert_file: Some(tls.cert.clone()),
-        reports_key_file: Some(tls.key.clone()),
-        ..ControllerFlags::default()
-    };
+    let (flags, controller) = tls.serving_flags()?;
     let fx = Fixture::start_with(flags.clone()).await?;
     for n in nodes {
         fx.create_node(n, &[("pool", name)]).await?;
@@ -81,7 +74,7 @@ async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Clus
         fx,
         name: name.to_owned(),
         tls,
-        controller: format!("https://localhost:{port}"),
+        controller,
         dir,
         agents: BTreeMap::new(),
         kernel: Box::new(|_, _| Kernel::Attaches),
@@ -119,17 +112,10 @@ impl Cluster {
                 if let Some((_, mut old)) = self.agents.remove(node) {
                     old.stop();
                 }
-                let token = bound_token(&self.fx.client, &self.fx.namespace, "sked-agent", Some(pod)).await?;
-                let agent = AgentProcess::start(&AgentSpec {
-                    dir: self.dir.path(),
-                    node,
-                    pod: &pod.name_any(),
-                    scheduler: &self.name,
-                    expected_ops: Some("rusty"),
-                    controller: &self.controller,
-                    ca: &self.tls.ca,
-                    token: &token,
-                })?;
+                let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca };
+                let (client, namespace) = (&self.fx.client, &self.fx.namespace);
+                let agent =
+                    AgentProcess::for_pod(client, namespace, self.dir.path(), pod, &self.name, &reports).await?;
                 match (self.kernel)(node, pod) {
                     Kernel::Attaches => agent.set_kernel("enabled", Some("rusty_1.0.0_x86_64"), 1)?,
                     Kernel::Refuses => agent.set_kernel("disabled", None, 1)?,
