@@ -268,8 +268,11 @@ pub fn decide(input: &Input<'_>) -> Plan {
     if old_down.is_empty() && old_up.is_empty() {
         // The last wave bakes too; a first deployment (nothing to go back to) is done once
         // every node runs it attached.
-        // Every pod the DaemonSet controller means to run must be there, attached.
-        let everywhere = plan.attached >= expected_pods.saturating_sub(plan.skipped.len());
+        // Every pod the DaemonSet controller means to run must be there, attached, and at least
+        // one somewhere: the DaemonSet's count may not have caught up with the owner labels yet,
+        // and a revision that never ran anywhere is not one to go back to.
+        let everywhere =
+            plan.attached >= expected_pods.saturating_sub(plan.skipped.len()) && (plan.attached > 0 || in_rollout == 0);
         if all_attached && everywhere && (stable.is_none() || baked_in <= 0) {
             plan.phase = RolloutPhase::Complete;
         } else {
@@ -551,6 +554,11 @@ mod tests {
         assert!(!plan.complete(), "fewer attached than expected");
         let plan = decide_expecting(&nodes[..1], None, 1);
         assert!(plan.complete());
+        // A DaemonSet that has not counted the node yet (its owner label is on its way) does not
+        // make a revision that runs nowhere complete.
+        let pod_less = [NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown }];
+        assert!(!decide_expecting(&pod_less, None, 0).complete());
+        assert!(decide_expecting(&[], None, 0).complete(), "no node at all: nothing to wait for");
     }
 
     #[test]
