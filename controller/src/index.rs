@@ -90,13 +90,10 @@ impl Index {
 
     /// The nodes that run a live pod of the Scheduler `name`.
     pub(crate) fn scheduled_nodes(&self, name: &str) -> BTreeSet<String> {
-        self.pods
-            .state()
+        self.pods_of(name)
             .iter()
-            .filter(|p| {
-                p.metadata.deletion_timestamp.is_none() && p.labels().get(NAME_LABEL).is_some_and(|n| n == name)
-            })
-            .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| pods::node(p).map(str::to_owned))
             .collect()
     }
 
@@ -322,7 +319,7 @@ where
     // What a Scheduler's kernel view and rollout read of its pods.
     let counted = |p: &Pod| {
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
-        (node, p.metadata.deletion_timestamp.is_some(), pods::ready(p), pods::scheduler_restarts(p))
+        (node, p.metadata.deletion_timestamp.is_some(), pods::ready_since(p), pods::scheduler_restarts(p))
     };
     let owner_of = |p: &Pod| p.labels().get(NAME_LABEL).cloned();
     let owners = |store: &Store<Pod>| store.state().iter().filter_map(|p| owner_of(p)).collect::<BTreeSet<String>>();

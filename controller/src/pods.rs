@@ -6,14 +6,6 @@ use kube::ResourceExt;
 
 use crate::workload::{REVISION_LABEL, SCHEDULER_CONTAINER};
 
-/// Whether the pod's Ready condition is True.
-pub(crate) fn ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// Since when (seconds since the epoch) the pod's Ready condition is True.
 pub(crate) fn ready_since(p: &Pod) -> Option<i64> {
     let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;

@@ -17,22 +17,27 @@ impl Fixture {
     pub async fn mark_pods_ready(&self, scheduler: &str) -> Result<usize> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let list = pods.list(&ListParams::default().labels(&format!("name={scheduler}"))).await?;
-        let now = jiff::Timestamp::now().to_string();
         for pod in &list.items {
-            let status = json!({
-                "status": {
-                    "phase": "Running",
-                    "conditions": [
-                        {"type": "Ready", "status": "True", "lastTransitionTime": now},
-                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
-                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-                    ],
-                }
-            });
-            pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await?;
+            set_pod_ready(&pods, &pod.name_any(), true).await?;
         }
         Ok(list.items.len())
     }
+}
+
+/// Plays the kubelet's readiness report for one pod: Running, and Ready (or not) as of now.
+pub async fn set_pod_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<()> {
+    let now = jiff::Timestamp::now().to_string();
+    let status = if ready { "True" } else { "False" };
+    let body = json!({"status": {
+        "phase": "Running",
+        "conditions": [
+            {"type": "Ready", "status": status, "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": status, "lastTransitionTime": now},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        ],
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+    Ok(())
 }
 
 /// Creates a Node and plays its kubelet's first moves: reports it Ready with some capacity

@@ -130,7 +130,7 @@ impl Cluster {
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
             if ready != was_ready {
-                set_ready(&pods, &pod.name_any(), ready).await?;
+                sked_tests::kubelet::set_pod_ready(&pods, &pod.name_any(), ready).await?;
             }
             if !ready {
                 down += 1;
@@ -175,21 +175,6 @@ impl Cluster {
     fn replacements(&self) -> BTreeMap<String, usize> {
         self.history.iter().map(|(n, uids)| (n.clone(), uids.len() - 1)).collect()
     }
-}
-
-async fn set_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<()> {
-    let now = jiff::Timestamp::now().to_string();
-    let status = if ready { "True" } else { "False" };
-    let body = json!({"status": {
-        "phase": "Running",
-        "conditions": [
-            {"type": "Ready", "status": status, "lastTransitionTime": now},
-            {"type": "ContainersReady", "status": status, "lastTransitionTime": now},
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-        ],
-    }});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
-    Ok(())
 }
 
 /// What kstatus (the library Flux, Argo CD and `helm --wait` use) makes of the Scheduler.
