@@ -277,7 +277,8 @@ pub fn decide(input: &Input<'_>) -> Plan {
             plan.phase = RolloutPhase::Complete;
         } else {
             plan.phase = RolloutPhase::Rolling;
-            if all_attached {
+            // A timer only for the bake; pods, reports and the DaemonSet's count are events.
+            if all_attached && baked_in > 0 {
                 recheck(&mut plan, baked_in);
             }
         }
@@ -557,7 +558,11 @@ mod tests {
         // A DaemonSet that has not counted the node yet (its owner label is on its way) does not
         // make a revision that runs nowhere complete.
         let pod_less = [NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown }];
-        assert!(!decide_expecting(&pod_less, None, 0).complete());
+        let plan = decide_expecting(&pod_less, None, 0);
+        assert!(!plan.complete());
+        // Nor is it looked at again on a timer: what ends the wait (a pod, the DaemonSet's
+        // count) is an event, and nodes the DaemonSet never puts a pod on (taints) stay idle.
+        assert_eq!(plan.recheck_in, None);
         assert!(decide_expecting(&[], None, 0).complete(), "no node at all: nothing to wait for");
     }
 

@@ -185,6 +185,16 @@ impl Fixture {
         Ok(body)
     }
 
+    /// The sum of a metric's samples on the controller's /metrics (0 when it has none).
+    pub async fn metric_total(&self, name: &str) -> Result<u64> {
+        let text = self.scrape_metrics().await?;
+        Ok(text
+            .lines()
+            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{'])))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum())
+    }
+
     /// `kubectl apply` of `yaml`; the command's output (refusals are not errors here).
     pub fn kubectl_apply(&self, yaml: &str) -> Result<std::process::Output> {
         self.kubectl_apply_with(yaml, &[])
@@ -244,29 +254,7 @@ impl Fixture {
     /// status, DaemonSets, pods, Nodes, events), by (resource, subresource, verb), from its own
     /// `apiserver_request_total` metric.
     pub fn apiserver_writes(&self) -> Result<BTreeMap<(String, String, String), u64>> {
-        let out = self.cluster.kubectl(&["get", "--raw", "/metrics"])?;
-        anyhow::ensure!(out.status.success(), "kubectl get --raw /metrics: {}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut writes = BTreeMap::new();
-        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-            let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-            let label = |name: &str| {
-                labels
-                    .split(&format!("{name}=\""))
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let verb = label("verb");
-            let resource = label("resource");
-            let writes_kind = ["schedulers", "daemonsets", "pods", "nodes", "events"].contains(&resource.as_str());
-            if writes_kind && ["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()) {
-                let count: f64 = value.parse().unwrap_or(0.0);
-                *writes.entry((resource, label("subresource"), verb)).or_insert(0) += count as u64;
-            }
-        }
-        Ok(writes)
+        Ok(self.cluster.apiserver_requests()?.into_iter().filter(|(key, _)| sked_write(key)).collect())
     }
 
     /// Waits until each node carries the owner label `sked.schedkit.io/scheduler` with the given
@@ -381,6 +369,12 @@ impl Fixture {
         })
         .await
     }
+}
+
+/// Whether a request counted by (resource, subresource, verb) is a write to a kind sked writes.
+pub fn sked_write((resource, _, verb): &(String, String, String)) -> bool {
+    ["schedulers", "daemonsets", "pods", "nodes", "events"].contains(&resource.as_str())
+        && ["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str())
 }
 
 /// Builds the expected event counts for [`Fixture::scheduler_events`].

@@ -614,17 +614,6 @@ async fn a_renewed_reports_certificate_is_served_without_a_restart() -> Result<(
     Ok(())
 }
 
-/// The sum of the controller's image admissions so far (each one is a registry check unless the
-/// policy lets the image run unsigned).
-async fn admissions(fx: &Fixture) -> Result<u64> {
-    let text = fx.scrape_metrics().await?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("sked_image_verifications_total{"))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
-        .sum())
-}
-
 #[tokio::test]
 async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Result<()> {
     let s = setup("idle").await?;
@@ -633,6 +622,17 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
     for a in [&a1, &a2] {
         a.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 1)?;
     }
+    // A Scheduler whose only node has a taint its pods do not tolerate: no pod, nothing to wait
+    // for on a timer.
+    s.fx.create_node("k-tainted", &[("pool", "tainted")]).await?;
+    let taint =
+        serde_json::json!({"spec": {"taints": [{"key": "dedicated", "value": "other", "effect": "NoSchedule"}]}});
+    s.fx.nodes().patch("k-tainted", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&taint)).await?;
+    s.fx.create_scheduler("idle-tainted", spec_on(IMAGE, &[("pool", "tainted")])).await?;
+    s.fx.wait_scheduler("idle-tainted", "its status written", |sch| {
+        sch.status.as_ref().is_some_and(|st| st.observed_generation.is_some() && st.rollout.is_some())
+    })
+    .await?;
     s.fx.mark_pods_ready(&s.name).await?;
     s.fx.wait_scheduler(&s.name, "attached and complete", |sch| {
         has_condition(sch, "KernelAttached", "True", "KernelAttached")
@@ -643,14 +643,20 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
 
     // Idle: the agents keep reporting (a heartbeat a second each) and nothing changes.
     let writes = s.fx.apiserver_writes()?;
-    let checks = admissions(&s.fx).await?;
+    let checks = s.fx.metric_total("sked_image_verifications_total").await?;
+    let reconciles = s.fx.metric_total("sked_reconciles_total").await?;
     let heard = s.fx.report_stats.reports.load(Ordering::Relaxed);
     wait_for("a dozen more heartbeats", || async {
         Ok((s.fx.report_stats.reports.load(Ordering::Relaxed) >= heard + 12).then_some(()))
     })
     .await?;
     assert_eq!(s.fx.apiserver_writes()?, writes, "no write while idle");
-    assert_eq!(admissions(&s.fx).await?, checks, "no image check while idle");
+    assert_eq!(s.fx.metric_total("sked_image_verifications_total").await?, checks, "no image check while idle");
+    assert_eq!(
+        s.fx.metric_total("sked_reconciles_total").await?,
+        reconciles,
+        "no reconcile while idle (the tainted one neither)"
+    );
 
     // A kernel report that changes something changes the status, and nothing else.
     a1.set_kernel("disabled", None, 1)?;
@@ -666,6 +672,10 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
                 || resource == "events"),
         "only the Scheduler's status and its events were written: {changed:?}"
     );
-    assert_eq!(admissions(&s.fx).await?, checks, "no image check for a kernel report");
+    assert_eq!(
+        s.fx.metric_total("sked_image_verifications_total").await?,
+        checks,
+        "no image check for a kernel report"
+    );
     Ok(())
 }
