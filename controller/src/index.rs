@@ -102,6 +102,16 @@ impl Index {
         self.daemonsets.get(&ObjectRef::new(name).within(namespace))
     }
 
+    /// The scheduler pod `name`, as last seen.
+    pub(crate) fn pod(&self, name: &str, namespace: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Whether a Node of that name exists (as last seen).
+    pub(crate) fn knows_node(&self, name: &str) -> bool {
+        lock(&self.arbiter).node_labels(name).is_some()
+    }
+
     /// Every pod of the Scheduler `name`, terminating ones included.
     pub(crate) fn pods_of(&self, name: &str) -> Vec<Arc<Pod>> {
         self.pods.state().into_iter().filter(|p| p.labels().get(NAME_LABEL).is_some_and(|n| n == name)).collect()

@@ -82,6 +82,16 @@ impl KernelTable {
             .collect()
     }
 
+    /// Drops the stale reports of nodes `known` no longer names (deleted Nodes): the table holds
+    /// one entry per node that ever reported, and a fleet replaces nodes. A fresh report is kept
+    /// whatever `known` says (its Node may not be in the index yet). Returns how many went.
+    pub fn forget_unknown(&self, known: impl Fn(&str) -> bool) -> usize {
+        let mut nodes = lock(&self.nodes);
+        let before = nodes.len();
+        nodes.retain(|node, r| !r.stale || known(node));
+        before - nodes.len()
+    }
+
     /// Runs `f` on the table under its lock, without copying it (a reconcile reads a few
     /// nodes of a table that can hold thousands).
     pub fn read<R>(&self, f: impl FnOnce(&HashMap<String, NodeReport>) -> R) -> R {
@@ -290,6 +300,20 @@ mod tests {
         // The node reports again: news for its Scheduler, and it may go stale again later.
         assert_eq!(t.record("a", report("s", Verdict::Attached, later), STALE), vec!["s"]);
         assert_eq!(t.expire(later + STALE + Duration::from_secs(1), STALE).len(), 2);
+    }
+
+    #[test]
+    fn only_stale_reports_of_unknown_nodes_are_forgotten() {
+        let t = KernelTable::default();
+        let long_ago = Instant::now();
+        for node in ["kept", "gone", "new"] {
+            t.record(node, report("s", Verdict::Attached, long_ago), STALE);
+        }
+        t.expire(long_ago + STALE * 2, STALE);
+        t.record("new", report("s", Verdict::Attached, long_ago + STALE * 2), STALE);
+        assert_eq!(t.forget_unknown(|n| n == "kept"), 1, "only the stale report of a deleted node goes");
+        let left: BTreeSet<String> = t.read(|n| n.keys().cloned().collect());
+        assert_eq!(left, nodes(&["kept", "new"]), "a fresh report of a node not indexed yet stays");
     }
 
     #[test]

@@ -254,7 +254,7 @@ async fn control(
             trust: trust.clone(),
         });
         let result = tokio::try_join!(
-            reports_server(flags, client, &kernel, &triggers, &report_stats, &leadership, stop.clone()),
+            reports_server(&ctx, &triggers, stop.clone()),
             until(stop.clone(), reverify_on_policy_change(policy, &index, &triggers)),
             until(stop.clone(), mark_leadership(client, flags, metrics, &memo, leadership.rx.clone())),
             until(
@@ -263,9 +263,14 @@ async fn control(
             ),
             until(
                 stop.clone(),
-                crate::reports::expire_stale_reports(kernel.clone(), triggers.clone(), flags.report_stale_after)
+                crate::reports::expire_stale_reports(
+                    kernel.clone(),
+                    index.clone(),
+                    triggers.clone(),
+                    flags.report_stale_after
+                )
             ),
-            reconcile_loop(flags, &index, ctx, trigger_rx, leadership.rx.clone(), stop.clone()),
+            reconcile_loop(flags, &index, ctx.clone(), trigger_rx, leadership.rx.clone(), stop.clone()),
             // On shutdown, hand leadership over first, while the rest drains.
             async {
                 stop.clone().requested().await;
@@ -317,15 +322,8 @@ async fn elect(client: &Client, flags: &ControllerFlags, instance: &str) -> Resu
 }
 
 /// The gRPC server agents stream kernel reports to, when it has a certificate.
-async fn reports_server(
-    flags: &ControllerFlags,
-    client: &Client,
-    kernel: &Arc<KernelTable>,
-    triggers: &Triggers,
-    report_stats: &Arc<ReportStats>,
-    leadership: &Leadership,
-    stop: Stop,
-) -> Result<(), BoxError> {
+async fn reports_server(ctx: &Context, triggers: &Triggers, stop: Stop) -> Result<(), BoxError> {
+    let flags = &ctx.flags;
     let (Some(cert), Some(key)) = (&flags.reports_cert_file, &flags.reports_key_file) else {
         warn!(
             "no --reports-cert-file/--reports-key-file: the reports server is off and no node can be shown as kernel-attached"
@@ -335,15 +333,16 @@ async fn reports_server(
     let tls = crate::tls::ReloadingCert::load(cert, key)
         .map_err(|e| format!("reports server certificate (--reports-cert-file, --reports-key-file): {e}"))?;
     let service = ReportsService::new(
-        client.clone(),
+        ctx.client.clone(),
         &flags.workload_namespace,
         &flags.agent_service_account,
-        kernel.clone(),
+        ctx.kernel.clone(),
         flags.report_stale_after,
         triggers.clone(),
-        report_stats.clone(),
-        leadership.rx.clone(),
-    );
+        ctx.report_stats.clone(),
+        ctx.leader.clone(),
+    )
+    .with_index(ctx.index.clone());
     let address = flags.reports_bind_address;
     info!(%address, "serving agent reports");
     // The certificate is followed for as long as the server runs; the server's end is the part's.

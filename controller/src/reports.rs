@@ -32,6 +32,7 @@ use tracing::{debug, info, warn};
 
 use crate::api::Scheduler;
 use crate::error::BoxError;
+use crate::index::Index;
 use crate::kernel::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
 use crate::reviews::ReviewCache;
@@ -64,6 +65,9 @@ pub struct Inner {
     reviews: ReviewCache,
     /// Open streams per node.
     streams: std::sync::Mutex<HashMap<String, usize>>,
+    /// The controller's index: pods and DaemonSets are read from its stores, and fetched from
+    /// the API server only when the store has no matching copy (a pod newer than the watch).
+    index: Option<Index>,
 }
 
 /// Open report streams one node may hold (a reconnect may overlap the stream it replaces).
@@ -119,7 +123,17 @@ impl ReportsService {
             leader,
             reviews: ReviewCache::default(),
             streams: std::sync::Mutex::new(HashMap::new()),
+            index: None,
         }))
+    }
+
+    /// Reads pods and DaemonSets from `index` first: a reconnect storm of a whole fleet then
+    /// costs no API reads beyond the TokenReviews of tokens not seen before.
+    pub(crate) fn with_index(self, index: Index) -> Self {
+        match Arc::try_unwrap(self.0) {
+            Ok(inner) => Self(Arc::new(Inner { index: Some(index), ..inner })),
+            Err(shared) => Self(shared),
+        }
     }
 }
 
@@ -305,11 +319,18 @@ impl Inner {
                 Status::permission_denied("token is not bound to a pod: use the projected token of the scheduler pod"),
             ));
         };
-        let pod = Api::<Pod>::namespaced(self.client.clone(), &self.agent_namespace)
-            .get_opt(&pod_name)
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot look up pod {pod_name}: {e}")))?
-            .filter(|p| p.metadata.uid.as_deref() == Some(pod_uid.as_str()) && p.metadata.deletion_timestamp.is_none());
+        let live =
+            |p: &Pod| p.metadata.uid.as_deref() == Some(pod_uid.as_str()) && p.metadata.deletion_timestamp.is_none();
+        let indexed = self.index.as_ref().and_then(|i| i.pod(&pod_name, &self.agent_namespace)).filter(|p| live(p));
+        let pod = match indexed {
+            Some(pod) => Some(pod),
+            None => Api::<Pod>::namespaced(self.client.clone(), &self.agent_namespace)
+                .get_opt(&pod_name)
+                .await
+                .map_err(|e| Status::unavailable(format!("cannot look up pod {pod_name}: {e}")))?
+                .filter(live)
+                .map(Arc::new),
+        };
         let Some(pod) = pod else {
             return Err(self.refuse(
                 Refusal::PodGone,
@@ -341,10 +362,17 @@ impl Inner {
             return Err(not_scheduler_pod());
         };
         // The owner reference must be the DaemonSet sked runs for that Scheduler, not a name.
-        let daemonset = Api::<DaemonSet>::namespaced(self.client.clone(), &self.agent_namespace)
-            .get_opt(&scheduler)
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot look up DaemonSet {scheduler}: {e}")))?;
+        let owner = |ds: &DaemonSet| ds.metadata.uid.as_deref() == Some(owner_uid.as_str());
+        let indexed =
+            self.index.as_ref().and_then(|i| i.daemonset(&scheduler, &self.agent_namespace)).filter(|ds| owner(ds));
+        let daemonset = match indexed {
+            Some(ds) => Some(ds),
+            None => Api::<DaemonSet>::namespaced(self.client.clone(), &self.agent_namespace)
+                .get_opt(&scheduler)
+                .await
+                .map_err(|e| Status::unavailable(format!("cannot look up DaemonSet {scheduler}: {e}")))?
+                .map(Arc::new),
+        };
         let ours = daemonset.is_some_and(|ds| {
             ds.metadata.uid.as_deref() == Some(owner_uid.as_str())
                 && ds
@@ -462,18 +490,27 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
 }
 
 /// Turns silent nodes' reports stale as their time comes, and triggers only the Scheduler of each
-/// (a per-node timer, checked every second), so no Scheduler is re-read on a schedule.
+/// (a per-node timer, checked every second), so no Scheduler is re-read on a schedule. Once a
+/// minute, the stale reports of nodes the index no longer knows are dropped.
 pub(crate) async fn expire_stale_reports(
     kernel: Arc<KernelTable>,
+    index: Index,
     triggers: UnboundedSender<ObjectRef<Scheduler>>,
     stale_after: Duration,
 ) {
+    const PRUNE_EVERY: u32 = 60;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
+    for round in 1u32.. {
         tick.tick().await;
         for scheduler in kernel.expire(Instant::now(), stale_after) {
             let _ = triggers.unbounded_send(ObjectRef::new(&scheduler));
+        }
+        if round % PRUNE_EVERY == 0 {
+            let gone = kernel.forget_unknown(|node| index.knows_node(node));
+            if gone > 0 {
+                debug!(nodes = gone, "forgot the stale reports of deleted nodes");
+            }
         }
     }
 }
