@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds test test-unit test-integration test-kernel coverage coverage-gate lint actionlint fmt demo clean
+.PHONY: all setup build tools crds test test-unit test-integration test-kernel bench coverage coverage-gate lint actionlint fmt demo clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -46,6 +46,12 @@ test-integration: tools
 test-kernel: tools
 	bash hack/kernel-e2e.sh deps
 	$(CARGO) test -p sked-tests --test real_kernel -- --ignored --nocapture --test-threads=1
+
+## bench: sked at fleet scale (release build; not part of `make test`): 5,000 Nodes, 200
+## Schedulers and 5,000 agent streams on the test control plane; prints the figures the
+## README's performance section quotes. BENCH_NODES/BENCH_SCHEDULERS try a smaller fleet.
+bench: tools
+	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench
 
 ## coverage: run every test instrumented (cargo-llvm-cov), write an lcov report and fail
 ## when total line coverage is below COVERAGE_THRESHOLD (default 40).

@@ -64,8 +64,10 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64) -> Report {
 
 /// First delay before reconnecting; doubles after each stream the controller did not accept.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-/// Longest delay between reconnects.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Longest delay between reconnects (plus jitter): well inside the controller's default
+/// heartbeat grace (10 s), so a new leader elected after the old one died hears every agent
+/// before it would judge a node silent. Refused connects to a Service with no leader are cheap.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The delay before the next connect, after `previous`. A stream the controller accepted (it
 /// acknowledged a report) proves
@@ -78,7 +80,7 @@ pub fn reconnect_delay(previous: Duration, accepted: bool) -> Duration {
 
 /// `delay` plus up to half of it again, so thousands of agents that lost the same leader do not
 /// reconnect in the same instant.
-fn jittered(delay: Duration) -> Duration {
+pub fn jittered(delay: Duration) -> Duration {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
     delay + delay.mul_f64(f64::from(nanos % 1000) / 2000.0)
 }

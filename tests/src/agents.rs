@@ -106,8 +106,11 @@ pub fn workspace_binary(name: &'static str, env: &str) -> Result<PathBuf> {
         "sked-canary-loader" | "sked-vm-relay" | "sked-demo" => "sked-tests",
         other => other,
     };
+    // The same profile as the caller (`make bench` runs a release build against release binaries).
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
     let status = Command::new(env!("CARGO"))
         .args(["build", "--quiet", "-p", package, "--bin", name])
+        .args(release.then_some("--release"))
         .env("CARGO_TARGET_DIR", target_dir)
         .current_dir(crate::cluster::workspace_root())
         .status()

@@ -6,6 +6,7 @@
 //! kills them when the test process exits for any reason; [`TestCluster`]'s `Drop` and an
 //! `atexit` hook stop them and remove the directory on a normal exit, panics included.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -270,6 +271,9 @@ impl TestCluster {
             "--bind-address=127.0.0.1",
             &format!("--secure-port={kcm_port}"),
             "--concurrent-daemonset-syncs=4",
+            // A fleet's worth of DaemonSet pods is created without client-side throttling.
+            "--kube-api-qps=1000",
+            "--kube-api-burst=2000",
             "--v=0",
         ]);
         cluster.launch("kube-controller-manager", kcm)?;
@@ -284,6 +288,8 @@ impl TestCluster {
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             &format!("--secure-port={sched_port}"),
+            "--kube-api-qps=1000",
+            "--kube-api-burst=2000",
             "--v=0",
         ]);
         cluster.launch("kube-scheduler", scheduler)?;
@@ -348,6 +354,29 @@ impl TestCluster {
             .args(args)
             .output()
             .map_err(|e| anyhow!("running kubectl: {e}"))
+    }
+
+    /// Requests the API server has served so far, by (resource, subresource, verb), from its
+    /// own `apiserver_request_total` metric.
+    pub fn apiserver_requests(&self) -> Result<BTreeMap<(String, String, String), u64>> {
+        let out = self.kubectl(&["get", "--raw", "/metrics"])?;
+        anyhow::ensure!(out.status.success(), "kubectl get --raw /metrics: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut requests = BTreeMap::new();
+        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+            let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+            let label = |name: &str| {
+                labels
+                    .split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let count: f64 = value.parse().unwrap_or(0.0);
+            *requests.entry((label("resource"), label("subresource"), label("verb"))).or_insert(0) += count as u64;
+        }
+        Ok(requests)
     }
 
     fn stop(&self) {

@@ -38,7 +38,7 @@ impl TestRegistry {
         let dir = tempfile::Builder::new().prefix("sked-registry-").tempdir()?;
         let host = format!("127.0.0.1:{}", cluster::free_port()?);
         let mut config = format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n  secret: sked-test\n",
+            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n  secret: sked-test\n",
             dir.path().join("data").display()
         );
         if let Some((user, password)) = credentials {
@@ -150,6 +150,12 @@ impl TestRegistry {
 }
 
 impl TestRegistry {
+    /// Requests the registry has answered so far (its log's `response completed` lines).
+    pub fn requests(&self) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
+        log.lines().filter(|l| l.contains("response completed")).count()
+    }
+
     /// Tags of a repository.
     pub fn tags(&self, repository: &str) -> Result<Vec<String>> {
         let out = run(Command::new(tool("crane")).args(["ls", "--insecure", &format!("{}/{repository}", self.host)]))?;
