@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds test test-unit test-integration test-kernel bench coverage coverage-gate lint actionlint fmt demo clean
+.PHONY: all setup build tools crds test test-unit test-integration test-kernel bench cross coverage coverage-gate lint actionlint fmt demo clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -52,6 +52,14 @@ test-kernel: tools
 ## README's performance section quotes. BENCH_NODES/BENCH_SCHEDULERS try a smaller fleet.
 bench: tools
 	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench
+
+## cross: cross-compile both release binaries for arm64 (as the image builds do, with
+## Debian's cross toolchain; no emulation), check each needs only what the distroless runtime
+## image has and embeds its crate list (cargo auditable), and run each one's --version under
+## qemu-aarch64. CROSS_ARCH=amd64 checks the native build the same way.
+CROSS_ARCH ?= arm64
+cross: setup
+	@hack/cross.sh all $(CROSS_ARCH)
 
 ## coverage: run every test instrumented (cargo-llvm-cov), write an lcov report and fail
 ## when total line coverage is below COVERAGE_THRESHOLD (default 40).

@@ -4,8 +4,10 @@ use clap::Parser;
 use sked_controller::config::{Cli, Command, refuse_legacy_flags};
 use sked_controller::{crd, manager, telemetry};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Flags are parsed (and `--version`, `--help`, `crd` answered) before the async runtime
+/// starts: they need no threads, so they also answer under qemu-user, where the cross-build
+/// smoke test runs them.
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Err(message) = refuse_legacy_flags(&args) {
         eprintln!("error: {message}");
@@ -25,6 +27,17 @@ async fn main() -> ExitCode {
         };
     }
 
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
     telemetry::init(&cli.log);
     let client = match kube::Client::try_default().await {
         Ok(c) => c,

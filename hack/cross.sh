@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Builds sked's release binaries for a CPU architecture by cross-compiling on this machine (no
+# emulation), checks that each needs only what its runtime image has, and runs each one's
+# --version (under qemu-user when the architecture is not this machine's). The Dockerfiles and
+# `make cross` both use it, so the images are built the way this script is tested.
+#
+#   hack/cross.sh deps ARCH                  cross toolchain, the target's libelf/zlib, rust target,
+#                                            cargo-auditable (installs only what is missing)
+#   hack/cross.sh build ARCH PACKAGE DEST    cargo auditable build --release --locked; binary to DEST
+#   hack/cross.sh check ARCH BINARY          refuse a binary that needs a library the runtime lacks
+#   hack/cross.sh smoke ARCH BINARY          BINARY --version
+#   hack/cross.sh all ARCH [DIR]             all of the above for sked-controller and sked-agent
+#
+# ARCH is a Docker platform architecture: amd64 or arm64.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CARGO_AUDITABLE_VERSION=0.7.7
+
+# What the runtime image (gcr.io/distroless/cc-debian12) provides: glibc, libgcc, libstdc++,
+# libgomp and OpenSSL 3 (its package lists in GoogleContainerTools/distroless). A binary
+# that needs anything else (libelf, libz, libzstd ...) would not start there.
+RUNTIME_LIBS="ld-linux-x86-64.so.2 ld-linux-aarch64.so.1 libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 \
+librt.so.1 libresolv.so.2 libutil.so.1 libgcc_s.so.1 libstdc++.so.6 libgomp.so.1 libssl.so.3 libcrypto.so.3"
+
+say() { echo "cross: $*" >&2; }
+fail() {
+  say "$*"
+  exit 1
+}
+
+# triple ARCH -> sets rust (Rust target), gnu (GNU triple), deb (Debian architecture).
+triple() {
+  case $1 in
+    amd64) rust=x86_64-unknown-linux-gnu gnu=x86_64-linux-gnu deb=amd64 ;;
+    arm64) rust=aarch64-unknown-linux-gnu gnu=aarch64-linux-gnu deb=arm64 ;;
+    *) fail "unknown architecture '$1' (expected amd64 or arm64)" ;;
+  esac
+  native=$([[ $(dpkg --print-architecture) == "$deb" ]] && echo 1 || echo 0)
+}
+
+as_root() {
+  if ((EUID == 0)); then "$@"; else sudo -n "$@"; fi
+}
+
+deps() {
+  triple "$1"
+  local want=(make cmake pkg-config binutils) missing=()
+  if ((native)); then
+    want+=(gcc libelf-dev zlib1g-dev)
+  else
+    want+=("gcc-${gnu//_/-}" "libc6-dev-$deb-cross" "libelf-dev:$deb" "zlib1g-dev:$deb" qemu-user)
+  fi
+  for pkg in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    say "installing Debian packages: ${missing[*]}"
+    ((native)) || dpkg --print-foreign-architectures | grep -qx "$deb" || as_root dpkg --add-architecture "$deb"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq >/dev/null
+    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  rustup target list --installed | grep -qx "$rust" || rustup target add "$rust"
+  if ! cargo install --list | grep -qx "cargo-auditable v$CARGO_AUDITABLE_VERSION:"; then
+    say "installing cargo-auditable $CARGO_AUDITABLE_VERSION (about a minute)"
+    cargo install --quiet --locked cargo-auditable --version "$CARGO_AUDITABLE_VERSION"
+  fi
+}
+
+build() {
+  triple "$1"
+  local package=$2 dest=$3 env_triple=${rust//-/_}
+  if ((!native)); then
+    export "CARGO_TARGET_${env_triple^^}_LINKER=$gnu-gcc"
+    export "CC_$env_triple=$gnu-gcc" "AR_$env_triple=$gnu-ar"
+    export PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH="/usr/lib/$gnu/pkgconfig"
+  fi
+  cargo auditable build --release --locked --target "$rust" -p "$package"
+  install -D -m 0755 "${CARGO_TARGET_DIR:-target}/$rust/release/$package" "$dest"
+}
+
+check() {
+  triple "$1"
+  local bin=$2 machine lib bad=()
+  machine=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
+  case $deb in
+    amd64) [[ $machine == *X86-64* ]] || fail "$bin is for '$machine', not amd64" ;;
+    arm64) [[ $machine == *AArch64* ]] || fail "$bin is for '$machine', not arm64" ;;
+  esac
+  for lib in $(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+    [[ " $RUNTIME_LIBS " == *" $lib "* ]] || bad+=("$lib")
+  done
+  ((${#bad[@]} == 0)) ||
+    fail "$bin needs ${bad[*]}, which the distroless runtime image does not have: link it statically"
+  # cargo auditable embeds the dependency tree (zlib-compressed JSON) for SBOMs and cargo audit.
+  readelf -S -W "$bin" | grep -q ' \.dep-v0 ' || fail "$bin has no .dep-v0 section: build it with cargo auditable"
+  say "$(basename "$bin") ($deb) needs only: $(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+  say "$(basename "$bin") ($deb) embeds its crate list (.dep-v0, cargo auditable)"
+}
+
+smoke() {
+  triple "$1"
+  local bin=$2 run=()
+  ((native)) || run=("qemu-${gnu%%-*}" -L "/usr/$gnu")
+  "${run[@]}" "$bin" --version
+}
+
+case ${1:-} in
+  deps) deps "${2:?ARCH}" ;;
+  build) build "${2:?ARCH}" "${3:?PACKAGE}" "${4:?DEST}" ;;
+  check) check "${2:?ARCH}" "${3:?BINARY}" ;;
+  smoke) smoke "${2:?ARCH}" "${3:?BINARY}" ;;
+  all)
+    arch=${2:?ARCH}
+    dir=${3:-target/cross/$arch}
+    deps "$arch"
+    for package in sked-controller sked-agent; do
+      build "$arch" "$package" "$dir/$package"
+      check "$arch" "$dir/$package"
+      smoke "$arch" "$dir/$package"
+    done
+    ;;
+  *) fail "usage: cross.sh deps|build|check|smoke|all ARCH ..." ;;
+esac
