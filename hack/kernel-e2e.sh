@@ -25,9 +25,10 @@ deps() {
   done
   if ((${#need[@]})); then
     log "installing ${need[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    local as_root=()
+    ((EUID == 0)) || as_root=(sudo -n) # a CI runner's user has password-less sudo
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
 }
 

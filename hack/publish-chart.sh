@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154 # version and app_version: set by eval of release-tag.sh below
 # Packages the chart for a release tag and adds it to a Helm repository tree (the gh-pages
 # branch checked out in a directory).
 #
-#   hack/publish-chart.sh TAG PAGES_DIR [CHART_DIR] [REPO_URL]
+#   hack/publish-chart.sh TAG PAGES_DIR CHART_DIR REPO_URL
+#
+# REPO_URL is where PAGES_DIR is served (the release workflow asks GitHub for this repository's
+# Pages URL, so a fork indexes its own). CHART_ARCHIVE=<file> publishes that archive instead of
+# packaging again: a re-run of a release hands in the archive attached to the GitHub Release, so
+# gh-pages serves the same bytes (the same digest) as the Release.
 #
 # - The chart version and appVersion come from the tag (hack/release-tag.sh); no file in the
 #   checkout is edited.
@@ -17,14 +23,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tag=${1:-}
 pages=${2:-}
-chart=${3:-$root/charts/sked}
-url=${4:-https://charts.schedkit.io}
+chart=${3:-}
+url=${4:-}
 helm=${HELM:-helm}
 fail() {
   echo "publish-chart: $*" >&2
   exit 1
 }
-[[ -n $tag && -n $pages ]] || fail "usage: publish-chart.sh TAG PAGES_DIR [CHART_DIR] [REPO_URL]"
+[[ -n $tag && -n $pages && -n $chart && -n $url ]] || fail "usage: publish-chart.sh TAG PAGES_DIR CHART_DIR REPO_URL"
 [[ -f $chart/Chart.yaml ]] || fail "no chart at $chart (Chart.yaml missing)"
 command -v "$helm" >/dev/null || fail "helm not found (set HELM or run make tools)"
 
@@ -33,7 +39,16 @@ mkdir -p "$pages"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-"$helm" package "$chart" --version "$version" --app-version "$app_version" --destination "$work/pkg" >/dev/null
+if [[ -n ${CHART_ARCHIVE:-} ]]; then
+  [[ -f $CHART_ARCHIVE ]] || fail "CHART_ARCHIVE=$CHART_ARCHIVE: no such file"
+  shown=$("$helm" show chart "$CHART_ARCHIVE") || fail "CHART_ARCHIVE=$CHART_ARCHIVE is not a chart archive"
+  grep -qx "version: $version" <<<"$shown" ||
+    fail "CHART_ARCHIVE=$CHART_ARCHIVE is not version $version of the chart (tag $tag); download the Release's own asset"
+  mkdir -p "$work/pkg"
+  cp "$CHART_ARCHIVE" "$work/pkg/$(sed -n 's/^name: //p' <<<"$shown")-$version.tgz"
+else
+  "$helm" package "$chart" --version "$version" --app-version "$app_version" --destination "$work/pkg" >/dev/null
+fi
 name=$(basename "$(ls "$work"/pkg/*.tgz)")
 target=$pages/$name
 

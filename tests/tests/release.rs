@@ -1,5 +1,6 @@
-//! The release scripts the workflows call: tag rules, chart publishing into a gh-pages tree,
-//! and the coverage gate.
+//! The release scripts the workflows call (tag rules, chart publishing into a gh-pages tree,
+//! the coverage gate, the cross-build check), and the rules the workflow files and Dockerfiles
+//! must keep: nothing here can run GitHub Actions, so the files are read and checked.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -135,6 +136,274 @@ fn chart_publishing_is_idempotent_immutable_and_keeps_history() -> Result<()> {
     let out = publish("v2.0.0+meta")?;
     assert!(!out.status.success());
     assert_eq!(snapshot(&pages)?, before);
+
+    // Without the URL the index would point at, nothing is published (a fork must not index
+    // another repository's site).
+    let out = run("publish-chart.sh", &["v3.0.0", &pages_arg, &chart_arg])?;
+    assert!(!out.status.success() && stderr(&out).contains("REPO_URL"), "{}", stderr(&out));
+    assert_eq!(snapshot(&pages)?, before);
+    Ok(())
+}
+
+#[test]
+fn a_release_rerun_publishes_the_archive_attached_to_the_release_byte_for_byte() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let chart = chart_copy(tmp.path())?;
+    let chart_arg = chart.to_string_lossy().into_owned();
+    let publish = |pages: &Path, archive: Option<&Path>, tag: &str| {
+        let mut cmd = Command::new(workspace_root().join("hack/publish-chart.sh"));
+        cmd.args([tag, &pages.to_string_lossy(), &chart_arg, "https://charts.example.test"])
+            .env("HELM", tools_dir().join("helm"));
+        if let Some(archive) = archive {
+            cmd.env("CHART_ARCHIVE", archive);
+        }
+        cmd.output().context("running publish-chart.sh")
+    };
+
+    // The first run attached this archive to the Release.
+    let first = tmp.path().join("first");
+    let out = publish(&first, None, "v1.0.0")?;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let released = tmp.path().join("released.tgz");
+    std::fs::copy(first.join("sked-1.0.0.tgz"), &released).context("the first run's archive")?;
+
+    // Its gh-pages push failed; the re-run hands the Release's archive in: the same bytes are
+    // published (packaging again would give another digest).
+    let rerun = tmp.path().join("rerun");
+    let out = publish(&rerun, Some(&released), "v1.0.0")?;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("changed=true"), "{}", stdout(&out));
+    let republished = std::fs::read(rerun.join("sked-1.0.0.tgz")).context("the re-run's archive")?;
+    assert_eq!(republished, std::fs::read(&released)?);
+
+    // An archive of another version is refused, naming the fix.
+    let out = publish(&tmp.path().join("other"), Some(&released), "v1.0.1")?;
+    assert!(!out.status.success(), "an archive of 1.0.0 must not be published as 1.0.1");
+    assert!(stderr(&out).contains("not version 1.0.1"), "{}", stderr(&out));
+    Ok(())
+}
+
+#[test]
+fn the_cross_build_check_refuses_a_binary_that_needs_a_library_the_runtime_image_lacks() -> Result<()> {
+    if !cfg!(target_arch = "x86_64") {
+        return Ok(()); // the probe binary below is this machine's
+    }
+    // git needs libz and libpcre2, neither of which distroless/cc has.
+    let out = run("cross.sh", &["check", "amd64", "/usr/bin/git"])?;
+    assert!(!out.status.success(), "git needs libraries the runtime image lacks");
+    assert!(stderr(&out).contains("libz.so.1") && stderr(&out).contains("link it statically"), "{}", stderr(&out));
+    // An arm64 check of an x86_64 binary is refused too.
+    let out = run("cross.sh", &["check", "arm64", "/usr/bin/git"])?;
+    assert!(!out.status.success() && stderr(&out).contains("not arm64"), "{}", stderr(&out));
+    Ok(())
+}
+
+// --- the workflow files ----------------------------------------------------------------------
+
+type Yaml = serde_json::Value;
+
+fn read(path: &str) -> Result<String> {
+    std::fs::read_to_string(workspace_root().join(path)).with_context(|| format!("reading {path}"))
+}
+
+fn workflow(name: &str) -> Result<Yaml> {
+    serde_saphyr::from_str(&read(&format!(".github/workflows/{name}"))?).with_context(|| format!("parsing {name}"))
+}
+
+fn workflow_names() -> Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(workspace_root().join(".github/workflows"))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.ends_with(".yml"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Every job of a workflow with its steps.
+fn jobs(wf: &Yaml) -> Vec<(String, Vec<Yaml>)> {
+    let Some(jobs) = wf["jobs"].as_object() else { return Vec::new() };
+    jobs.iter().map(|(name, job)| (name.clone(), job["steps"].as_array().cloned().unwrap_or_default())).collect()
+}
+
+fn text(v: &Yaml) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+/// The step of a job that uses `action` (owner/name), if any.
+fn step_using<'a>(steps: &'a [Yaml], action: &str) -> Vec<&'a Yaml> {
+    steps.iter().filter(|s| text(&s["uses"]).starts_with(&format!("{action}@"))).collect()
+}
+
+/// A pinned version from hack/build-tools.sh (`NAME=${NAME:-vX.Y.Z}`).
+fn tool_version(name: &str) -> Result<String> {
+    let script = read("hack/build-tools.sh")?;
+    let prefix = format!("{name}=${{{name}:-");
+    script
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix('}')))
+        .map(str::to_owned)
+        .with_context(|| format!("{name} is not pinned in hack/build-tools.sh"))
+}
+
+#[test]
+fn main_and_latest_move_only_on_pushes_to_main_and_the_newest_push_wins() -> Result<()> {
+    let wf = workflow("publish-image.yml")?;
+    let group = text(&wf["concurrency"]["group"]);
+    assert!(group.contains("github.ref"), "one concurrency group per ref, got {group:?}");
+    let cancel = &wf["concurrency"]["cancel-in-progress"];
+    assert!(
+        cancel == &Yaml::Bool(true) || text(cancel).contains("refs/heads/main"),
+        "a newer push to main must cancel an older build, got {cancel}"
+    );
+
+    let (_, steps) = jobs(&wf).into_iter().find(|(n, _)| n == "image").context("job image")?;
+    let meta = step_using(&steps, "docker/metadata-action");
+    let meta = meta.first().context("a docker/metadata-action step")?;
+    assert!(
+        text(&meta["with"]["flavor"]).contains("latest=false"),
+        "metadata-action adds latest to tag builds unless latest=false"
+    );
+    let main_only = "enable=${{ github.ref == 'refs/heads/main' }}";
+    for line in text(&meta["with"]["tags"]).lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let allowed = line == "type=ref,event=tag"
+            || line == "type=sha,format=long,prefix=sha-"
+            || (line.starts_with("type=raw,value=main,") || line.starts_with("type=raw,value=latest,"))
+                && line.ends_with(main_only);
+        assert!(allowed, "image tag rule {line:?}: main and latest only from main, a Git tag only its own tag");
+    }
+    let tags = text(&meta["with"]["tags"]);
+    for needed in ["value=main", "value=latest", "type=ref,event=tag", "type=sha"] {
+        assert!(tags.contains(needed), "{needed} missing from the image tags:\n{tags}");
+    }
+    Ok(())
+}
+
+#[test]
+fn every_action_is_pinned_by_commit_sha_and_kept_current_by_dependabot() -> Result<()> {
+    for name in workflow_names()? {
+        for (job, steps) in jobs(&workflow(&name)?) {
+            for step in steps {
+                let uses = text(&step["uses"]);
+                if uses.is_empty() || uses.starts_with("./") {
+                    continue;
+                }
+                let sha = uses.rsplit_once('@').map(|(_, r)| r).unwrap_or_default();
+                assert!(
+                    sha.len() == 40 && sha.chars().all(|c| c.is_ascii_hexdigit()),
+                    "{name} job {job}: {uses} must be pinned by a full commit SHA (the version in a comment)"
+                );
+            }
+        }
+    }
+    let dependabot: Yaml = serde_saphyr::from_str(&read(".github/dependabot.yml")?)?;
+    let ecosystems: Vec<&str> =
+        dependabot["updates"].as_array().into_iter().flatten().map(|u| text(&u["package-ecosystem"])).collect();
+    for needed in ["github-actions", "docker", "cargo"] {
+        assert!(ecosystems.contains(&needed), "dependabot must update {needed}: {ecosystems:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn every_workflow_sets_up_with_the_script_ci_uses_and_runs_each_suite_once() -> Result<()> {
+    let mut make_runs: Vec<(String, String)> = Vec::new();
+    for name in workflow_names()? {
+        for (job, steps) in jobs(&workflow(&name)?) {
+            let runs: Vec<&str> = steps.iter().map(|s| text(&s["run"])).collect();
+            let setup = runs.iter().position(|r| r.starts_with("bash hack/setup.sh"));
+            let first_make = runs.iter().position(|r| r.lines().any(|l| l.trim_start().starts_with("make ")));
+            if let Some(first_make) = first_make {
+                assert!(
+                    setup.is_some_and(|s| s < first_make),
+                    "{name} job {job} runs make before `bash hack/setup.sh` (the set-up .ci/run and make use)"
+                );
+            }
+            for r in runs {
+                assert!(!r.contains("apt-get"), "{name} job {job} installs packages itself; hack/setup.sh does: {r}");
+                for line in r.lines().map(str::trim).filter(|l| l.starts_with("make ")) {
+                    make_runs.push((format!("{name}/{job}"), line.to_owned()));
+                }
+            }
+        }
+    }
+    let count = |target: &str| make_runs.iter().filter(|(_, l)| l.as_str() == target).count();
+    assert_eq!(count("make test"), 1, "the README's test command runs once: {make_runs:?}");
+    assert_eq!(count("make coverage"), 1, "{make_runs:?}");
+    assert_eq!(count("make test-kernel"), 1, "{make_runs:?}");
+    assert_eq!(count("make test-integration"), 0, "make test already runs the integration suites: {make_runs:?}");
+    assert!(make_runs.iter().any(|(w, l)| w.starts_with("test.yml") && l == "make test"), "{make_runs:?}");
+    assert_eq!(count("make cross"), 1, "{make_runs:?}");
+    assert!(read(".ci/run")?.contains("bash hack/setup.sh"), ".ci/run sets up with the same script");
+    let makefile = read("Makefile")?;
+    assert!(
+        makefile.contains("coverage: tools") && makefile.contains("test-kernel: tools"),
+        "make's targets set up first"
+    );
+    Ok(())
+}
+
+#[test]
+fn release_tools_in_workflows_are_the_versions_the_tests_run() -> Result<()> {
+    let publish = workflow("publish-image.yml")?;
+    let (_, steps) = jobs(&publish).into_iter().find(|(n, _)| n == "image").context("job image")?;
+    let cosign = step_using(&steps, "sigstore/cosign-installer");
+    let cosign = cosign.first().context("a cosign-installer step")?;
+    assert_eq!(text(&cosign["with"]["cosign-release"]), tool_version("COSIGN_VERSION")?);
+
+    let release = workflow("release.yml")?;
+    let (_, steps) = jobs(&release).into_iter().find(|(n, _)| n == "chart").context("job chart")?;
+    let helm = step_using(&steps, "Azure/setup-helm");
+    let helm = helm.first().context("a setup-helm step")?;
+    assert_eq!(text(&helm["with"]["version"]), tool_version("HELM_VERSION")?);
+
+    // A re-run publishes the Release's own archive, at this repository's Pages URL.
+    let publish_step = steps.iter().find(|s| text(&s["id"]) == "publish").context("step publish")?;
+    assert!(text(&publish_step["env"]["CHART_ARCHIVE"]).contains("steps.released.outputs.archive"));
+    assert!(text(&publish_step["env"]["REPO_URL"]).contains("steps.pages-url.outputs.url"));
+    assert!(text(&publish_step["run"]).contains("\"$REPO_URL\""));
+    let url_step = steps.iter().find(|s| text(&s["id"]) == "pages-url").context("step pages-url")?;
+    assert!(text(&url_step["run"]).contains("repos/$GITHUB_REPOSITORY/pages"), "the URL comes from this repository");
+    Ok(())
+}
+
+#[test]
+fn images_cross_compile_per_platform_from_pinned_bases_and_are_smoke_tested() -> Result<()> {
+    for (dockerfile, package) in [("Dockerfile.controller", "sked-controller"), ("Dockerfile.agent", "sked-agent")] {
+        let text = read(dockerfile)?;
+        let froms: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
+        assert!(
+            froms[0].starts_with("FROM --platform=$BUILDPLATFORM "),
+            "{dockerfile}: the build runs natively: {}",
+            froms[0]
+        );
+        for from in &froms {
+            let image = from.split_whitespace().find(|w| w.contains('/') || w.contains(':')).unwrap_or_default();
+            let stage_ref = !image.contains('/') && !image.contains(':');
+            let pinned = image.split_once("@sha256:").is_some_and(|(_, d)| d.len() == 64);
+            assert!(stage_ref || pinned, "{dockerfile}: {from} must pin its base image by digest");
+        }
+        assert!(
+            text.contains(&format!("hack/cross.sh build \"$TARGETARCH\" {package}")),
+            "{dockerfile} builds with hack/cross.sh"
+        );
+        assert!(text.contains("hack/cross.sh check \"$TARGETARCH\""), "{dockerfile} checks the binary");
+        assert!(
+            text.contains("target=/src/target") && text.contains("-$TARGETARCH,target=/src/target"),
+            "{dockerfile}: one build cache per platform"
+        );
+        assert!(
+            text.contains("AS smoke") && text.contains(&format!("\"/usr/local/bin/{package}\", \"--version\"")),
+            "{dockerfile}: smoke stage"
+        );
+    }
+    let wf = workflow("publish-image.yml")?;
+    let (_, steps) = jobs(&wf).into_iter().find(|(n, _)| n == "image").context("job image")?;
+    let builds = step_using(&steps, "docker/build-push-action");
+    let targets: Vec<(&str, bool)> =
+        builds.iter().map(|s| (text(&s["with"]["target"]), s["with"]["push"] == Yaml::Bool(true))).collect();
+    assert_eq!(targets, [("smoke", false), ("image", true)], "the smoke stage runs before the image is pushed");
+    let ignore = read(".dockerignore")?;
+    assert!(ignore.lines().any(|l| l == "**/target"), ".dockerignore patterns must match at any depth");
     Ok(())
 }
 
