@@ -243,6 +243,31 @@ fn scheduler_of(pod: &Pod) -> Option<(String, String)> {
 }
 
 impl Inner {
+    /// The object `name` of the agent namespace that `matches`: the index's copy when it holds a
+    /// matching one, else a read from the API server (the store may lag an object just made).
+    async fn lookup<K>(
+        &self,
+        indexed: Option<Arc<K>>,
+        name: &str,
+        kind: &str,
+        matches: impl Fn(&K) -> bool,
+    ) -> Result<Option<Arc<K>>, Status>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        if let Some(object) = indexed.filter(|o| matches(o)) {
+            return Ok(Some(object));
+        }
+        let read = Api::<K>::namespaced(self.client.clone(), &self.agent_namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot look up {kind} {name}: {e}")))?;
+        Ok(read.filter(|o| matches(o)).map(Arc::new))
+    }
+
     /// Counts a new stream of `node`, unless the node or the server is at its limit.
     fn open_slot(self: &Arc<Self>, node: &str) -> Result<StreamSlot, Status> {
         let mut streams = lock(&self.streams);
@@ -321,16 +346,8 @@ impl Inner {
         };
         let live =
             |p: &Pod| p.metadata.uid.as_deref() == Some(pod_uid.as_str()) && p.metadata.deletion_timestamp.is_none();
-        let indexed = self.index.as_ref().and_then(|i| i.pod(&pod_name, &self.agent_namespace)).filter(|p| live(p));
-        let pod = match indexed {
-            Some(pod) => Some(pod),
-            None => Api::<Pod>::namespaced(self.client.clone(), &self.agent_namespace)
-                .get_opt(&pod_name)
-                .await
-                .map_err(|e| Status::unavailable(format!("cannot look up pod {pod_name}: {e}")))?
-                .filter(live)
-                .map(Arc::new),
-        };
+        let indexed = self.index.as_ref().and_then(|i| i.pod(&pod_name, &self.agent_namespace));
+        let pod = self.lookup(indexed, &pod_name, "pod", live).await?;
         let Some(pod) = pod else {
             return Err(self.refuse(
                 Refusal::PodGone,
@@ -363,16 +380,8 @@ impl Inner {
         };
         // The owner reference must be the DaemonSet sked runs for that Scheduler, not a name.
         let owner = |ds: &DaemonSet| ds.metadata.uid.as_deref() == Some(owner_uid.as_str());
-        let indexed =
-            self.index.as_ref().and_then(|i| i.daemonset(&scheduler, &self.agent_namespace)).filter(|ds| owner(ds));
-        let daemonset = match indexed {
-            Some(ds) => Some(ds),
-            None => Api::<DaemonSet>::namespaced(self.client.clone(), &self.agent_namespace)
-                .get_opt(&scheduler)
-                .await
-                .map_err(|e| Status::unavailable(format!("cannot look up DaemonSet {scheduler}: {e}")))?
-                .map(Arc::new),
-        };
+        let indexed = self.index.as_ref().and_then(|i| i.daemonset(&scheduler, &self.agent_namespace));
+        let daemonset = self.lookup(indexed, &scheduler, "DaemonSet", owner).await?;
         let ours = daemonset.is_some_and(|ds| {
             ds.metadata.uid.as_deref() == Some(owner_uid.as_str())
                 && ds
