@@ -67,7 +67,7 @@ pub struct Inner {
     streams: std::sync::Mutex<HashMap<String, usize>>,
     /// The controller's index: pods and DaemonSets are read from its stores, and fetched from
     /// the API server only when the store has no matching copy (a pod newer than the watch).
-    index: Option<Index>,
+    index: std::sync::OnceLock<Index>,
 }
 
 /// Open report streams one node may hold (a reconnect may overlap the stream it replaces).
@@ -123,17 +123,15 @@ impl ReportsService {
             leader,
             reviews: ReviewCache::default(),
             streams: std::sync::Mutex::new(HashMap::new()),
-            index: None,
+            index: std::sync::OnceLock::new(),
         }))
     }
 
     /// Reads pods and DaemonSets from `index` first: a reconnect storm of a whole fleet then
     /// costs no API reads beyond the TokenReviews of tokens not seen before.
     pub(crate) fn with_index(self, index: Index) -> Self {
-        match Arc::try_unwrap(self.0) {
-            Ok(inner) => Self(Arc::new(Inner { index: Some(index), ..inner })),
-            Err(shared) => Self(shared),
-        }
+        let _ = self.0.index.set(index); // a service is given one index, when it is built
+        self
     }
 }
 
@@ -346,7 +344,7 @@ impl Inner {
         };
         let live =
             |p: &Pod| p.metadata.uid.as_deref() == Some(pod_uid.as_str()) && p.metadata.deletion_timestamp.is_none();
-        let indexed = self.index.as_ref().and_then(|i| i.pod(&pod_name, &self.agent_namespace));
+        let indexed = self.index.get().and_then(|i| i.pod(&pod_name, &self.agent_namespace));
         let pod = self.lookup(indexed, &pod_name, "pod", live).await?;
         let Some(pod) = pod else {
             return Err(self.refuse(
@@ -380,7 +378,7 @@ impl Inner {
         };
         // The owner reference must be the DaemonSet sked runs for that Scheduler, not a name.
         let owner = |ds: &DaemonSet| ds.metadata.uid.as_deref() == Some(owner_uid.as_str());
-        let indexed = self.index.as_ref().and_then(|i| i.daemonset(&scheduler, &self.agent_namespace));
+        let indexed = self.index.get().and_then(|i| i.daemonset(&scheduler, &self.agent_namespace));
         let daemonset = self.lookup(indexed, &scheduler, "DaemonSet", owner).await?;
         let ours = daemonset.is_some_and(|ds| {
             ds.metadata.uid.as_deref() == Some(owner_uid.as_str())
@@ -507,18 +505,22 @@ pub(crate) async fn expire_stale_reports(
     triggers: UnboundedSender<ObjectRef<Scheduler>>,
     stale_after: Duration,
 ) {
-    const PRUNE_EVERY: u32 = 60;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    for round in 1u32.. {
-        tick.tick().await;
-        for scheduler in kernel.expire(Instant::now(), stale_after) {
-            let _ = triggers.unbounded_send(ObjectRef::new(&scheduler));
-        }
-        if round % PRUNE_EVERY == 0 {
-            let gone = kernel.forget_unknown(|node| index.knows_node(node));
-            if gone > 0 {
-                debug!(nodes = gone, "forgot the stale reports of deleted nodes");
+    let mut expire = tokio::time::interval(Duration::from_secs(1));
+    expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut prune = tokio::time::interval(Duration::from_secs(60));
+    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = expire.tick() => {
+                for scheduler in kernel.expire(Instant::now(), stale_after) {
+                    let _ = triggers.unbounded_send(ObjectRef::new(&scheduler));
+                }
+            }
+            _ = prune.tick() => {
+                let gone = kernel.forget_unknown(|node| index.knows_node(node));
+                if gone > 0 {
+                    debug!(nodes = gone, "forgot the stale reports of deleted nodes");
+                }
             }
         }
     }
