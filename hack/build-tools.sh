@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane, and a
-# kstatus check on sigs.k8s.io/cli-utils) from the Go
+# kstatus check on sigs.k8s.io/cli-utils, promtool) from the Go
 # module proxy with the local Go toolchain, the way envtest ships downloaded binaries. Each tool
 # set is built once into a per-user cache keyed by its version; later runs (from any clone) only
 # link it. Prints one line per tool set it builds (the Go tool's own output goes to a log file,
@@ -20,6 +20,9 @@ COSIGN_VERSION=${COSIGN_VERSION:-v3.1.3}
 CRANE_VERSION=${CRANE_VERSION:-v0.22.1}
 # kstatus: the status library Flux, Argo CD health checks and helm --wait build on.
 CLI_UTILS_VERSION=${CLI_UTILS_VERSION:-v0.37.2}
+# promtool: checks the metrics the binaries expose and the chart's alerting rules (Prometheus
+# 3.x is published to the module proxy as v0.3xx.y).
+PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir=${1:-$root/.tools/bin}
@@ -39,6 +42,7 @@ sets=(
   "cosign $COSIGN_VERSION cosign 5"
   "crane $CRANE_VERSION crane 1"
   "kstatus $CLI_UTILS_VERSION kstatus 2"
+  "promtool $PROMETHEUS_VERSION promtool 7"
 )
 built() { # NAME VERSION BINARIES
   local bin
@@ -201,6 +205,10 @@ for set in "${sets[@]}"; do
         github.com/sigstore/cosign/v3/cmd/cosign "-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION"
       ;;
     kstatus) run_build "$name" "$version" "$mins" build_kstatus ;;
+    promtool)
+      run_build "$name" "$version" "$mins" go_tool promtool "$PROMETHEUS_VERSION" github.com/prometheus/prometheus \
+        github.com/prometheus/prometheus/cmd/promtool
+      ;;
     crane)
       run_build "$name" "$version" "$mins" go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry \
         github.com/google/go-containerregistry/cmd/crane
@@ -218,4 +226,5 @@ ln -sf "$cache/actionlint-$ACTIONLINT_VERSION/actionlint" "$bin_dir/actionlint"
 ln -sf "$cache/cosign-$COSIGN_VERSION/cosign" "$bin_dir/cosign"
 ln -sf "$cache/crane-$CRANE_VERSION/crane" "$bin_dir/crane"
 ln -sf "$cache/kstatus-$CLI_UTILS_VERSION/kstatus" "$bin_dir/kstatus"
+ln -sf "$cache/promtool-$PROMETHEUS_VERSION/promtool" "$bin_dir/promtool"
 echo "$bin_dir"

@@ -198,10 +198,54 @@ pub struct SchedulerStatus {
     /// new leader carries on where the last one stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// The newest exit of a BPF scheduler from the kernel of one of this Scheduler's nodes, as
+    /// the kernel logged it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<KernelExit>,
     /// Ready, Progressing, Reconciling, Stalled, Degraded and KernelAttached, each with the
     /// observedGeneration whose revision it describes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A BPF scheduler leaving a node's kernel: the kernel's own words, from its log, as the node's
+/// agent read them (escaped and capped).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelExit {
+    pub node: String,
+    /// The ops name of the scheduler that left.
+    pub ops: String,
+    /// The kernel's reason: `runnable task stall`, `scx_bpf_error`, `disabled by sysrq-S`,
+    /// `unregistered from user space`, ...
+    pub reason: String,
+    /// The kernel's detail for an error exit (for a stall, the task that did not run and for
+    /// how long).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    /// When the kernel logged it (RFC 3339, UTC, milliseconds).
+    pub time: String,
+    /// True when the kernel threw the scheduler out (an error, a stall, SysRq-S, the scheduler's
+    /// own exit); false when its user space unregistered it (its process ended: a rollout, a
+    /// deleted pod).
+    pub ejected: bool,
+}
+
+impl KernelExit {
+    /// Orders exits in time (RFC 3339 UTC with a fixed precision sorts as text), then by node.
+    pub fn is_newer_than(&self, other: &KernelExit) -> bool {
+        (self.time.as_str(), self.node.as_str()) > (other.time.as_str(), other.node.as_str())
+    }
+
+    /// `the kernel disabled OPS (REASON: DETAIL)`.
+    pub fn describe(&self) -> String {
+        let verb = if self.ejected { "ejected" } else { "unregistered" };
+        if self.detail.is_empty() {
+            format!("the kernel {verb} {} at {} ({})", self.ops, self.time, self.reason)
+        } else {
+            format!("the kernel {verb} {} at {} ({}: {})", self.ops, self.time, self.reason, self.detail)
+        }
+    }
 }
 
 /// A revision of a Scheduler's pods: what its spec and resolved image make of them.
@@ -330,10 +374,12 @@ pub enum Reason {
     ForeignScheduler,
     KernelUnsupported,
     ReportStale,
+    /// Event: the kernel threw a node's scheduler out.
+    KernelEjected,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Reason::RolloutInProgress,
         Reason::RolloutPaused,
         Reason::DaemonSetReady,
@@ -352,6 +398,7 @@ impl Reason {
         Reason::ForeignScheduler,
         Reason::KernelUnsupported,
         Reason::ReportStale,
+        Reason::KernelEjected,
     ];
 
     /// The name written into conditions and events.
@@ -375,6 +422,7 @@ impl Reason {
             Reason::ForeignScheduler => "ForeignScheduler",
             Reason::KernelUnsupported => "KernelUnsupported",
             Reason::ReportStale => "ReportStale",
+            Reason::KernelEjected => "KernelEjected",
         }
     }
 

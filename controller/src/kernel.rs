@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use sked_proto::Verdict;
 
-use crate::api::Reason;
+use crate::api::{KernelExit, Reason};
 use crate::sync::lock;
 
 /// At most this many nodes are named in a condition message.
@@ -30,6 +30,8 @@ pub struct NodeReport {
     pub ejected: bool,
     /// Marked by [`KernelTable::expire`] once the report went stale.
     pub stale: bool,
+    /// The node's last exit from the kernel log, since its agent started.
+    pub last_exit: Option<KernelExit>,
 }
 
 /// Latest report per node, shared by the reports server and the reconciler.
@@ -59,6 +61,7 @@ impl KernelTable {
                 if p.scheduler == report.scheduler
                     && p.verdict == report.verdict
                     && p.reason == report.reason
+                    && p.last_exit == report.last_exit
                     && report.received.saturating_duration_since(p.received) <= stale_after =>
             {
                 Vec::new()
@@ -112,6 +115,8 @@ pub struct KernelSummary {
     /// Whether this view may replace the condition written before: false while a new leader
     /// still gives agents time to report (see `--agent-heartbeat-interval`).
     pub settled: bool,
+    /// The newest exit reported from the nodes.
+    pub last_exit: Option<KernelExit>,
 }
 
 /// Folds the reports of `nodes` into a Scheduler's KernelAttached view. `nodes` are the nodes
@@ -129,8 +134,15 @@ pub fn summarize(
     let mut attached = 0i32;
     let mut by_kind: BTreeMap<Reason, Vec<String>> = BTreeMap::new();
     let mut unreported = 0;
+    let mut last_exit: Option<&KernelExit> = None;
     for node in nodes {
-        let Some(r) = reports.get(node).filter(|r| r.scheduler == scheduler) else {
+        let report = reports.get(node).filter(|r| r.scheduler == scheduler);
+        if let Some(exit) = report.and_then(|r| r.last_exit.as_ref())
+            && last_exit.is_none_or(|newest| exit.is_newer_than(newest))
+        {
+            last_exit = Some(exit);
+        }
+        let Some(r) = report else {
             unreported += 1;
             by_kind.entry(Reason::NotAttached).or_default().push(format!("{node}: no report yet"));
             continue;
@@ -149,7 +161,10 @@ pub fn summarize(
             Verdict::ForeignScheduler => Reason::ForeignScheduler,
             Verdict::KernelUnsupported => Reason::KernelUnsupported,
         };
-        by_kind.entry(kind).or_default().push(format!("{node}: {}", r.reason));
+        match r.last_exit.as_ref().filter(|e| e.ejected && kind == Reason::NotAttached) {
+            Some(exit) => by_kind.entry(kind).or_default().push(format!("{node}: {}; {}", r.reason, exit.describe())),
+            None => by_kind.entry(kind).or_default().push(format!("{node}: {}", r.reason)),
+        }
     }
     let scheduled = i32::try_from(nodes.len()).unwrap_or(i32::MAX);
     let attached = attached.min(scheduled);
@@ -171,7 +186,7 @@ pub fn summarize(
         let listed = by_kind.get(&reason).map(|v| list(v)).unwrap_or_default();
         (false, reason, format!("{counted}; {listed}"))
     };
-    KernelSummary { attached, is_true, reason, message, unreported, settled: true }
+    KernelSummary { attached, is_true, reason, message, unreported, settled: true, last_exit: last_exit.cloned() }
 }
 
 fn list(items: &[String]) -> String {
@@ -195,6 +210,7 @@ mod tests {
             attached_since: None,
             ejected: false,
             stale: false,
+            last_exit: None,
         }
     }
 
@@ -314,6 +330,44 @@ mod tests {
         assert_eq!(t.forget_unknown(|n| n == "kept"), 1, "only the stale report of a deleted node goes");
         let left: BTreeSet<String> = t.read(|n| n.keys().cloned().collect());
         assert_eq!(left, nodes(&["kept", "new"]), "a fresh report of a node not indexed yet stays");
+    }
+
+    #[test]
+    fn the_newest_exit_is_summarized_and_an_ejection_named_in_the_message() {
+        let now = Instant::now();
+        let exit = |node: &str, time: &str| KernelExit {
+            node: node.into(),
+            ops: "lavd".into(),
+            reason: "disabled by sysrq-S".into(),
+            detail: String::new(),
+            time: time.into(),
+            ejected: true,
+        };
+        let mut a = report("s", Verdict::NotAttached, now);
+        a.last_exit = Some(exit("a", "2026-12-01T00:00:02.000Z"));
+        let mut b = report("s", Verdict::Attached, now);
+        b.last_exit = Some(exit("b", "2026-12-01T00:00:01.000Z"));
+        let reports = HashMap::from([("a".to_string(), a), ("b".to_string(), b)]);
+        let k = summarize("s", &nodes(&["a", "b"]), 2, &reports, now, STALE);
+        assert_eq!(k.last_exit.map(|e| e.node), Some("a".into()));
+        assert!(
+            k.message.contains(
+                "a: NotAttached here; the kernel ejected lavd at 2026-12-01T00:00:02.000Z (disabled by sysrq-S)"
+            ),
+            "{}",
+            k.message
+        );
+    }
+
+    #[test]
+    fn a_new_exit_is_news() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        let mut r = report("s", Verdict::NotAttached, now);
+        r.last_exit = Some(KernelExit { node: "a".into(), time: "t".into(), ..KernelExit::default() });
+        assert_eq!(t.record("a", r.clone(), STALE), vec!["s"]);
+        assert!(t.record("a", r, STALE).is_empty());
     }
 
     #[test]

@@ -307,7 +307,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     } else {
         debug!("reconciled; nothing changed");
     }
-    for event in outcome.event.iter().chain(&outcome.kernel_event) {
+    for event in outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_event) {
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
@@ -446,6 +446,10 @@ fn rollout_step(
                 let report = reports
                     .get(node)
                     .filter(|r| r.scheduler == name && now.saturating_duration_since(r.received) <= stale_after);
+                let exit = report
+                    .filter(|r| pod.is_some_and(|p| p.name_any() == r.pod))
+                    .and_then(|r| r.last_exit.as_ref())
+                    .map(|e| e.describe());
                 let kernel = match report {
                     Some(r) if r.verdict == Verdict::KernelUnsupported => rollout::KernelView::Unsupported,
                     Some(r) if r.verdict == Verdict::ForeignScheduler => rollout::KernelView::Foreign,
@@ -467,7 +471,7 @@ fn rollout_step(
                         terminating_since: p.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
                     }
                 });
-                rollout::NodeView { node: node.clone(), pod, kernel }
+                rollout::NodeView { node: node.clone(), pod, kernel, exit }
             })
             .collect()
     });

@@ -22,7 +22,7 @@ use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 use sked_proto::contract::REPORTS_AUDIENCE;
-use sked_proto::text::{MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
+use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
 use sked_proto::v1::reports_server::{Reports, ReportsServer};
 use sked_proto::{Ack, Report, Verdict};
 use tokio::sync::mpsc;
@@ -30,7 +30,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::api::Scheduler;
+use crate::api::{KernelExit, Scheduler};
 use crate::error::BoxError;
 use crate::index::Index;
 use crate::kernel::{KernelTable, NodeReport};
@@ -493,7 +493,21 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
         attached_since: None,
         ejected: false,
         stale: false,
+        last_exit: report.last_exit.as_ref().and_then(|e| kernel_exit(&report.node, e)),
     }
+}
+
+/// The node's exit, escaped and capped; `None` when its time is not a time.
+fn kernel_exit(node: &str, e: &sked_proto::KernelExit) -> Option<KernelExit> {
+    let time = jiff::Timestamp::from_millisecond(e.time_unix_ms).ok()?;
+    Some(KernelExit {
+        node: node.to_owned(),
+        ops: escape_and_cap(&e.ops, MAX_NAME_CHARS),
+        reason: escape_and_cap(&e.reason, MAX_EXIT_REASON_CHARS),
+        detail: escape_and_cap(&e.detail, MAX_REASON_CHARS),
+        time: format!("{time:.3}"),
+        ejected: e.ejected,
+    })
 }
 
 /// Turns silent nodes' reports stale as their time comes, and triggers only the Scheduler of each

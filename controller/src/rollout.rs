@@ -112,6 +112,8 @@ pub struct NodeView {
     /// Its live or terminating scheduler pod; `None` until the DaemonSet controller creates one.
     pub pod: Option<PodView>,
     pub kernel: KernelView,
+    /// The kernel's words for the node's last exit, when its agent read them from the kernel log.
+    pub exit: Option<String>,
 }
 
 /// Everything a rollout decision depends on.
@@ -233,7 +235,10 @@ pub fn decide(input: &Input<'_>) -> Plan {
         let cause = if pod.crash_looping {
             Some("the scheduler container is crash-looping".to_owned())
         } else if n.kernel == KernelView::Ejected {
-            Some("the kernel stopped running the scheduler after it had attached".to_owned())
+            Some(match &n.exit {
+                Some(why) => format!("the scheduler stopped running after it had attached: {why}"),
+                None => "the kernel stopped running the scheduler after it had attached".to_owned(),
+            })
         } else if now >= deadline {
             Some(format!(
                 "the scheduler did not attach within {}s (spec.rollout.attachTimeoutSeconds)",
@@ -445,6 +450,7 @@ mod tests {
                 terminating_since: None,
             }),
             kernel,
+            exit: None,
         }
     }
 
@@ -503,6 +509,11 @@ mod tests {
 
         let ejected = decide_at(&[node("a", T, KernelView::Ejected), up("b", S)], pacing(1, 1), 10);
         assert!(ejected.failure.unwrap().cause.contains("stopped running"));
+        // With the kernel log read, the cause is the kernel's own.
+        let why = "the kernel ejected lavd at 2026-12-01T00:00:00.000Z (runnable task stall)";
+        let said = NodeView { exit: Some(why.into()), ..node("a", T, KernelView::Ejected) };
+        let ejected = decide_at(&[said, up("b", S)], pacing(1, 1), 10);
+        assert!(ejected.failure.unwrap().cause.ends_with(why));
 
         let mut crashing = node("a", T, KernelView::NotAttached);
         crashing.pod.as_mut().unwrap().crash_looping = true;
@@ -523,7 +534,7 @@ mod tests {
 
     #[test]
     fn nodes_the_daemonset_puts_no_pod_on_do_not_hold_a_rollout() {
-        let no_pod = NodeView { node: "tainted".into(), pod: None, kernel: KernelView::Unknown };
+        let no_pod = NodeView { node: "tainted".into(), pod: None, kernel: KernelView::Unknown, exit: None };
         let nodes = [up("a", T), up("b", S), no_pod.clone()];
         // The DaemonSet means to run two pods: the pod-less node is not one of them.
         let plan = decide_expecting(&nodes, Some(S), 2);
@@ -548,7 +559,7 @@ mod tests {
     #[test]
     fn nothing_is_complete_while_the_daemonset_expects_more_pods_than_run_attached() {
         // A pod the index has not seen yet: the node looks pod-less, the DaemonSet expects it.
-        let nodes = [up("a", T), NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown }];
+        let nodes = [up("a", T), NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None }];
         let plan = decide_expecting(&nodes, None, 2);
         assert!(!plan.complete());
         let plan = decide_expecting(&nodes[..1], None, 2);
@@ -557,7 +568,7 @@ mod tests {
         assert!(plan.complete());
         // A DaemonSet that has not counted the node yet (its owner label is on its way) does not
         // make a revision that runs nowhere complete.
-        let pod_less = [NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown }];
+        let pod_less = [NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None }];
         let plan = decide_expecting(&pod_less, None, 0);
         assert!(!plan.complete());
         // Nor is it looked at again on a timer: what ends the wait (a pod, the DaemonSet's

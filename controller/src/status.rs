@@ -72,6 +72,8 @@ pub struct Outcome {
     pub event: Option<EventSpec>,
     /// KernelAttached state change.
     pub kernel_event: Option<EventSpec>,
+    /// A newer ejection than the status knew: recorded once per exit.
+    pub exit_event: Option<EventSpec>,
 }
 
 /// Rollout facts read off a DaemonSet and the rollout decided for it.
@@ -299,6 +301,14 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
 
     let attached = if carried.is_some() { obs.previous.kernel_attached } else { k.attached };
+    // An exit is news once: a new leader hears the same exits again and finds them in the status.
+    let newer_exit =
+        k.last_exit.as_ref().filter(|e| obs.previous.last_exit.as_ref().is_none_or(|known| e.is_newer_than(known)));
+    let exit_event = newer_exit.filter(|e| e.ejected).map(|e| EventSpec {
+        kind: EventKind::Warning,
+        reason: Reason::KernelEjected,
+        message: format!("Node {}: {}", e.node, e.describe()),
+    });
     let kernel_attached = attached.min(rollout.desired);
     let status = SchedulerStatus {
         observed_generation: generation,
@@ -311,6 +321,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         conflicting_nodes: i32::try_from(obs.placement.lost.len()).unwrap_or(i32::MAX),
         updated_number_scheduled: obs.rollout.map_or(0, |r| r.updated_nodes),
         rollout: obs.rollout.cloned().or_else(|| obs.previous.rollout.clone()),
+        last_exit: newer_exit.cloned().or_else(|| obs.previous.last_exit.clone()),
         conditions,
     };
 
@@ -340,7 +351,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             reason: k.reason,
             message: k.message.clone(),
         });
-    Outcome { status, event, kernel_event }
+    Outcome { status, event, kernel_event, exit_event }
 }
 
 /// The Degraded condition: a refused spec, then a refused image, then a conflict, then pods
@@ -567,6 +578,7 @@ mod tests {
             message: format!("{attached} of {desired}"),
             unreported: 0,
             settled: true,
+            last_exit: None,
         }
     }
 
@@ -1029,6 +1041,45 @@ mod tests {
         // The count never exceeds the desired nodes.
         run.kernel = kernel(5, 2, "KernelAttached");
         assert_eq!(run.step(Some(&ds(1, 1, 2, 2, 2)), &p).status.kernel_attached, 2);
+    }
+
+    #[test]
+    fn an_ejection_is_kept_in_the_status_and_recorded_once() {
+        use crate::api::KernelExit;
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let exit = |node: &str, time: &str, ejected: bool| KernelExit {
+            node: node.into(),
+            ops: "lavd".into(),
+            reason: if ejected { "runnable task stall" } else { "unregistered from user space" }.into(),
+            detail: if ejected { "kworker/0:1[12] failed to run for 2.1s" } else { "" }.into(),
+            time: time.into(),
+            ejected,
+        };
+        let mut run = Run::new();
+        run.kernel = KernelSummary {
+            last_exit: Some(exit("n1", "2026-12-01T00:00:01.000Z", true)),
+            ..kernel(0, 1, "NotAttached")
+        };
+        let out = run.step(Some(&ds(1, 1, 1, 1, 0)), &p);
+        let ev = out.exit_event.as_ref().map(|e| (e.kind, e.reason.as_str()));
+        assert_eq!(ev, Some((EventKind::Warning, "KernelEjected")));
+        let message = &out.exit_event.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+        assert!(
+            message.starts_with("Node n1: the kernel ejected lavd") && message.contains("runnable task stall: kworker"),
+            "{message}"
+        );
+        assert_eq!(out.status.last_exit.as_ref().map(|e| e.reason.as_str()), Some("runnable task stall"));
+        // The same exit again (a heartbeat, or a new leader hearing it): no second event.
+        assert_eq!(run.step(Some(&ds(1, 1, 1, 1, 0)), &p).exit_event, None);
+        // An older exit of another node does not replace the newer one.
+        run.kernel.last_exit = Some(exit("n0", "2026-12-01T00:00:00.500Z", true));
+        let out = run.step(Some(&ds(1, 1, 1, 1, 0)), &p);
+        assert_eq!((out.exit_event, out.status.last_exit.map(|e| e.node)), (None, Some("n1".into())));
+        // A normal unregistration is kept, and is no ejection.
+        run.kernel.last_exit = Some(exit("n1", "2026-12-01T00:00:09.000Z", false));
+        let out = run.step(Some(&ds(1, 1, 1, 1, 0)), &p);
+        assert_eq!(out.exit_event, None);
+        assert_eq!(out.status.last_exit.map(|e| e.ejected), Some(false));
     }
 
     #[test]

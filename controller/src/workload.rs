@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext,
-    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -252,16 +252,14 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
                 ..VolumeMount::default()
             },
         ]),
-        // Reading another container's /proc/<pid>/fdinfo and listing BPF objects need these (the
-        // agent drops every other capability before it starts).
+        // Privileged for one thing: opening /dev/kmsg, which a container's device cgroup allows
+        // only to privileged containers. At start the agent drops every capability but the three
+        // it uses (CAP_SYS_ADMIN to list BPF objects, CAP_SYS_PTRACE for the scheduler's
+        // /proc/<pid>/fdinfo, CAP_SYSLOG for the kernel log), before it starts any thread.
         security_context: Some(SecurityContext {
+            privileged: Some(true),
             run_as_user: Some(0),
             read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                add: Some(vec!["SYS_ADMIN".into(), "SYS_PTRACE".into()]),
-                drop: Some(vec!["ALL".into()]),
-            }),
             ..SecurityContext::default()
         }),
         ..Container::default()

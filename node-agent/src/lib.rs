@@ -5,10 +5,12 @@
 //! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
 //! - [`observation`] is one look at the node (what was read, the verdict, why);
 //! - [`uevent`] parses kernel uevents; [`observe`] re-reads on each one and polls as a fallback;
+//! - [`kmsg`] follows the kernel log for why a scheduler left the kernel;
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`.
 
 pub mod http;
+pub mod kmsg;
 pub mod metrics;
 pub mod observation;
 pub mod observe;

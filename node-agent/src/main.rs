@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
+use sked_agent::kmsg;
 use sked_agent::metrics::Metrics;
 use sked_agent::observe::Observer;
 use sked_agent::owner::Capabilities;
@@ -45,6 +46,10 @@ struct Cli {
     /// Re-read the kernel state this often, uevents or not.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     poll_interval: Duration,
+    /// The kernel log, read from its end for why schedulers leave the kernel (needs
+    /// CAP_SYSLOG where kernel.dmesg_restrict is set). Empty: not read.
+    #[arg(long, default_value = "/dev/kmsg")]
+    kernel_log: PathBuf,
     /// Listen for kernel uevents (effective in the host's network namespace).
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     uevents: bool,
@@ -115,7 +120,18 @@ async fn run(cli: Cli) -> ExitCode {
     info!(node = %cli.node_name, scheduler = %cli.scheduler, verdict = first.verdict.as_str(), reason = %first.reason, "sked-agent started");
     let (tx, rx) = watch::channel(first);
 
-    tokio::spawn(observer.run(tx, metrics.clone(), cli.poll_interval, cli.uevents));
+    let (exits_tx, exits_rx) = watch::channel(None);
+    if !cli.kernel_log.as_os_str().is_empty() {
+        match kmsg::open(&cli.kernel_log) {
+            Ok(file) => {
+                tokio::spawn(kmsg::follow(file, exits_tx, metrics.clone()));
+            }
+            Err(e) => {
+                warn!(err = %e, path = %cli.kernel_log.display(), "cannot read the kernel log: the reasons schedulers leave the kernel are not reported (the agent needs /dev/kmsg and CAP_SYSLOG)")
+            }
+        }
+    }
+    tokio::spawn(observer.run(tx, exits_rx, metrics.clone(), cli.poll_interval, cli.uevents));
     if let Some(address) = cli.controller_address.clone() {
         let cfg = ReporterConfig {
             address,

@@ -1,5 +1,8 @@
 //! Prometheus metrics of the agent, served on `/metrics`.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -19,7 +22,14 @@ pub struct Metrics {
     attached: Gauge,
     enable_seq: Gauge,
     nr_rejected: Gauge,
-    events: Family<Labels, Gauge>,
+    hotplug_seq: Gauge,
+    switch_all: Gauge,
+    events: Family<Labels, Counter>,
+    /// Per (ops, event): the enable it was last read under and its value then, so the exported
+    /// counters keep growing across a scheduler unloading and its counters starting again.
+    events_seen: Mutex<HashMap<(String, String), (Option<u64>, u64)>>,
+    exits: Family<Labels, Counter>,
+    pub kernel_log_followed: Gauge,
     capability_missing: Family<Labels, Gauge>,
     pub stream_connected: Gauge,
     pub reports_sent: Counter,
@@ -42,7 +52,12 @@ impl Metrics {
             attached: Gauge::default(),
             enable_seq: Gauge::default(),
             nr_rejected: Gauge::default(),
+            hotplug_seq: Gauge::default(),
+            switch_all: Gauge::default(),
             events: Family::default(),
+            events_seen: Mutex::default(),
+            exits: Family::default(),
+            kernel_log_followed: Gauge::default(),
             capability_missing: Family::default(),
             stream_connected: Gauge::default(),
             reports_sent: Counter::default(),
@@ -58,8 +73,36 @@ impl Metrics {
             "Times a sched_ext scheduler was enabled since boot",
             m.enable_seq.clone(),
         );
-        registry.register("sched_ext_nr_rejected", "Tasks sched_ext rejected", m.nr_rejected.clone());
-        registry.register("sched_ext_events", "Counters of root/events of the attached scheduler", m.events.clone());
+        registry.register(
+            "sched_ext_nr_rejected",
+            "Tasks sent back to the default scheduler because the BPF scheduler disallowed them (nr_rejected)",
+            m.nr_rejected.clone(),
+        );
+        registry.register(
+            "sched_ext_hotplug_seq",
+            "CPU hotplug events seen by sched_ext since boot (hotplug_seq)",
+            m.hotplug_seq.clone(),
+        );
+        registry.register(
+            "sched_ext_switch_all",
+            "1 when the BPF scheduler runs every task, 0 when only tasks that opted in (switch_all)",
+            m.switch_all.clone(),
+        );
+        registry.register(
+            "sched_ext_events",
+            "root/events counters of the attached scheduler, by event (SCX_EV_ prefix removed) and ops name; kept growing across unloads",
+            m.events.clone(),
+        );
+        registry.register(
+            "sched_ext_exits",
+            "Times the kernel disabled a BPF scheduler on this node since the agent started, by the kernel's reason",
+            m.exits.clone(),
+        );
+        registry.register(
+            "kernel_log_followed",
+            "1 while the agent reads the kernel log (/dev/kmsg) for the reasons of exits",
+            m.kernel_log_followed.clone(),
+        );
         registry.register(
             "capability_missing",
             "1 for each capability the owner check needs and the agent lacks (CAP_SYS_ADMIN, CAP_SYS_PTRACE)",
@@ -97,12 +140,25 @@ impl Metrics {
         self.attached.set(i64::from(o.verdict == Verdict::Attached));
         self.enable_seq.set(o.read.enable_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
         self.nr_rejected.set(o.read.nr_rejected.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
-        self.events.clear();
+        self.hotplug_seq.set(o.read.hotplug_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
+        self.switch_all.set(i64::from(o.read.switch_all.unwrap_or(false)));
+        let Some(ops) = &o.read.ops else { return };
+        let mut seen = self.events_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (name, value) in &o.read.events {
+            let event = name.strip_prefix("SCX_EV_").unwrap_or(name);
+            let key = (ops.clone(), event.to_owned());
+            let grown = counter_growth(seen.get(&key).copied(), o.read.enable_seq, *value);
+            seen.insert(key, (o.read.enable_seq, *value));
+            // Created at zero too, so a counter exists before its first event.
             self.events
-                .get_or_create(&vec![("event".into(), name.clone())])
-                .set(i64::try_from(*value).unwrap_or(i64::MAX));
+                .get_or_create(&vec![("event".into(), event.to_owned()), ("ops".into(), ops.clone())])
+                .inc_by(grown);
         }
+    }
+
+    /// Counts an exit the kernel logged, by its reason.
+    pub fn exit(&self, reason: &str) {
+        self.exits.get_or_create(&vec![("reason".into(), reason.to_owned())]).inc();
     }
 
     /// The Prometheus text exposition.
@@ -110,5 +166,70 @@ impl Metrics {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// How much a kernel counter grew since the last read (`last`: the enable it was read under and
+/// its value). Under a new enable the counter started again from zero: all of it is new.
+fn counter_growth(last: Option<(Option<u64>, u64)>, enable_seq: Option<u64>, value: u64) -> u64 {
+    match last {
+        Some((seq, before)) if seq == enable_seq && value >= before => value - before,
+        _ => value,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sysfs::{KernelRead, SchedState};
+    use std::collections::BTreeMap;
+
+    fn observation(ops: &str, enable_seq: u64, events: &[(&str, u64)]) -> Observation {
+        Observation {
+            read: KernelRead {
+                supported: true,
+                state: SchedState::Enabled,
+                ops: Some(ops.into()),
+                enable_seq: Some(enable_seq),
+                switch_all: Some(true),
+                nr_rejected: Some(0),
+                hotplug_seq: Some(3),
+                events: events.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<BTreeMap<_, _>>(),
+                problems: Vec::new(),
+            },
+            verdict: Verdict::Attached,
+            reason: String::new(),
+            last_exit: None,
+        }
+    }
+
+    fn value(text: &str, series: &str) -> Option<u64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    #[test]
+    fn event_counters_keep_growing_across_an_unload() {
+        let m = Metrics::new();
+        let series = "sked_agent_sched_ext_events_total{event=\"BYPASS_DURATION\",ops=\"lavd\"}";
+        m.observe(&observation("lavd", 1, &[("SCX_EV_BYPASS_DURATION", 40)]));
+        m.observe(&observation("lavd", 1, &[("SCX_EV_BYPASS_DURATION", 100)]));
+        assert_eq!(value(&m.encode(), series), Some(100));
+        // Unloaded, loaded again: its counters start from zero and have grown to 30 already.
+        m.observe(&observation("lavd", 2, &[("SCX_EV_BYPASS_DURATION", 30)]));
+        assert_eq!(value(&m.encode(), series), Some(130));
+        // A smaller value under the same enable (a reset the agent did not see): counted whole.
+        m.observe(&observation("lavd", 2, &[("SCX_EV_BYPASS_DURATION", 5)]));
+        assert_eq!(value(&m.encode(), series), Some(135));
+        let text = m.encode();
+        assert_eq!(value(&text, "sked_agent_sched_ext_hotplug_seq"), Some(3));
+        assert_eq!(value(&text, "sked_agent_sched_ext_switch_all"), Some(1));
+    }
+
+    #[test]
+    fn exits_are_counted_by_reason() {
+        let m = Metrics::new();
+        m.exit("runnable task stall");
+        m.exit("runnable task stall");
+        assert_eq!(value(&m.encode(), "sked_agent_sched_ext_exits_total{reason=\"runnable task stall\"}"), Some(2));
     }
 }

@@ -1,5 +1,6 @@
 //! One look at the node: what was read, and what the agent concluded from it.
 
+use crate::kmsg::Exit;
 use crate::sysfs::KernelRead;
 use crate::verdict::Verdict;
 
@@ -9,6 +10,8 @@ pub struct Observation {
     pub read: KernelRead,
     pub verdict: Verdict,
     pub reason: String,
+    /// The node's last exit, from the kernel log.
+    pub last_exit: Option<Exit>,
 }
 
 impl Observation {
@@ -23,5 +26,6 @@ impl Observation {
             || self.read.ops != other.read.ops
             || self.read.enable_seq != other.read.enable_seq
             || self.reason != other.reason
+            || self.last_exit != other.last_exit
     }
 }

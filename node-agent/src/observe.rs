@@ -8,6 +8,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::kmsg::Exit;
 use crate::metrics::Metrics;
 use crate::observation::Observation;
 use crate::owner::{self, LinkMemory, Owner};
@@ -49,7 +50,7 @@ impl Observer {
             Owner::NotOurs
         };
         let (verdict, reason) = verdict::decide(&read, self.expected_ops.as_deref(), &owner);
-        Observation { read, verdict, reason }
+        Observation { read, verdict, reason, last_exit: None }
     }
 
     /// `found`, unless it is a link of the pod that made an earlier enable than the current one
@@ -65,8 +66,15 @@ impl Observer {
 
     /// Observes for as long as the task runs, publishing changes on `tx`. Uses kernel uevents when the
     /// socket can be opened (it only receives them in the host's network namespace) and polls
-    /// every `poll` in any case.
-    pub async fn run(self, tx: watch::Sender<Observation>, metrics: Arc<Metrics>, poll: Duration, uevents: bool) {
+    /// every `poll` in any case. Each exit the kernel log tells of (`exits`) is a change too.
+    pub async fn run(
+        self,
+        tx: watch::Sender<Observation>,
+        mut exits: watch::Receiver<Option<Exit>>,
+        metrics: Arc<Metrics>,
+        poll: Duration,
+        uevents: bool,
+    ) {
         let socket = if uevents {
             // SAFETY: the AsyncFd owns the OwnedFd, which stays open and unchanged until it drops.
             let registered = uevent::subscribe()
@@ -87,6 +95,7 @@ impl Observer {
             let trigger = match &socket {
                 Some(fd) => tokio::select! {
                     _ = tick.tick() => "poll",
+                    Ok(()) = exits.changed() => "kmsg",
                     ready = fd.readable() => {
                         match ready {
                             Ok(mut guard) => {
@@ -99,12 +108,13 @@ impl Observer {
                         }
                     }
                 },
-                None => {
-                    tick.tick().await;
-                    "poll"
-                }
+                None => tokio::select! {
+                    _ = tick.tick() => "poll",
+                    Ok(()) = exits.changed() => "kmsg",
+                },
             };
-            let o = self.observe();
+            let mut o = self.observe();
+            o.last_exit = exits.borrow_and_update().clone();
             metrics.observe(&o);
             let changed = tx.send_if_modified(|current| {
                 let differs = o.differs_from(current);
@@ -112,7 +122,8 @@ impl Observer {
                 differs
             });
             if changed {
-                info!(trigger, verdict = o.verdict.as_str(), state = o.state_name(), ops = o.read.ops.as_deref().unwrap_or(""), reason = %o.reason, "kernel state changed");
+                let exit = o.last_exit.as_ref().map_or("", |e| e.reason.as_str());
+                info!(trigger, verdict = o.verdict.as_str(), state = o.state_name(), ops = o.read.ops.as_deref().unwrap_or(""), reason = %o.reason, last_exit = exit, "kernel state changed");
             }
         }
     }

@@ -1,13 +1,13 @@
 //! The agent keeps only the capabilities it uses. The pod grants more (the template stays as it
 //! is, so running schedulers are not restarted for it); the process drops the rest at start,
-//! before any other thread exists, so every thread runs with the two it needs:
-//! CAP_SYS_ADMIN (walking BPF map ids) and CAP_SYS_PTRACE (reading the scheduler container's
-//! `/proc/<pid>/fdinfo`).
+//! before any other thread exists, so every thread runs with the three it needs:
+//! CAP_SYS_ADMIN (walking BPF map ids), CAP_SYS_PTRACE (reading the scheduler container's
+//! `/proc/<pid>/fdinfo`) and CAP_SYSLOG (reading `/dev/kmsg` where `kernel.dmesg_restrict` is set).
 
 use caps::{CapSet, Capability, CapsHashSet};
 
 /// The capabilities the agent uses.
-pub const USED: [Capability; 2] = [Capability::CAP_SYS_ADMIN, Capability::CAP_SYS_PTRACE];
+pub const USED: [Capability; 3] = [Capability::CAP_SYS_ADMIN, Capability::CAP_SYS_PTRACE, Capability::CAP_SYSLOG];
 
 /// Drops every capability but [`USED`] from this thread's effective, permitted, inheritable and
 /// ambient sets. Call it before starting threads: they inherit the result. Returns the names

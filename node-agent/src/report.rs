@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sked_proto::v1::reports_client::ReportsClient;
-use sked_proto::{KernelState, Report};
+use sked_proto::{KernelExit, KernelState, Report};
 use tokio::sync::watch;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
@@ -59,6 +59,14 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64) -> Report {
         reason: o.reason.clone(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         sequence,
+        last_exit: o.last_exit.as_ref().map(|e| KernelExit {
+            ops: e.ops.clone(),
+            reason: e.reason.clone(),
+            detail: e.detail.clone(),
+            time_unix_ms: e.at_ms,
+            sequence: e.seq,
+            ejected: e.ejected,
+        }),
     }
 }
 

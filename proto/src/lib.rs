@@ -14,7 +14,7 @@ pub mod v1 {
 pub mod contract;
 pub mod text;
 
-pub use v1::{Ack, KernelState, Report, Verdict};
+pub use v1::{Ack, KernelExit, KernelState, Report, Verdict};
 
 impl Verdict {
     /// The verdict's name as users read it (logs, `/readyz`, metric labels).

@@ -6,6 +6,8 @@
 pub const MAX_REASON_CHARS: usize = 256;
 /// Most characters kept of an ops name or a state read from sysfs.
 pub const MAX_NAME_CHARS: usize = 128;
+/// Most characters kept of the kernel's reason for an exit ("runnable task stall").
+pub const MAX_EXIT_REASON_CHARS: usize = 128;
 
 /// `text` with every control or unprintable character escaped (`\u{0}`, `\u{1b}`, `\u{fffd}` for
 /// invalid UTF-8 read lossily), cut to `max` characters of output, with how much was cut.

@@ -202,8 +202,9 @@ async fn the_agent_keeps_only_the_capabilities_it_uses() -> Result<()> {
     a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
     s.fx.wait_scheduler(&s.name, "k-1 reported", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 1))
         .await?;
-    // CAP_SYS_PTRACE (19) and CAP_SYS_ADMIN (21), on every thread, nothing to hand on.
-    let used = format!("{:016x}", (1u64 << 19) | (1u64 << 21));
+    // CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21) and CAP_SYSLOG (34), on every thread, nothing to
+    // hand on.
+    let used = format!("{:016x}", (1u64 << 19) | (1u64 << 21) | (1u64 << 34));
     let tasks = std::fs::read_dir(format!("/proc/{}/task", a1.pid()))?;
     let mut threads = 0;
     for task in tasks {

@@ -934,6 +934,7 @@ fn report(id: &AgentIdentity, verdict: Verdict, sequence: u64) -> Report {
         reason: if attached { String::new() } else { "no scheduler attached".into() },
         agent_version: "bench".into(),
         sequence,
+        last_exit: None,
     }
 }
 

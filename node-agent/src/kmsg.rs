@@ -1,0 +1,372 @@
+//! Why a scheduler left the kernel, from the kernel log.
+//!
+//! sysfs forgets why a BPF scheduler was disabled; the kernel says it once, in its log:
+//!
+//! ```text
+//! sched_ext: BPF scheduler "sked_canary" disabled (runnable task stall)
+//! sched_ext: sked_canary: sked-stall[215] failed to run for 2.104s
+//! ```
+//!
+//! The first line names the ops and the reason (the kernel's words for the exit kind), the
+//! second, printed right after it for errors, the detail. [`parse_record`] reads one `/dev/kmsg`
+//! record, [`classify`] recognises sched_ext's lines, and [`Tracker`] folds them into the last
+//! [`Exit`] of the node. [`follow`] reads `/dev/kmsg` from where it is opened (older lines were
+//! reported by an earlier agent, or happened before any scheduler of this pod ran).
+
+use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+
+/// A detail line is taken when it comes within this many records of its `disabled` line
+/// (other CPUs may log in between).
+const DETAIL_WITHIN_RECORDS: u64 = 16;
+/// Largest kmsg record (the kernel's own limit is 1 KiB of text plus the prefix and
+/// dictionary).
+const MAX_RECORD: usize = 8192;
+
+/// Reasons of exits that are not ejections: the scheduler's own user space unregistered it (its
+/// process ended or closed the link: a rollout, a deleted pod) or, for a sub-scheduler, its
+/// parent went away.
+const NORMAL_EXITS: [&str; 2] = ["unregistered from user space", "parent exiting"];
+
+/// One `/dev/kmsg` record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The record's sequence number (per boot).
+    pub seq: u64,
+    /// Microseconds since boot when it was logged.
+    pub micros: u64,
+    /// The message, without the continuation (dictionary) lines.
+    pub text: String,
+}
+
+/// Parses one record as `read(2)` on `/dev/kmsg` returns it: `PRI,SEQ,USEC,FLAGS[,...];TEXT`,
+/// then optional ` KEY=VALUE` continuation lines. `None` for anything else.
+pub fn parse_record(raw: &[u8]) -> Option<Record> {
+    let text = String::from_utf8_lossy(raw);
+    let (prefix, message) = text.split_once(';')?;
+    let mut fields = prefix.split(',');
+    fields.next()?.parse::<u32>().ok()?;
+    let seq = fields.next()?.parse().ok()?;
+    let micros = fields.next()?.parse().ok()?;
+    let message = message.split('\n').next().unwrap_or_default();
+    Some(Record { seq, micros, text: message.to_owned() })
+}
+
+/// A kernel log line of sched_ext.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Line<'a> {
+    /// `sched_ext: BPF scheduler "OPS" enabled`
+    Enabled { ops: &'a str },
+    /// `sched_ext: BPF scheduler "OPS" disabled (REASON)`
+    Disabled { ops: &'a str, reason: &'a str },
+    /// `sched_ext: OPS: TEXT`, the detail the kernel prints after an error exit.
+    Detail { ops: &'a str, text: &'a str },
+}
+
+/// Recognises a sched_ext line; `None` for every other line of the log.
+pub fn classify(text: &str) -> Option<Line<'_>> {
+    let rest = text.strip_prefix("sched_ext: ")?;
+    if let Some(named) = rest.strip_prefix("BPF scheduler \"") {
+        // Ops names are letters, digits, '_' and '.' (the kernel refuses others).
+        let (ops, tail) = named.split_once("\" ")?;
+        if tail == "enabled" {
+            return Some(Line::Enabled { ops });
+        }
+        let reason = tail.strip_prefix("disabled (")?.strip_suffix(')')?;
+        return Some(Line::Disabled { ops, reason });
+    }
+    let (ops, text) = rest.split_once(": ")?;
+    // An ops name is one word; anything else is another sched_ext message.
+    (!ops.is_empty() && !ops.contains(char::is_whitespace)).then_some(Line::Detail { ops, text })
+}
+
+/// The last exit of a scheduler on this node, escaped and capped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub ops: String,
+    /// The kernel's reason, e.g. `runnable task stall`, `disabled by sysrq-S`.
+    pub reason: String,
+    /// The kernel's detail line, e.g. which task failed to run and for how long ("" if none).
+    pub detail: String,
+    /// When the kernel logged it, in milliseconds since the epoch.
+    pub at_ms: i64,
+    /// The record's sequence number: with `at_ms`, tells one exit from the next.
+    pub seq: u64,
+    /// Whether the kernel threw the scheduler out (error, stall, SysRq-S, the scheduler's own
+    /// exit) rather than its user space unregistering it.
+    pub ejected: bool,
+}
+
+/// Whether an exit with the kernel's `reason` is an ejection (see [`Exit::ejected`]).
+pub fn is_ejection(reason: &str) -> bool {
+    !NORMAL_EXITS.contains(&reason)
+}
+
+/// Folds sched_ext's log lines into the node's last exit.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    last: Option<Exit>,
+}
+
+impl Tracker {
+    /// Takes one record logged at `at_ms`. Returns the reason of a new exit (for counting), and
+    /// whether the last exit changed (a new one, or its detail).
+    pub fn feed(&mut self, record: &Record, at_ms: i64) -> (Option<&str>, bool) {
+        match classify(&record.text) {
+            Some(Line::Disabled { ops, reason }) => {
+                let exit = self.last.insert(Exit {
+                    ops: escape_and_cap(ops, MAX_NAME_CHARS),
+                    reason: escape_and_cap(reason, MAX_EXIT_REASON_CHARS),
+                    detail: String::new(),
+                    at_ms,
+                    seq: record.seq,
+                    ejected: is_ejection(reason),
+                });
+                (Some(exit.reason.as_str()), true)
+            }
+            Some(Line::Detail { ops, text }) => {
+                let Some(exit) = self.last.as_mut() else { return (None, false) };
+                let fits = exit.detail.is_empty()
+                    && record.seq > exit.seq
+                    && record.seq - exit.seq <= DETAIL_WITHIN_RECORDS
+                    && exit.ops == escape_and_cap(ops, MAX_NAME_CHARS);
+                if fits {
+                    exit.detail = escape_and_cap(text, MAX_REASON_CHARS);
+                }
+                (None, fits)
+            }
+            Some(Line::Enabled { .. }) | None => (None, false),
+        }
+    }
+
+    pub fn last(&self) -> Option<&Exit> {
+        self.last.as_ref()
+    }
+}
+
+/// Milliseconds since the epoch of a record logged `micros` after boot: now, less how long ago
+/// that was on the kernel's clock.
+pub fn wall_ms(micros: u64) -> i64 {
+    let now_ms = jiff::Timestamp::now().as_millisecond();
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return now_ms;
+    }
+    let since_boot_ms = i64::from(ts.tv_sec).saturating_mul(1000) + i64::from(ts.tv_nsec) / 1_000_000;
+    let logged_ms = i64::try_from(micros / 1000).unwrap_or(i64::MAX);
+    now_ms - since_boot_ms.saturating_sub(logged_ms).max(0)
+}
+
+/// Opens the kernel log at its end, for [`follow`].
+pub fn open(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::io::Seek as _;
+    let mut file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
+    file.seek(std::io::SeekFrom::End(0))?;
+    Ok(file)
+}
+
+/// Follows the kernel log for as long as the task runs, publishing the node's last exit on
+/// `tx` and counting exits in `metrics`.
+pub async fn follow(file: std::fs::File, tx: watch::Sender<Option<Exit>>, metrics: Arc<Metrics>) {
+    // SAFETY: the AsyncFd owns the file, which stays open and unchanged until it drops.
+    let fd = match unsafe { AsyncFd::register(file) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(err = %e, "cannot watch the kernel log; exits are not reported");
+            return;
+        }
+    };
+    metrics.kernel_log_followed.set(1);
+    let mut tracker = Tracker::default();
+    let mut buf = vec![0u8; MAX_RECORD];
+    loop {
+        let mut guard = match fd.readable().await {
+            Ok(guard) => guard,
+            Err(e) => {
+                warn!(err = %e, "the kernel log stopped; exits are no longer reported");
+                metrics.kernel_log_followed.set(0);
+                return;
+            }
+        };
+        let mut changed = false;
+        loop {
+            match guard.get_inner().read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let Some(record) = buf.get(..n).and_then(parse_record) else { continue };
+                    let (new_exit, updated) = tracker.feed(&record, wall_ms(record.micros));
+                    if let Some(reason) = new_exit {
+                        metrics.exit(reason);
+                    }
+                    changed |= updated;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    guard.clear_ready();
+                    break;
+                }
+                // Records were overwritten before this reader got to them; carry on.
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(e) => {
+                    warn!(err = %e, "reading the kernel log failed; exits are no longer reported");
+                    metrics.kernel_log_followed.set(0);
+                    return;
+                }
+            }
+        }
+        if changed && let Some(exit) = tracker.last() {
+            info!(ops = %exit.ops, reason = %exit.reason, detail = %exit.detail, ejected = exit.ejected, "the kernel disabled a sched_ext scheduler");
+            tx.send_replace(Some(exit.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records as the Debian 7.2 cloud kernel wrote them in the VM (`make test-kernel`).
+    const SYSRQ: [&[u8]; 3] = [
+        b"6,812,41234567,-;sched_ext: BPF scheduler \"sked_canary\" enabled",
+        b"6,813,42001234,-;sysrq: Disable sched_ext and revert all tasks to CFS",
+        b"6,814,42001300,-;sched_ext: BPF scheduler \"sked_canary\" disabled (disabled by sysrq-S)",
+    ];
+    const STALL: [&[u8]; 3] = [
+        b"3,901,51000000,-;sched_ext: BPF scheduler \"sked_canary\" disabled (runnable task stall)",
+        b"3,902,51000010,-;sched_ext: sked_canary: sked-stall[215] failed to run for 2.104s",
+        b"4,903,51000020,c;  scx_watchdog_workfn+0x15c/0x1e0\n SUBSYSTEM=cpu\n DEVICE=+cpu:0",
+    ];
+
+    fn feed_all(t: &mut Tracker, records: &[&[u8]]) -> Vec<String> {
+        let mut reasons = Vec::new();
+        for raw in records {
+            let record = parse_record(raw).expect("a kmsg record");
+            if let (Some(reason), _) = t.feed(&record, 1_000) {
+                reasons.push(reason.to_owned());
+            }
+        }
+        reasons
+    }
+
+    #[test]
+    fn records_are_split_into_sequence_time_and_text() {
+        let r = parse_record(b"6,814,42001300,-;hello; world\n KEY=value").unwrap();
+        assert_eq!(r, Record { seq: 814, micros: 42_001_300, text: "hello; world".into() });
+        assert_eq!(parse_record(b"no prefix"), None);
+        assert_eq!(parse_record(b"x,1,2,-;text"), None);
+        assert_eq!(parse_record(b"6,1;text"), None);
+    }
+
+    #[test]
+    fn sched_ext_lines_are_recognised() {
+        assert_eq!(
+            classify("sched_ext: BPF scheduler \"rusty_1.0.0\" disabled (scx_bpf_error)"),
+            Some(Line::Disabled { ops: "rusty_1.0.0", reason: "scx_bpf_error" })
+        );
+        assert_eq!(classify("sched_ext: BPF scheduler \"a\" enabled"), Some(Line::Enabled { ops: "a" }));
+        assert_eq!(classify("sched_ext: a: it failed"), Some(Line::Detail { ops: "a", text: "it failed" }));
+        assert_eq!(classify("sched_ext: ops.init() failed: -12"), None, "not a detail: two words before ':'");
+        assert_eq!(classify("sysrq: Disable sched_ext and revert all tasks to CFS"), None);
+        assert_eq!(classify("sched_ext: BPF scheduler \"a\" disabled"), None);
+    }
+
+    #[test]
+    fn sysrq_is_an_ejection_without_detail() {
+        let mut t = Tracker::default();
+        assert_eq!(feed_all(&mut t, &SYSRQ), vec!["disabled by sysrq-S"]);
+        let exit = t.last().unwrap();
+        assert_eq!((exit.ops.as_str(), exit.detail.as_str(), exit.seq, exit.ejected), ("sked_canary", "", 814, true));
+    }
+
+    #[test]
+    fn a_stall_keeps_the_kernel_detail() {
+        let mut t = Tracker::default();
+        assert_eq!(feed_all(&mut t, &STALL), vec!["runnable task stall"]);
+        let exit = t.last().unwrap();
+        assert_eq!(exit.reason, "runnable task stall");
+        assert_eq!(exit.detail, "sked-stall[215] failed to run for 2.104s");
+        assert!(exit.ejected);
+    }
+
+    #[test]
+    fn unregistration_is_not_an_ejection() {
+        let mut t = Tracker::default();
+        feed_all(
+            &mut t,
+            &[b"6,5,100,-;sched_ext: BPF scheduler \"sked_canary\" disabled (unregistered from user space)"],
+        );
+        assert!(!t.last().unwrap().ejected);
+        for reason in ["runtime error", "scx_bpf_error", "runnable task stall", "unregistered from BPF"] {
+            assert!(is_ejection(reason), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_detail_belongs_only_to_the_exit_just_before_it() {
+        let mut t = Tracker::default();
+        let far = b"3,100,1,-;sched_ext: BPF scheduler \"a\" disabled (runtime error)".as_slice();
+        feed_all(&mut t, &[far, b"3,200,2,-;sched_ext: a: too late".as_slice()]);
+        assert_eq!(t.last().unwrap().detail, "", "too many records later");
+        feed_all(&mut t, &[b"3,201,3,-;sched_ext: BPF scheduler \"a\" disabled (runtime error)".as_slice()]);
+        feed_all(&mut t, &[b"3,202,3,-;sched_ext: b: another scheduler".as_slice()]);
+        assert_eq!(t.last().unwrap().detail, "", "another ops name");
+        feed_all(&mut t, &[b"3,203,3,-;sched_ext: a: first".as_slice(), b"3,204,3,-;sched_ext: a: second".as_slice()]);
+        assert_eq!(t.last().unwrap().detail, "first", "only the first detail line");
+        let mut fresh = Tracker::default();
+        feed_all(&mut fresh, &[b"3,1,1,-;sched_ext: a: no exit yet".as_slice()]);
+        assert_eq!(fresh.last(), None);
+    }
+
+    #[test]
+    fn node_text_is_escaped_and_capped() {
+        let mut t = Tracker::default();
+        let long = format!("3,1,1,-;sched_ext: BPF scheduler \"a\x1b[31m\" disabled ({})", "x".repeat(10_000));
+        feed_all(&mut t, &[long.as_bytes()]);
+        let exit = t.last().unwrap();
+        assert_eq!(exit.ops, "a\\u{1b}[31m");
+        assert!(exit.reason.chars().count() < MAX_EXIT_REASON_CHARS + 40, "{}", exit.reason.len());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_parse_without_panic_and_stay_capped(records in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..8)) {
+            let mut t = Tracker::default();
+            for raw in &records {
+                if let Some(record) = parse_record(raw) {
+                    let _ = t.feed(&record, 0);
+                }
+            }
+            if let Some(exit) = t.last() {
+                proptest::prop_assert!(exit.reason.chars().count() <= MAX_EXIT_REASON_CHARS + 40);
+                proptest::prop_assert!(exit.detail.chars().count() <= MAX_REASON_CHARS + 40);
+            }
+        }
+
+        #[test]
+        fn any_disabled_line_is_an_exit(ops in "[a-z_0-9.]{1,40}", reason in "[ -~]{0,60}", seq in 0u64..1_000_000) {
+            let raw = format!("3,{seq},1,-;sched_ext: BPF scheduler \"{ops}\" disabled ({reason})");
+            let mut t = Tracker::default();
+            let record = parse_record(raw.as_bytes()).unwrap();
+            proptest::prop_assert_eq!(t.feed(&record, 7).0, Some(reason.as_str()));
+            proptest::prop_assert_eq!(t.last().map(|e| (e.ops.as_str(), e.seq)), Some((ops.as_str(), seq)));
+        }
+    }
+
+    #[test]
+    fn wall_time_is_now_less_the_age_of_the_record() {
+        let now = jiff::Timestamp::now().as_millisecond();
+        // Logged at boot: at least as long ago as the machine is up, never in the future.
+        assert!(wall_ms(0) <= now);
+        assert!(wall_ms(u64::MAX) >= now - 1_000);
+    }
+}
