@@ -22,10 +22,10 @@ type Labels = Vec<(String, String)>;
 /// Counters of the reports server, kept by it and exported here.
 #[derive(Debug, Default)]
 pub struct ReportStats {
-    pub accepted_streams: AtomicU64,
-    pub refused_streams: AtomicU64,
+    pub accepted_streams: Counter,
+    pub refused_streams: Counter,
     pub open_streams: AtomicU64,
-    pub reports: AtomicU64,
+    pub reports: Counter,
     /// Refused streams by reason.
     refusals: Family<Labels, Counter>,
     /// TokenReviews sent to the API server (cached results are not counted).
@@ -35,7 +35,7 @@ pub struct ReportStats {
 impl ReportStats {
     /// Counts a refused stream and why.
     pub fn refused(&self, reason: &'static str) {
-        self.refused_streams.fetch_add(1, Ordering::Relaxed);
+        self.refused_streams.inc();
         self.refusals.get_or_create(&vec![("reason".into(), reason.into())]).inc();
     }
 
@@ -54,9 +54,6 @@ pub struct Metrics {
     conflicting_nodes: Family<Labels, Gauge>,
     leader: Gauge,
     agents_connected: Gauge,
-    report_streams_accepted: Gauge,
-    report_streams_refused: Gauge,
-    reports_received: Gauge,
     verifications: Family<Labels, Counter>,
     policy_reloads: Family<Labels, Counter>,
     rollbacks: Family<Labels, Counter>,
@@ -72,9 +69,6 @@ impl Metrics {
         let conflicting_nodes = Family::<Labels, Gauge>::default();
         let leader = Gauge::default();
         let agents_connected = Gauge::default();
-        let report_streams_accepted = Gauge::default();
-        let report_streams_refused = Gauge::default();
-        let reports_received = Gauge::default();
         let verifications = Family::<Labels, Counter>::default();
         let policy_reloads = Family::<Labels, Counter>::default();
         let rollbacks = Family::<Labels, Counter>::default();
@@ -91,14 +85,14 @@ impl Metrics {
         registry.register(
             "report_streams_accepted",
             "Agent report streams accepted since start",
-            report_streams_accepted.clone(),
+            report_stats.accepted_streams.clone(),
         );
         registry.register(
             "report_streams_refused",
             "Agent report streams refused (bad token, wrong node) since start",
-            report_streams_refused.clone(),
+            report_stats.refused_streams.clone(),
         );
-        registry.register("reports_received", "Agent reports received since start", reports_received.clone());
+        registry.register("reports_received", "Agent reports received since start", report_stats.reports.clone());
         registry.register(
             "report_refusals",
             "Agent report streams refused, by reason (missing_token, token_rejected, not_agent, not_pod_bound, pod_gone, not_scheduler_pod, wrong_node, wrong_scheduler)",
@@ -128,9 +122,6 @@ impl Metrics {
             conflicting_nodes,
             leader,
             agents_connected,
-            report_streams_accepted,
-            report_streams_refused,
-            reports_received,
             verifications,
             policy_reloads,
             rollbacks,
@@ -185,9 +176,6 @@ impl Metrics {
         let stats = &self.report_stats;
         let get = |c: &std::sync::atomic::AtomicU64| i64::try_from(c.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
         self.agents_connected.set(get(&stats.open_streams));
-        self.report_streams_accepted.set(get(&stats.accepted_streams));
-        self.report_streams_refused.set(get(&stats.refused_streams));
-        self.reports_received.set(get(&stats.reports));
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
@@ -209,7 +197,14 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/metrics", get(|State(s): State<AppState>| async move { s.metrics.encode() }))
+        .route(
+            "/metrics",
+            get(|State(s): State<AppState>, headers: axum::http::HeaderMap| async move {
+                let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+                let (kind, body) = sked_logging::exposition::negotiate(accept, s.metrics.encode());
+                ([(axum::http::header::CONTENT_TYPE, kind)], body)
+            }),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",

@@ -415,7 +415,7 @@ impl Reports for ReportsService {
             .ok_or_else(|| self.0.refuse(Refusal::MissingToken, Status::unauthenticated("missing bearer token")))?;
         let caller = self.0.authenticate(&token).await?;
         let slot = self.0.open_slot(&caller.node)?;
-        self.0.stats.accepted_streams.fetch_add(1, Ordering::Relaxed);
+        self.0.stats.accepted_streams.inc();
         info!(node = %caller.node, pod = %caller.pod, scheduler = %caller.scheduler, "report stream accepted");
         let node = caller.node.clone();
 
@@ -458,7 +458,7 @@ impl Reports for ReportsService {
                     let _ = tx.send(Err(status)).await;
                     break;
                 }
-                service.stats.reports.fetch_add(1, Ordering::Relaxed);
+                service.stats.reports.inc();
                 let sequence = report.sequence;
                 let entry = node_report(&report, Instant::now());
                 for scheduler in service.table.record(&node, entry, service.stale_after) {

@@ -4,6 +4,8 @@
 
 use std::io::Write;
 
+pub mod exposition;
+
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber, span};

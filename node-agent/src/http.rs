@@ -32,9 +32,11 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, String) {
     (code, format!("{}: {}\n", o.verdict.as_str(), o.reason))
 }
 
-async fn metrics_text(State(s): State<AppState>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        s.metrics.encode(),
-    )
+async fn metrics_text(
+    State(s): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (kind, body) = sked_logging::exposition::negotiate(accept, s.metrics.encode());
+    ([(axum::http::header::CONTENT_TYPE, kind)], body)
 }

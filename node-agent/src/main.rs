@@ -49,7 +49,7 @@ struct Cli {
     /// The kernel log, read from its end for why schedulers leave the kernel (needs
     /// CAP_SYSLOG where kernel.dmesg_restrict is set). Empty: not read.
     #[arg(long, default_value = "/dev/kmsg")]
-    kernel_log: PathBuf,
+    kernel_log: String,
     /// Listen for kernel uevents (effective in the host's network namespace).
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     uevents: bool,
@@ -121,13 +121,13 @@ async fn run(cli: Cli) -> ExitCode {
     let (tx, rx) = watch::channel(first);
 
     let (exits_tx, exits_rx) = watch::channel(None);
-    if !cli.kernel_log.as_os_str().is_empty() {
-        match kmsg::open(&cli.kernel_log) {
+    if !cli.kernel_log.is_empty() {
+        match kmsg::open(std::path::Path::new(&cli.kernel_log)) {
             Ok(file) => {
                 tokio::spawn(kmsg::follow(file, exits_tx, metrics.clone()));
             }
             Err(e) => {
-                warn!(err = %e, path = %cli.kernel_log.display(), "cannot read the kernel log: the reasons schedulers leave the kernel are not reported (the agent needs /dev/kmsg and CAP_SYSLOG)")
+                warn!(err = %e, path = %cli.kernel_log, "cannot read the kernel log: the reasons schedulers leave the kernel are not reported (the agent needs /dev/kmsg and CAP_SYSLOG)")
             }
         }
     }

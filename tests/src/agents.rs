@@ -253,7 +253,7 @@ impl AgentProcess {
             .arg(spec.ca)
             .arg("--token-file")
             .arg(&token)
-            .args(["--listen-address", &http.to_string(), "--log-format", "text"])
+            .args(["--listen-address", &http.to_string(), "--log-format", "text", "--kernel-log="])
             .env_remove("SKED_EXPECTED_OPS")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log)?)

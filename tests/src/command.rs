@@ -10,3 +10,24 @@ pub fn run_command(cmd: &mut std::process::Command) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// Runs `promtool check metrics` on a Prometheus text exposition (an HTTP response's headers,
+/// if any, are skipped). Fails with promtool's findings: lint problems too, not only errors.
+pub fn promtool_check_metrics(exposition: &str) -> Result<()> {
+    use std::io::Write as _;
+    let body = exposition.split_once("\r\n\r\n").map_or(exposition, |(_, body)| body);
+    let mut child = std::process::Command::new(crate::cluster::tools_dir().join("promtool"))
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running promtool (built by `make tools`)")?;
+    child.stdin.take().context("promtool's stdin")?.write_all(body.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() || !said.trim().is_empty() {
+        bail!("promtool check metrics found problems:\n{said}\nin:\n{body}");
+    }
+    Ok(())
+}

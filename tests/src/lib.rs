@@ -20,7 +20,7 @@ pub mod vmlink;
 pub mod webhooks;
 
 pub use cluster::TestCluster;
-pub use command::run_command;
+pub use command::{promtool_check_metrics, run_command};
 pub use fixture::{DEADLINE, Fixture, event_counts, init_test_logging, shared_cluster, wait_for};
 pub use kubelet::{create_ready_node, finish_pod_deletions, wait_bound_pods};
 pub use objects::{

@@ -105,12 +105,15 @@ async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
         "sked_agent_sched_ext_state{state=\"enabled\"} 1",
         "sked_agent_verdict{verdict=\"Attached\"} 1",
         "sked_agent_sched_ext_enable_seq 1",
-        "sked_agent_sched_ext_events{event=\"SCX_EV_REFILL_SLICE_DFL\"} 42",
+        "sked_agent_sched_ext_events_total{event=\"REFILL_SLICE_DFL\",ops=\"rusty_1.0.0_x86_64_unknown_linux_gnu\"} 42",
         "sked_agent_report_stream_connected 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
     }
     assert!(metrics.contains("sked_agent_reports_sent_total"), "{metrics}");
+    // Both expositions follow Prometheus conventions (names, types, units, help).
+    sked_tests::promtool_check_metrics(&metrics)?;
+    sked_tests::promtool_check_metrics(&s.fx.scrape_metrics().await?)?;
 
     // k-2 detaches: back to 1/2 NotAttached, and its /readyz fails.
     a2.set_kernel("disabled", None, 1)?;
@@ -419,12 +422,8 @@ async fn streams_with_the_wrong_identity_are_refused_and_counted() -> Result<()>
     );
 
     let stats = &s.fx.report_stats;
-    assert_eq!(
-        stats.accepted_streams.load(Ordering::Relaxed),
-        3,
-        "the wrong-node and wrong-Scheduler streams were accepted, then cut"
-    );
-    assert_eq!(stats.refused_streams.load(Ordering::Relaxed), 10);
+    assert_eq!(stats.accepted_streams.get(), 3, "the wrong-node and wrong-Scheduler streams were accepted, then cut");
+    assert_eq!(stats.refused_streams.get(), 10);
     for (reason, count) in
         [("wrong_node", 1), ("wrong_scheduler", 1), ("not_agent", 1), ("not_pod_bound", 2), ("not_scheduler_pod", 1)]
     {
@@ -566,7 +565,7 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
     })
     .await?;
     assert_eq!(metric("sked_agent_report_stream_connected ")?, 0);
-    assert_eq!(stats.accepted_streams.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.accepted_streams.get(), 0);
 
     // It becomes the leader: the agent connects.
     leader_tx.send(true)?;
@@ -588,7 +587,7 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
         Ok((metric("sked_agent_report_stream_failures_total ")? > failures).then_some(()))
     })
     .await?;
-    assert_eq!(stats.accepted_streams.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.accepted_streams.get(), 1);
     let _ = stop_tx.send(());
     let _ = server.await;
     Ok(())
@@ -646,11 +645,9 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
     let writes = s.fx.apiserver_writes()?;
     let checks = s.fx.metric_total("sked_image_verifications_total").await?;
     let reconciles = s.fx.metric_total("sked_reconciles_total").await?;
-    let heard = s.fx.report_stats.reports.load(Ordering::Relaxed);
-    wait_for("a dozen more heartbeats", || async {
-        Ok((s.fx.report_stats.reports.load(Ordering::Relaxed) >= heard + 12).then_some(()))
-    })
-    .await?;
+    let heard = s.fx.report_stats.reports.get();
+    wait_for("a dozen more heartbeats", || async { Ok((s.fx.report_stats.reports.get() >= heard + 12).then_some(())) })
+        .await?;
     assert_eq!(s.fx.apiserver_writes()?, writes, "no write while idle");
     assert_eq!(s.fx.metric_total("sked_image_verifications_total").await?, checks, "no image check while idle");
     assert_eq!(

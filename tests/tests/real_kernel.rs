@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
@@ -157,7 +156,7 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
     assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("0/1"));
 
     // Attach the canary the way a scheduler pod does: a process holding the link.
-    let reports_before = s.fx.report_stats.reports.load(Ordering::Relaxed);
+    let reports_before = s.fx.report_stats.reports.get();
     let out = vm
         .run(
             "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o > /run/canary.out 2>&1 & echo $! > /run/canary.pid; \
@@ -167,7 +166,7 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
     let attached_at = Instant::now();
     let guest_attach = attach_time(&out).with_context(|| format!("loader output: {out}"))?;
     wait_for("the agent's report of the attach", || async {
-        Ok((s.fx.report_stats.reports.load(Ordering::Relaxed) > reports_before).then_some(()))
+        Ok((s.fx.report_stats.reports.get() > reports_before).then_some(()))
     })
     .await?;
     let to_report = attached_at.elapsed();
