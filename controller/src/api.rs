@@ -191,6 +191,10 @@ pub struct SchedulerStatus {
     /// Selected nodes this Scheduler lost to older Schedulers.
     #[serde(default)]
     pub conflicting_nodes: i32,
+    /// Nodes this Scheduler would own whose kernel has no sched_ext (labelled
+    /// `sked.schedkit.io/sched-ext=unsupported`): no pod runs there until their kernel changes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unsupported_nodes: i32,
     /// Nodes that run the revision of the current spec (the UP-TO-DATE column).
     #[serde(default)]
     pub updated_number_scheduled: i32,
@@ -476,4 +480,8 @@ mod tests {
         }
         assert_eq!(Reason::parse("SomethingElse"), None);
     }
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }

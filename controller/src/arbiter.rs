@@ -8,8 +8,23 @@
 //! [`assign`] computes an [`Assignment`] from scratch. [`Arbiter`] keeps the same answer up to
 //! date as Schedulers and Nodes come and go, and says which Schedulers' placements changed, so
 //! the controller reconciles exactly those. Both are pure and tested without a server.
+//!
+//! A node whose agent found no sched_ext in its kernel is labelled
+//! `sked.schedkit.io/sched-ext=unsupported`: its winner does not own it (no pod goes there) but
+//! keeps it in [`Placement::unsupported`], until the label goes with a new kernel.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Whether a node's kernel runs sched_ext: `supported` once a scheduler attached there,
+/// `unsupported` once an agent found no sched_ext (until the node's kernel changes).
+pub const SCHED_EXT_LABEL: &str = "sked.schedkit.io/sched-ext";
+pub const SUPPORTED: &str = "supported";
+pub const UNSUPPORTED: &str = "unsupported";
+
+/// Whether a node with `labels` is known to have no sched_ext.
+pub fn unsupported(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(SCHED_EXT_LABEL).is_some_and(|v| v == UNSUPPORTED)
+}
 
 /// What the arbiter needs to know of a Scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +60,8 @@ pub struct Placement {
     pub lost: BTreeMap<String, String>,
     /// The winners created in the same second as this Scheduler: they won on name, not age.
     pub tied: BTreeSet<String>,
+    /// Nodes this Scheduler would own whose kernel has no sched_ext: no pod goes there.
+    pub unsupported: BTreeSet<String>,
 }
 
 impl Placement {
@@ -81,7 +98,8 @@ pub fn assign(claims: &[Claim], nodes: &BTreeMap<String, BTreeMap<String, String
     for (node, labels) in nodes {
         let mut matching = ranked.iter().filter(|c| c.selects(labels));
         let Some(winner) = matching.next() else { continue };
-        out.entry(winner.name.clone()).or_default().owned.insert(node.clone());
+        let won = out.entry(winner.name.clone()).or_default();
+        if unsupported(labels) { &mut won.unsupported } else { &mut won.owned }.insert(node.clone());
         for loser in matching {
             out.entry(loser.name.clone()).or_default().lost.insert(node.clone(), winner.name.clone());
         }
@@ -124,12 +142,17 @@ impl Arbiter {
         self.nodes.get(name)
     }
 
-    /// Every known node with its labels and its owner (the oldest Scheduler selecting it).
+    /// Every known node with its labels and its owner (the oldest Scheduler selecting it; none
+    /// on a node without sched_ext).
     pub fn owners(&self) -> impl Iterator<Item = (&str, &BTreeMap<String, String>, Option<&str>)> {
         self.nodes.iter().map(|(name, labels)| {
             let owner = self.candidates.get(name).and_then(|order| order.first()).map(String::as_str);
-            (name.as_str(), labels, owner)
+            (name.as_str(), labels, owner.filter(|_| !unsupported(labels)))
         })
+    }
+
+    fn is_unsupported(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some_and(unsupported)
     }
 
     /// Adds or updates a Scheduler. A copy older than the stored one (by generation) is ignored.
@@ -161,9 +184,16 @@ impl Arbiter {
         if self.nodes.get(name) == Some(&labels) {
             return Changed::new();
         }
+        let was_unsupported = self.is_unsupported(name);
         self.nodes.insert(name.to_owned(), labels);
         let mut changed = Changed::new();
         self.recompute_node(name, &mut changed);
+        // The same winner, but it gains or loses the node.
+        if was_unsupported != self.is_unsupported(name)
+            && let Some(winner) = self.candidates.get(name).and_then(|order| order.first())
+        {
+            changed.insert(winner.clone());
+        }
         changed
     }
 
@@ -214,7 +244,9 @@ impl Arbiter {
         let mut placement = Placement::default();
         for (node, order) in &self.candidates {
             let Some(pos) = order.iter().position(|s| s == scheduler) else { continue };
-            if pos == 0 {
+            if pos == 0 && self.is_unsupported(node) {
+                placement.unsupported.insert(node.clone());
+            } else if pos == 0 {
                 placement.owned.insert(node.clone());
             } else {
                 placement.lost.insert(node.clone(), order[0].clone());
@@ -233,7 +265,8 @@ impl Arbiter {
         let mut out: Assignment = self.claims.keys().map(|n| (n.clone(), Placement::default())).collect();
         for (node, order) in &self.candidates {
             let Some((winner, losers)) = order.split_first() else { continue };
-            out.entry(winner.clone()).or_default().owned.insert(node.clone());
+            let won = out.entry(winner.clone()).or_default();
+            if self.is_unsupported(node) { &mut won.unsupported } else { &mut won.owned }.insert(node.clone());
             for loser in losers {
                 out.entry(loser.clone()).or_default().lost.insert(node.clone(), winner.clone());
             }
@@ -413,8 +446,18 @@ mod tests {
         })
     }
 
+    /// Node labels; some nodes are known to have no sched_ext.
+    fn arb_node_labels() -> impl Strategy<Value = BTreeMap<String, String>> {
+        (arb_labels(), any::<bool>()).prop_map(|(mut labels, no_sched_ext)| {
+            if no_sched_ext {
+                labels.insert(SCHED_EXT_LABEL.into(), UNSUPPORTED.into());
+            }
+            labels
+        })
+    }
+
     fn arb_nodes() -> impl Strategy<Value = BTreeMap<String, BTreeMap<String, String>>> {
-        proptest::collection::vec(arb_labels(), 0..8)
+        proptest::collection::vec(arb_node_labels(), 0..8)
             .prop_map(|v| v.into_iter().enumerate().map(|(i, l)| (format!("n{i}"), l)).collect())
     }
 
@@ -434,7 +477,13 @@ mod tests {
         fn each_node_has_one_owner_and_it_is_the_oldest_match(claims in arb_claims(), nodes in arb_nodes()) {
             let a = assign(&claims, &nodes);
             for (node, labels) in &nodes {
-                let owners: Vec<&String> = a.iter().filter(|(_, p)| p.owned.contains(node)).map(|(s, _)| s).collect();
+                let owners: Vec<&String> = a
+                    .iter()
+                    .filter(|(_, p)| p.owned.contains(node) || p.unsupported.contains(node))
+                    .map(|(s, _)| s)
+                    .collect();
+                // A node without sched_ext is owned by no one; its winner keeps it aside.
+                prop_assert!(!unsupported(labels) || a.values().all(|p| !p.owned.contains(node)));
                 let oldest = claims.iter().filter(|c| c.selects(labels)).min_by(|x, y| x.rank().cmp(&y.rank()));
                 match oldest {
                     None => prop_assert!(owners.is_empty()),
@@ -442,7 +491,7 @@ mod tests {
                 }
                 for c in claims.iter().filter(|c| c.selects(labels)) {
                     let p = &a[&c.name];
-                    prop_assert!(p.owned.contains(node) ^ p.lost.contains_key(node));
+                    prop_assert!((p.owned.contains(node) || p.unsupported.contains(node)) ^ p.lost.contains_key(node));
                 }
             }
         }
@@ -474,7 +523,7 @@ mod tests {
             claims in arb_claims(),
             nodes in arb_nodes(),
             extra in (0i64..4, arb_labels()),
-            relabel in (0usize..8, arb_labels()),
+            relabel in (0usize..8, arb_node_labels()),
             remove in 0usize..6,
         ) {
             let mut arb = build(&claims, &nodes);

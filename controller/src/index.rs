@@ -107,6 +107,12 @@ impl Index {
         self.pods.get(&ObjectRef::new(name).within(namespace))
     }
 
+    /// The value of one label of a known Node: `None` for an unknown Node, `Some(None)` for a
+    /// Node without that label.
+    pub(crate) fn node_label(&self, name: &str, key: &str) -> Option<Option<String>> {
+        lock(&self.arbiter).node_labels(name).map(|labels| labels.get(key).cloned())
+    }
+
     /// Whether a Node of that name exists (as last seen).
     pub(crate) fn knows_node(&self, name: &str) -> bool {
         lock(&self.arbiter).node_labels(name).is_some()

@@ -38,6 +38,8 @@ pub struct NodeReport {
 #[derive(Debug, Default)]
 pub struct KernelTable {
     nodes: Mutex<HashMap<String, NodeReport>>,
+    /// Woken when a node's verdict changes (the support labels follow verdicts).
+    verdicts: tokio::sync::Notify,
 }
 
 impl KernelTable {
@@ -56,6 +58,9 @@ impl KernelTable {
             report.ejected = was_attached.is_some() || same_pod.is_some_and(|p| p.ejected);
         }
         let previous = nodes.insert(node.to_owned(), report.clone());
+        if previous.as_ref().is_none_or(|p| p.verdict != report.verdict || p.stale) {
+            self.verdicts.notify_one();
+        }
         match previous {
             Some(p)
                 if p.scheduler == report.scheduler
@@ -93,6 +98,16 @@ impl KernelTable {
         let before = nodes.len();
         nodes.retain(|node, r| !r.stale || known(node));
         before - nodes.len()
+    }
+
+    /// Drops a node's report: what it said is about a kernel the node no longer runs.
+    pub fn forget(&self, node: &str) {
+        lock(&self.nodes).remove(node);
+    }
+
+    /// Resolves after a node's verdict changed (or at once, if one did since the last call).
+    pub async fn changed(&self) {
+        self.verdicts.notified().await;
     }
 
     /// Runs `f` on the table under its lock, without copying it (a reconcile reads a few

@@ -31,6 +31,7 @@ pub mod reports;
 pub mod reviews;
 pub mod rollout;
 pub mod status;
+pub mod support;
 pub mod sync;
 pub mod telemetry;
 pub mod tls;

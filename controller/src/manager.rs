@@ -263,6 +263,15 @@ async fn control(
             ),
             until(
                 stop.clone(),
+                crate::support::keep_support_labels(
+                    client.clone(),
+                    index.clone(),
+                    kernel.clone(),
+                    leadership.rx.clone()
+                )
+            ),
+            until(
+                stop.clone(),
                 crate::reports::expire_stale_reports(
                     kernel.clone(),
                     index.clone(),

@@ -277,6 +277,20 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     let k = obs.kernel;
     // A new leader that has not heard every agent yet keeps the kernel view it found.
     let carried = (!k.settled).then(|| find(prev, condition::KERNEL_ATTACHED)).flatten();
+    let unsupported = &obs.placement.unsupported;
+    let kernel_message = if unsupported.is_empty() {
+        k.message.clone()
+    } else {
+        let names: Vec<&str> = unsupported.iter().take(MAX_WINNERS_LISTED).map(String::as_str).collect();
+        let more = unsupported.len().saturating_sub(MAX_WINNERS_LISTED);
+        let more = if more > 0 { format!(" (and {more} more)") } else { String::new() };
+        format!(
+            "{}; {} selected node(s) have no sched_ext in their kernel and run no pod until it changes: {}{more}",
+            k.message,
+            unsupported.len(),
+            names.join(", ")
+        )
+    };
     match carried {
         Some(c) => conditions.push(c.clone()),
         None => conditions.push(condition(
@@ -284,7 +298,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             condition::KERNEL_ATTACHED,
             k.is_true,
             k.reason,
-            &k.message,
+            &kernel_message,
             generation,
             &obs.now,
         )),
@@ -319,6 +333,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         kernel_attached,
         kernel_attached_summary: Some(format!("{kernel_attached}/{}", rollout.desired)),
         conflicting_nodes: i32::try_from(obs.placement.lost.len()).unwrap_or(i32::MAX),
+        unsupported_nodes: i32::try_from(unsupported.len()).unwrap_or(i32::MAX),
         updated_number_scheduled: obs.rollout.map_or(0, |r| r.updated_nodes),
         rollout: obs.rollout.cloned().or_else(|| obs.previous.rollout.clone()),
         last_exit: newer_exit.cloned().or_else(|| obs.previous.last_exit.clone()),

@@ -677,3 +677,58 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_node_without_sched_ext_is_labelled_and_left_out_until_its_kernel_changes() -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let s = setup("nosupport").await?;
+    let nodes = s.fx.nodes();
+    let kernel = |version: &str| serde_json::json!({"status": {"nodeInfo": {"kernelVersion": version}}});
+    nodes.patch_status("k-2", &PatchParams::default(), &Patch::Merge(&kernel("6.1.0-28-cloud-amd64"))).await?;
+    let a1 = s.agent("k-1").await?;
+    let mut a2 = s.agent("k-2").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    // k-2's kernel has no sched_ext at all.
+    std::fs::remove_dir_all(a2.sysfs.join("kernel/sched_ext"))?;
+
+    let label = |node: &str, key: &'static str| {
+        let nodes = nodes.clone();
+        let node = node.to_owned();
+        async move { Ok::<_, anyhow::Error>(nodes.get(&node).await?.labels().get(key).cloned()) }
+    };
+    wait_for("k-1 labelled supported, k-2 unsupported", || async {
+        let k1 = label("k-1", "sked.schedkit.io/sched-ext").await?;
+        let k2 = label("k-2", "sked.schedkit.io/sched-ext").await?;
+        Ok((k1.as_deref() == Some("supported") && k2.as_deref() == Some("unsupported")).then_some(()))
+    })
+    .await?;
+    assert_eq!(label("k-2", "sked.schedkit.io/sched-ext-kernel").await?.as_deref(), Some("6.1.0-28-cloud-amd64"));
+    // k-2 leaves placement: no owner label, and the status says why.
+    wait_for("k-2's owner label removed", || async {
+        Ok(label("k-2", "sked.schedkit.io/scheduler").await?.is_none().then_some(()))
+    })
+    .await?;
+    let sched =
+        s.fx.wait_scheduler(&s.name, "k-2 counted as unsupported", |s| {
+            s.status.as_ref().is_some_and(|st| st.unsupported_nodes == 1 && st.desired_number_scheduled == 1)
+        })
+        .await?;
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert!(msg.contains("1 selected node(s) have no sched_ext") && msg.contains("k-2"), "{msg}");
+    assert_eq!(label("k-1", "sked.schedkit.io/scheduler").await?.as_deref(), Some("nosupport"));
+
+    // Its pod and agent go; the node boots another kernel: it is judged again.
+    a2.stop();
+    nodes.patch_status("k-2", &PatchParams::default(), &Patch::Merge(&kernel("6.12.9-cloud-amd64"))).await?;
+    wait_for("k-2 back in placement", || async {
+        let owner = label("k-2", "sked.schedkit.io/scheduler").await?;
+        let support = label("k-2", "sked.schedkit.io/sched-ext").await?;
+        Ok((owner.as_deref() == Some("nosupport") && support.is_none()).then_some(()))
+    })
+    .await?;
+    s.fx.wait_scheduler(&s.name, "no unsupported node left", |s| {
+        s.status.as_ref().is_some_and(|st| st.unsupported_nodes == 0)
+    })
+    .await?;
+    Ok(())
+}

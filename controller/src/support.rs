@@ -1,0 +1,203 @@
+//! Which nodes can run sched_ext, as labels: `sked.schedkit.io/sched-ext=unsupported` once an
+//! agent found no sched_ext in its node's kernel, `=supported` once a scheduler attached there.
+//! The arbiter keeps unsupported nodes out of placement ([`crate::arbiter::unsupported`]), so no
+//! pod is sent to a kernel that cannot run it, again and again.
+//!
+//! An unsupported node comes back when its kernel changes: the label
+//! `sked.schedkit.io/sched-ext-kernel` keeps the kernel it was judged on (the kubelet's
+//! `status.nodeInfo.kernelVersion`, made a label value), and a watch of the unsupported nodes (full
+//! objects, a small set) clears both labels once the kubelet reports another kernel.
+//!
+//! Writes are merge patches of these two labels (the chart's ValidatingAdmissionPolicy allows
+//! labels under sked.schedkit.io/ only), made while leading and only where a label differs, so
+//! idle costs nothing.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use sked_proto::Verdict;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::arbiter::{SCHED_EXT_LABEL, SUPPORTED, UNSUPPORTED};
+use crate::index::Index;
+use crate::kernel::KernelTable;
+
+/// The kernel an unsupported node was judged on, as a label value.
+pub const KERNEL_LABEL: &str = "sked.schedkit.io/sched-ext-kernel";
+
+/// The label a node's fresh report asks for: `None` when the report says nothing about support
+/// (another scheduler attached, nothing attached yet).
+pub fn wanted(verdict: Verdict) -> Option<&'static str> {
+    match verdict {
+        Verdict::Attached => Some(SUPPORTED),
+        Verdict::KernelUnsupported => Some(UNSUPPORTED),
+        Verdict::NotAttached | Verdict::ForeignScheduler | Verdict::Unspecified => None,
+    }
+}
+
+/// A kernel version (`uname -r`) as a label value: at most 63 characters of `[A-Za-z0-9._-]`,
+/// others replaced by `_`, starting and ending alphanumeric.
+pub fn kernel_label_value(version: &str) -> String {
+    let cleaned: String = version
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+        .take(63)
+        .collect();
+    cleaned.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned()
+}
+
+/// Whether an unsupported node now runs another kernel than it was judged on.
+pub fn kernel_changed(node: &Node) -> bool {
+    let judged = node.labels().get(KERNEL_LABEL).map(String::as_str).unwrap_or_default();
+    let running =
+        node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| kernel_label_value(&i.kernel_version));
+    running.is_some_and(|running| running != judged)
+}
+
+/// A label written this recently is not written again before the Node watch shows it.
+const ECHO_WAIT: Duration = Duration::from_secs(10);
+
+/// Keeps the sched-ext labels: from the agents' reports (woken by the kernel table), and clears
+/// them on unsupported nodes whose kernel changed. Runs until the leadership channel closes.
+pub(crate) async fn keep_support_labels(
+    client: Client,
+    index: Index,
+    kernel: std::sync::Arc<KernelTable>,
+    mut leader: watch::Receiver<bool>,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let unsupported =
+        watcher::watcher(nodes.clone(), watcher::Config::default().labels(&format!("{SCHED_EXT_LABEL}={UNSUPPORTED}")));
+    let mut unsupported = std::pin::pin!(unsupported);
+    // The unsupported nodes as last seen, to re-check when this replica starts leading.
+    let mut seen: HashMap<String, Node> = HashMap::new();
+    let mut written: HashMap<String, Instant> = HashMap::new();
+    loop {
+        let leading = *leader.borrow_and_update();
+        if leading {
+            written.retain(|_, at| at.elapsed() < ECHO_WAIT);
+            let drift: Vec<(String, &'static str)> = kernel.read(|reports| {
+                reports
+                    .iter()
+                    .filter(|(_, r)| !r.stale)
+                    .filter_map(|(node, r)| Some((node.clone(), wanted(r.verdict)?)))
+                    .filter(|(node, want)| {
+                        index.node_label(node, SCHED_EXT_LABEL).is_some_and(|have| have.as_deref() != Some(*want))
+                    })
+                    .filter(|(node, _)| !written.contains_key(node))
+                    .collect()
+            });
+            for (node, want) in drift {
+                match set_support(&nodes, &node, want).await {
+                    Ok(()) => {
+                        info!(node = %node, sched_ext = want, "node sched-ext label set");
+                        written.insert(node, Instant::now());
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => {
+                        warn!(node = %node, err = %e, "could not label the node's sched_ext support; retrying on the next report")
+                    }
+                }
+            }
+            for node in seen.values().filter(|n| kernel_changed(n)) {
+                if clear(&nodes, node).await {
+                    // Its last report judged the old kernel.
+                    kernel.forget(&node.name_any());
+                }
+            }
+            seen.retain(|_, n| !kernel_changed(n));
+        }
+        tokio::select! {
+            () = kernel.changed() => {}
+            changed = leader.changed() => if changed.is_err() { return },
+            event = unsupported.next() => match event {
+                Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
+                    seen.insert(n.name_any(), n);
+                }
+                Some(Ok(watcher::Event::Delete(n))) => {
+                    seen.remove(&n.name_any());
+                }
+                Some(Ok(watcher::Event::Init)) => seen.clear(),
+                Some(Ok(watcher::Event::InitDone)) => {}
+                Some(Err(e)) => {
+                    warn!(err = %e, "watching unsupported nodes failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                None => return,
+            },
+            () = tokio::time::sleep(ECHO_WAIT), if !written.is_empty() => {}
+        }
+    }
+}
+
+async fn set_support(nodes: &Api<Node>, name: &str, want: &str) -> Result<(), kube::Error> {
+    let kernel = if want == UNSUPPORTED {
+        let node = nodes.get(name).await?;
+        node.status.and_then(|s| s.node_info).map(|i| kernel_label_value(&i.kernel_version))
+    } else {
+        None
+    };
+    let patch = json!({ "metadata": { "labels": { SCHED_EXT_LABEL: want, KERNEL_LABEL: kernel } } });
+    nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+}
+
+/// Clears a node's sched-ext labels; whether it did.
+async fn clear(nodes: &Api<Node>, node: &Node) -> bool {
+    let name = node.name_any();
+    let patch = json!({ "metadata": { "labels": { SCHED_EXT_LABEL: null, KERNEL_LABEL: null } } });
+    match nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => {
+            info!(node = %name, "the node runs another kernel: its sched_ext support will be judged again");
+            true
+        }
+        Err(e) => {
+            warn!(node = %name, err = %e, "could not clear the node's sched-ext label");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeStatus, NodeSystemInfo};
+
+    #[test]
+    fn kernel_versions_become_label_values() {
+        assert_eq!(kernel_label_value("6.1.0-28-cloud-amd64"), "6.1.0-28-cloud-amd64");
+        assert_eq!(kernel_label_value("6.6.58+"), "6.6.58");
+        assert_eq!(kernel_label_value("5.15.0 #1 SMP"), "5.15.0__1_SMP");
+        assert_eq!(kernel_label_value(&"9".repeat(100)).len(), 63);
+    }
+
+    #[test]
+    fn reports_ask_for_support_labels() {
+        assert_eq!(wanted(Verdict::Attached), Some("supported"));
+        assert_eq!(wanted(Verdict::KernelUnsupported), Some("unsupported"));
+        assert_eq!(wanted(Verdict::ForeignScheduler), None);
+        assert_eq!(wanted(Verdict::NotAttached), None);
+    }
+
+    #[test]
+    fn a_new_kernel_clears_the_judgement() {
+        let node = |judged: &str, running: &str| {
+            let mut n = Node::default();
+            n.metadata.labels = Some([(KERNEL_LABEL.to_owned(), judged.to_owned())].into());
+            n.status = Some(NodeStatus {
+                node_info: Some(NodeSystemInfo { kernel_version: running.into(), ..NodeSystemInfo::default() }),
+                ..NodeStatus::default()
+            });
+            n
+        };
+        assert!(!kernel_changed(&node("6.1.0-28-cloud-amd64", "6.1.0-28-cloud-amd64")));
+        assert!(kernel_changed(&node("6.1.0-28-cloud-amd64", "6.12.9-cloud-amd64")));
+        assert!(!kernel_changed(&Node::default()), "no kubelet report yet: nothing to compare");
+    }
+}
