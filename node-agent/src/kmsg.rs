@@ -162,7 +162,7 @@ pub fn wall_ms(micros: u64) -> i64 {
     if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
         return now_ms;
     }
-    let since_boot_ms = i64::from(ts.tv_sec).saturating_mul(1000) + i64::from(ts.tv_nsec) / 1_000_000;
+    let since_boot_ms = ts.tv_sec.saturating_mul(1000) + ts.tv_nsec / 1_000_000;
     let logged_ms = i64::try_from(micros / 1000).unwrap_or(i64::MAX);
     now_ms - since_boot_ms.saturating_sub(logged_ms).max(0)
 }

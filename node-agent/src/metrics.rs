@@ -13,6 +13,10 @@ use crate::observation::Observation;
 use crate::verdict::Verdict;
 
 type Labels = Vec<(String, String)>;
+/// An events counter: (ops name, event name).
+type EventKey = (String, String);
+/// The enable an events counter was last read under, and its value then.
+type EventSeen = (Option<u64>, u64);
 
 /// Every metric the agent exports.
 pub struct Metrics {
@@ -27,7 +31,7 @@ pub struct Metrics {
     events: Family<Labels, Counter>,
     /// Per (ops, event): the enable it was last read under and its value then, so the exported
     /// counters keep growing across a scheduler unloading and its counters starting again.
-    events_seen: Mutex<HashMap<(String, String), (Option<u64>, u64)>>,
+    events_seen: Mutex<HashMap<EventKey, EventSeen>>,
     exits: Family<Labels, Counter>,
     pub kernel_log_followed: Gauge,
     capability_missing: Family<Labels, Gauge>,
