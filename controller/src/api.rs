@@ -469,6 +469,10 @@ impl Scheduler {
     }
 }
 
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::Reason;
@@ -480,8 +484,4 @@ mod tests {
         }
         assert_eq!(Reason::parse("SomethingElse"), None);
     }
-}
-
-fn is_zero(n: &i32) -> bool {
-    *n == 0
 }
