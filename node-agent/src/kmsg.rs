@@ -37,6 +37,19 @@ const MAX_RECORD: usize = 8192;
 /// parent went away.
 const NORMAL_EXITS: [&str; 2] = ["unregistered from user space", "parent exiting"];
 
+/// The kernel's reasons for an exit (`scx_exit_reason()`), counted from zero as soon as the log is
+/// followed, so an alert on `increase()` sees the first exit of each.
+pub const KNOWN_REASONS: [&str; 8] = [
+    "unregistered from user space",
+    "unregistered from BPF",
+    "unregistered from the main kernel",
+    "disabled by sysrq-S",
+    "parent exiting",
+    "runtime error",
+    "scx_bpf_error",
+    "runnable task stall",
+];
+
 /// One `/dev/kmsg` record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -188,6 +201,7 @@ pub async fn follow(file: std::fs::File, tx: watch::Sender<Option<Exit>>, metric
         }
     };
     metrics.kernel_log_followed.set(1);
+    metrics.exits_known(&KNOWN_REASONS);
     let mut tracker = Tracker::default();
     let mut buf = vec![0u8; MAX_RECORD];
     loop {

@@ -160,6 +160,13 @@ impl Metrics {
         }
     }
 
+    /// Creates the exit counters of `reasons` at zero.
+    pub fn exits_known(&self, reasons: &[&str]) {
+        for reason in reasons {
+            self.exits.get_or_create(&vec![("reason".into(), (*reason).to_owned())]).inc_by(0);
+        }
+    }
+
     /// Counts an exit the kernel logged, by its reason.
     pub fn exit(&self, reason: &str) {
         self.exits.get_or_create(&vec![("reason".into(), reason.to_owned())]).inc();
