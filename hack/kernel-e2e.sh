@@ -118,6 +118,7 @@ prepare() {
   local cflags=(-target bpf -O2 -g -D__TARGET_ARCH_x86 -Wno-missing-declarations -I"$btf_dir")
   clang "${cflags[@]}" -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_canary.bpf.o"
   clang "${cflags[@]}" -DSKED_OPS_NAME='"sked_intruder"' -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_intruder.bpf.o"
+  clang "${cflags[@]}" -DSKED_STALL -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_stall.bpf.o"
   log "prepared $out ($(cat "$out/kernel-sched-ext.txt"), $(cat "$out/kernel-no-sched-ext.txt"))"
 }
 

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! sched_ext: BPF scheduler "sked_canary" disabled (runnable task stall)
-//! sched_ext: sked_canary: sked-stall[215] failed to run for 2.104s
+//! sched_ext: sked_canary: sked-stall[158] failed to run for 1.048s
 //! ```
 //!
 //! The first line names the ops and the reason (the kernel's words for the exit kind), the
@@ -249,16 +249,17 @@ pub async fn follow(file: std::fs::File, tx: watch::Sender<Option<Exit>>, metric
 mod tests {
     use super::*;
 
-    /// Records as the Debian 7.2 cloud kernel wrote them in the VM (`make test-kernel`).
+    /// Records as Debian's 7.2.13 cloud kernel wrote them in the VM (`make test-kernel`: the
+    /// stalling canary, then SysRq-S), verbatim from /dev/kmsg.
     const SYSRQ: [&[u8]; 3] = [
-        b"6,812,41234567,-;sched_ext: BPF scheduler \"sked_canary\" enabled",
-        b"6,813,42001234,-;sysrq: Disable sched_ext and revert all tasks to CFS",
-        b"6,814,42001300,-;sched_ext: BPF scheduler \"sked_canary\" disabled (disabled by sysrq-S)",
+        b"6,383,5790255,-;sched_ext: BPF scheduler \"sked_canary\" enabled",
+        b"6,384,6858137,-;sysrq: Disable sched_ext and revert all tasks to CFS",
+        b"6,385,6913881,-;sched_ext: BPF scheduler \"sked_canary\" disabled (disabled by sysrq-S)",
     ];
     const STALL: [&[u8]; 3] = [
-        b"3,901,51000000,-;sched_ext: BPF scheduler \"sked_canary\" disabled (runnable task stall)",
-        b"3,902,51000010,-;sched_ext: sked_canary: sked-stall[215] failed to run for 2.104s",
-        b"4,903,51000020,c;  scx_watchdog_workfn+0x15c/0x1e0\n SUBSYSTEM=cpu\n DEVICE=+cpu:0",
+        b"6,373,3371648,-;sched_ext: BPF scheduler \"sked_canary\" enabled",
+        b"3,374,5425810,-;sched_ext: BPF scheduler \"sked_canary\" disabled (runnable task stall)",
+        b"3,375,5427884,-;sched_ext: sked_canary: sked-stall[158] failed to run for 1.048s",
     ];
 
     fn feed_all(t: &mut Tracker, records: &[&[u8]]) -> Vec<String> {
@@ -299,7 +300,7 @@ mod tests {
         let mut t = Tracker::default();
         assert_eq!(feed_all(&mut t, &SYSRQ), vec!["disabled by sysrq-S"]);
         let exit = t.last().unwrap();
-        assert_eq!((exit.ops.as_str(), exit.detail.as_str(), exit.seq, exit.ejected), ("sked_canary", "", 814, true));
+        assert_eq!((exit.ops.as_str(), exit.detail.as_str(), exit.seq, exit.ejected), ("sked_canary", "", 385, true));
     }
 
     #[test]
@@ -308,7 +309,7 @@ mod tests {
         assert_eq!(feed_all(&mut t, &STALL), vec!["runnable task stall"]);
         let exit = t.last().unwrap();
         assert_eq!(exit.reason, "runnable task stall");
-        assert_eq!(exit.detail, "sked-stall[215] failed to run for 2.104s");
+        assert_eq!(exit.detail, "sked-stall[158] failed to run for 1.048s");
         assert!(exit.ejected);
     }
 

@@ -161,7 +161,7 @@ async fn run(cli: Cli) -> ExitCode {
             _ = tokio::signal::ctrl_c() => {},
         }
     };
-    let app = sked_agent::http::router(rx, metrics);
+    let app = sked_agent::http::router(rx, metrics, cli.sysfs_root.clone());
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
         error!(err = %e, "HTTP server failed");
         return ExitCode::FAILURE;

@@ -10,6 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::observation::Observation;
+use crate::sysfs::KernelRead;
 use crate::verdict::Verdict;
 
 type Labels = Vec<(String, String)>;
@@ -142,17 +143,22 @@ impl Metrics {
         self.verdict.clear();
         self.verdict.get_or_create(&vec![("verdict".into(), o.verdict.as_str().into())]).set(1);
         self.attached.set(i64::from(o.verdict == Verdict::Attached));
-        self.enable_seq.set(o.read.enable_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
-        self.nr_rejected.set(o.read.nr_rejected.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
-        self.hotplug_seq.set(o.read.hotplug_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
-        self.switch_all.set(i64::from(o.read.switch_all.unwrap_or(false)));
-        let Some(ops) = &o.read.ops else { return };
+        self.counters(&o.read);
+    }
+
+    /// Records the kernel's counters of one read (also done on every scrape).
+    pub fn counters(&self, read: &KernelRead) {
+        self.enable_seq.set(read.enable_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
+        self.nr_rejected.set(read.nr_rejected.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
+        self.hotplug_seq.set(read.hotplug_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
+        self.switch_all.set(i64::from(read.switch_all.unwrap_or(false)));
+        let Some(ops) = &read.ops else { return };
         let mut seen = self.events_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (name, value) in &o.read.events {
+        for (name, value) in &read.events {
             let event = name.strip_prefix("SCX_EV_").unwrap_or(name);
             let key = (ops.clone(), event.to_owned());
-            let grown = counter_growth(seen.get(&key).copied(), o.read.enable_seq, *value);
-            seen.insert(key, (o.read.enable_seq, *value));
+            let grown = counter_growth(seen.get(&key).copied(), read.enable_seq, *value);
+            seen.insert(key, (read.enable_seq, *value));
             // Created at zero too, so a counter exists before its first event.
             self.events
                 .get_or_create(&vec![("event".into(), event.to_owned()), ("ops".into(), ops.clone())])
@@ -192,7 +198,7 @@ fn counter_growth(last: Option<(Option<u64>, u64)>, enable_seq: Option<u64>, val
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sysfs::{KernelRead, SchedState};
+    use crate::sysfs::SchedState;
     use std::collections::BTreeMap;
 
     fn observation(ops: &str, enable_seq: u64, events: &[(&str, u64)]) -> Observation {

@@ -218,12 +218,116 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
     let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-no-sched-ext"), s.reports).await?;
     assert!(vm.run("ls /sys/kernel/sched_ext 2>&1 || true").await?.contains("No such file"), "no sched_ext here");
     s.start_agent(&mut vm).await?;
-    let sched = s.wait_kernel("KernelUnsupported", 0, "KernelUnsupported").await?;
+    // The node is labelled as one that cannot run sched_ext, and leaves placement.
+    let labelled = wait_for("the node labelled sched-ext=unsupported", || async {
+        let node = s.fx.nodes().get(NODE).await?;
+        let labels = node.labels();
+        let unsupported = labels.get("sked.schedkit.io/sched-ext").is_some_and(|v| v == "unsupported");
+        Ok((unsupported && !labels.contains_key("sked.schedkit.io/scheduler")).then_some(()))
+    })
+    .await;
+    labelled?;
+    let sched =
+        s.fx.wait_scheduler(SCHEDULER, "the node counted as unsupported", |s| {
+            s.status.as_ref().is_some_and(|st| st.unsupported_nodes == 1 && st.desired_number_scheduled == 0)
+        })
+        .await?;
     let message = condition(&sched, "KernelAttached").map(|c| c.message.clone()).unwrap_or_default();
-    assert!(message.contains(NODE), "{message}");
-    s.fx.wait_event(SCHEDULER, "Warning", "KernelUnsupported", 1).await?;
+    assert!(message.contains(NODE) && message.contains("no sched_ext"), "{message}");
     vm.shutdown().await?;
     eprintln!("measured: whole real-kernel test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// The agent's `/metrics` in the VM: the sum of the `root/events` counters of `ops`.
+async fn events_total(vm: &mut TestVm, ops: &str) -> Result<u64> {
+    let text = vm.run("wget -qO- http://127.0.0.1:9464/metrics").await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("sked_agent_sched_ext_events_total{") && l.contains(&format!("ops=\"{ops}\"")))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum())
+}
+
+/// Waits for a `status.lastExit` with `reason`, and says how long after the kernel logged it the
+/// status showed it (guest and host clocks: qemu starts the guest's from the host's).
+async fn wait_exit(s: &Setup, reason: &str) -> Result<sked_controller::api::KernelExit> {
+    let sched =
+        s.fx.wait_scheduler(SCHEDULER, reason, |s| {
+            s.status.as_ref().and_then(|st| st.last_exit.as_ref()).is_some_and(|e| e.reason == reason)
+        })
+        .await?;
+    let exit = sched.status.and_then(|st| st.last_exit).context("lastExit")?;
+    let logged: jiff::Timestamp = exit.time.parse()?;
+    eprintln!(
+        "measured: kernel logged \"{reason}\" -> status.lastExit (host): {:?}",
+        jiff::Timestamp::now().duration_since(logged)
+    );
+    Ok(exit)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
+async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Result<()> {
+    let started = Instant::now();
+    let dir = tempfile::Builder::new().prefix("sked-kernel-exits-").tempdir()?;
+    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
+    let s = setup(dir.path()).await?;
+    let (kernel, initramfs) = artifacts.kernel("sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-exits"), s.reports).await?;
+    s.start_agent(&mut vm).await?;
+
+    // A stall: the scheduler never runs a task named sked-stall; the watchdog (1 s) ejects it.
+    vm.run(
+        "/bin/sked-canary-loader hold /sked/sked_stall.bpf.o > /run/canary.out 2>&1 & echo $! > /run/canary.pid; \
+         for i in $(seq 1 200); do grep -q attached /run/canary.out && break; sleep 0.05; done",
+    )
+    .await?;
+    s.wait_kernel("the stalling canary attached", 1, "KernelAttached").await?;
+    vm.run("sh -c 'echo -n sked-stall > /proc/self/comm; while :; do sleep 0.1; done' > /dev/null 2>&1 & echo $! > /run/victim.pid")
+        .await?;
+    let exit = wait_exit(&s, "runnable task stall").await?;
+    assert!(exit.ejected && exit.node == NODE && exit.ops == "sked_canary", "{exit:?}");
+    assert!(exit.detail.contains("sked-stall") && exit.detail.contains("failed to run"), "{exit:?}");
+    let sched = s.wait_kernel("not attached after the stall", 0, "NotAttached").await?;
+    let message = condition(&sched, "KernelAttached").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains("the kernel ejected sked_canary") && message.contains("runnable task stall"), "{message}");
+    s.fx.wait_event(SCHEDULER, "Warning", "KernelEjected", 1).await?;
+    let kmsg = vm.run("kill $(cat /run/victim.pid) $(cat /run/canary.pid); dmesg | grep -e sched_ext -e sysrq").await?;
+    eprintln!("kernel log:\n{kmsg}");
+
+    // SysRq-S, on the plain canary.
+    vm.run(
+        "while grep -q enabled /sys/kernel/sched_ext/state; do sleep 0.05; done; \
+         /bin/sked-canary-loader hold /sked/sked_canary.bpf.o > /run/canary.out 2>&1 & echo $! > /run/canary.pid",
+    )
+    .await?;
+    s.wait_kernel("the canary attached again", 1, "KernelAttached").await?;
+    // Its root/events counters, scraped from the agent, move as the kernel schedules.
+    let before = events_total(&mut vm, "sked_canary").await?;
+    let deadline = Instant::now() + sked_tests::DEADLINE;
+    let after = loop {
+        vm.run("ls -R /sys > /dev/null 2>&1; sleep 0.2").await?;
+        let now = events_total(&mut vm, "sked_canary").await?;
+        if now > before {
+            break now;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the root/events counters did not move from {before}");
+    };
+    eprintln!("measured: root/events of the canary, two scrapes apart: {before} -> {after}");
+    vm.run("echo S > /proc/sysrq-trigger").await?;
+    let exit = wait_exit(&s, "disabled by sysrq-S").await?;
+    assert!(exit.ejected && exit.detail.is_empty(), "{exit:?}");
+    s.fx.wait_event(SCHEDULER, "Warning", "KernelEjected", 2).await?;
+    let raw = vm.run("timeout 1 cat /dev/kmsg | grep -e 'sched_ext:' -e sysrq || true").await?;
+    eprintln!("kernel log records (/dev/kmsg):\n{raw}");
+    let metrics = vm.run("wget -qO- http://127.0.0.1:9464/metrics").await?;
+    for reason in ["runnable task stall", "disabled by sysrq-S"] {
+        let series = format!("sked_agent_sched_ext_exits_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.lines().any(|l| l == series), "missing {series:?} in\n{metrics}");
+    }
+    vm.shutdown().await?;
+    eprintln!("measured: real-kernel exits test: {:?}", started.elapsed());
     Ok(())
 }
 
