@@ -10,27 +10,16 @@
 //! The first line names the ops and the reason (the kernel's words for the exit kind), the
 //! second, printed right after it for errors, the detail. [`parse_record`] reads one `/dev/kmsg`
 //! record, [`classify`] recognises sched_ext's lines, and [`Tracker`] folds them into the last
-//! [`Exit`] of the node. [`follow`] reads `/dev/kmsg` from where it is opened (older lines were
-//! reported by an earlier agent, or happened before any scheduler of this pod ran).
-
-use std::io::Read as _;
-use std::os::unix::fs::OpenOptionsExt as _;
-use std::path::Path;
-use std::sync::Arc;
+//! [`Exit`] of the node. Pure: [`crate::observe::follow_kernel_log`] reads `/dev/kmsg`.
 
 use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
-use tokio::io::unix::AsyncFd;
-use tokio::sync::watch;
-use tracing::{info, warn};
-
-use crate::metrics::Metrics;
 
 /// A detail line is taken when it comes within this many records of its `disabled` line
 /// (other CPUs may log in between).
 const DETAIL_WITHIN_RECORDS: u64 = 16;
 /// Largest kmsg record (the kernel's own limit is 1 KiB of text plus the prefix and
 /// dictionary).
-const MAX_RECORD: usize = 8192;
+pub const MAX_RECORD: usize = 8192;
 
 /// Reasons of exits that are not ejections: the scheduler's own user space unregistered it (its
 /// process ended or closed the link: a rollout, a deleted pod) or, for a sub-scheduler, its
@@ -178,71 +167,6 @@ pub fn wall_ms(micros: u64) -> i64 {
     let since_boot_ms = ts.tv_sec.saturating_mul(1000) + ts.tv_nsec / 1_000_000;
     let logged_ms = i64::try_from(micros / 1000).unwrap_or(i64::MAX);
     now_ms - since_boot_ms.saturating_sub(logged_ms).max(0)
-}
-
-/// Opens the kernel log at its end, for [`follow`].
-pub fn open(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::io::Seek as _;
-    let mut file =
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
-    file.seek(std::io::SeekFrom::End(0))?;
-    Ok(file)
-}
-
-/// Follows the kernel log for as long as the task runs, publishing the node's last exit on
-/// `tx` and counting exits in `metrics`.
-pub async fn follow(file: std::fs::File, tx: watch::Sender<Option<Exit>>, metrics: Arc<Metrics>) {
-    // SAFETY: the AsyncFd owns the file, which stays open and unchanged until it drops.
-    let fd = match unsafe { AsyncFd::register(file) } {
-        Ok(fd) => fd,
-        Err(e) => {
-            warn!(err = %e, "cannot watch the kernel log; exits are not reported");
-            return;
-        }
-    };
-    metrics.kernel_log_followed.set(1);
-    metrics.exits_known(&KNOWN_REASONS);
-    let mut tracker = Tracker::default();
-    let mut buf = vec![0u8; MAX_RECORD];
-    loop {
-        let mut guard = match fd.readable().await {
-            Ok(guard) => guard,
-            Err(e) => {
-                warn!(err = %e, "the kernel log stopped; exits are no longer reported");
-                metrics.kernel_log_followed.set(0);
-                return;
-            }
-        };
-        let mut changed = false;
-        loop {
-            match guard.get_inner().read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    let Some(record) = buf.get(..n).and_then(parse_record) else { continue };
-                    let (new_exit, updated) = tracker.feed(&record, wall_ms(record.micros));
-                    if let Some(reason) = new_exit {
-                        metrics.exit(reason);
-                    }
-                    changed |= updated;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    guard.clear_ready();
-                    break;
-                }
-                // Records were overwritten before this reader got to them; carry on.
-                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-                Err(e) => {
-                    warn!(err = %e, "reading the kernel log failed; exits are no longer reported");
-                    metrics.kernel_log_followed.set(0);
-                    return;
-                }
-            }
-        }
-        if changed && let Some(exit) = tracker.last() {
-            info!(ops = %exit.ops, reason = %exit.reason, detail = %exit.detail, ejected = exit.ejected, "the kernel disabled a sched_ext scheduler");
-            tx.send_replace(Some(exit.clone()));
-        }
-    }
 }
 
 #[cfg(test)]

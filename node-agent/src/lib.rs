@@ -5,7 +5,7 @@
 //! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
 //! - [`observation`] is one look at the node (what was read, the verdict, why);
 //! - [`uevent`] parses kernel uevents; [`observe`] re-reads on each one and polls as a fallback;
-//! - [`kmsg`] follows the kernel log for why a scheduler left the kernel;
+//! - [`kmsg`] reads the kernel log's lines on why a scheduler left the kernel (followed by [`observe`]);
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`.
 

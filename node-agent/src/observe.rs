@@ -1,6 +1,8 @@
 //! Watching the kernel: read on every sched_ext uevent, and poll as a fallback.
 
-use std::path::PathBuf;
+use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +10,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::kmsg::Exit;
+use crate::kmsg::{self, Exit};
 use crate::metrics::Metrics;
 use crate::observation::Observation;
 use crate::owner::{self, LinkMemory, Owner};
@@ -125,6 +127,72 @@ impl Observer {
                 let exit = o.last_exit.as_ref().map_or("", |e| e.reason.as_str());
                 info!(trigger, verdict = o.verdict.as_str(), state = o.state_name(), ops = o.read.ops.as_deref().unwrap_or(""), reason = %o.reason, last_exit = exit, "kernel state changed");
             }
+        }
+    }
+}
+
+/// Opens the kernel log at its end, for [`follow_kernel_log`]: older lines were reported by an
+/// earlier agent, or happened before any scheduler of this pod ran.
+pub fn open_kernel_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::io::Seek as _;
+    let mut file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
+    file.seek(std::io::SeekFrom::End(0))?;
+    Ok(file)
+}
+
+/// Follows the kernel log for as long as the task runs, publishing the node's last exit on
+/// `tx` and counting exits in `metrics`.
+pub async fn follow_kernel_log(file: std::fs::File, tx: watch::Sender<Option<Exit>>, metrics: Arc<Metrics>) {
+    // SAFETY: the AsyncFd owns the file, which stays open and unchanged until it drops.
+    let fd = match unsafe { AsyncFd::register(file) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(err = %e, "cannot watch the kernel log; exits are not reported");
+            return;
+        }
+    };
+    metrics.kernel_log_followed.set(1);
+    metrics.exits_known(&kmsg::KNOWN_REASONS);
+    let mut tracker = kmsg::Tracker::default();
+    let mut buf = vec![0u8; kmsg::MAX_RECORD];
+    loop {
+        let mut guard = match fd.readable().await {
+            Ok(guard) => guard,
+            Err(e) => {
+                warn!(err = %e, "the kernel log stopped; exits are no longer reported");
+                metrics.kernel_log_followed.set(0);
+                return;
+            }
+        };
+        let mut changed = false;
+        loop {
+            match guard.get_inner().read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let Some(record) = buf.get(..n).and_then(kmsg::parse_record) else { continue };
+                    let (new_exit, updated) = tracker.feed(&record, kmsg::wall_ms(record.micros));
+                    if let Some(reason) = new_exit {
+                        metrics.exit(reason);
+                    }
+                    changed |= updated;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    guard.clear_ready();
+                    break;
+                }
+                // Records were overwritten before this reader got to them; carry on.
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(e) => {
+                    warn!(err = %e, "reading the kernel log failed; exits are no longer reported");
+                    metrics.kernel_log_followed.set(0);
+                    return;
+                }
+            }
+        }
+        if changed && let Some(exit) = tracker.last() {
+            info!(ops = %exit.ops, reason = %exit.reason, detail = %exit.detail, ejected = exit.ejected, "the kernel disabled a sched_ext scheduler");
+            tx.send_replace(Some(exit.clone()));
         }
     }
 }
