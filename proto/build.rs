@@ -4,6 +4,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "sked/agent/v1/agent.proto";
     println!("cargo:rerun-if-changed={proto}");
     let descriptors = protox::compile([proto], ["."])?;
-    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(descriptors)?;
+    // Small stream buffers: see src/codec.rs.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .codec_path("crate::codec::SmallCodec")
+        .compile_fds(descriptors)?;
     Ok(())
 }

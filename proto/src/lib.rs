@@ -11,6 +11,7 @@ pub mod v1 {
     tonic::include_proto!("sked.agent.v1");
 }
 
+pub mod codec;
 pub mod contract;
 pub mod text;
 
