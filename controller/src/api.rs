@@ -241,6 +241,11 @@ impl KernelExit {
         (self.time.as_str(), self.node.as_str()) > (other.time.as_str(), other.node.as_str())
     }
 
+    /// The same exit of the same node (its detail may differ: it can come in a later report).
+    pub fn is_same_as(&self, other: &KernelExit) -> bool {
+        self.node == other.node && self.time == other.time && self.ops == other.ops && self.reason == other.reason
+    }
+
     /// `the kernel disabled OPS (REASON: DETAIL)`.
     pub fn describe(&self) -> String {
         let verb = if self.ejected { "ejected" } else { "unregistered" };

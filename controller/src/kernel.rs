@@ -32,6 +32,9 @@ pub struct NodeReport {
     pub stale: bool,
     /// The node's last exit from the kernel log, since its agent started.
     pub last_exit: Option<KernelExit>,
+    /// Whether this controller recorded (or chose not to record) the event of `last_exit`; kept by
+    /// [`KernelTable::record`] while the node reports the same exit.
+    pub exit_recorded: bool,
 }
 
 /// Latest report per node, shared by the reports server and the reconciler.
@@ -57,6 +60,9 @@ impl KernelTable {
             report.attached_since = None;
             report.ejected = was_attached.is_some() || same_pod.is_some_and(|p| p.ejected);
         }
+        report.exit_recorded = nodes
+            .get(node)
+            .is_some_and(|p| p.exit_recorded && same_exit(p.last_exit.as_ref(), report.last_exit.as_ref()));
         let previous = nodes.insert(node.to_owned(), report.clone());
         if previous.as_ref().is_none_or(|p| p.verdict != report.verdict || p.stale) {
             self.verdicts.notify_one();
@@ -100,6 +106,18 @@ impl KernelTable {
         before - nodes.len()
     }
 
+    /// Marks the exits in `exits` recorded, where their nodes still report them.
+    pub fn exits_recorded(&self, exits: &[KernelExit]) {
+        let mut nodes = lock(&self.nodes);
+        for exit in exits {
+            if let Some(r) = nodes.get_mut(&exit.node)
+                && same_exit(r.last_exit.as_ref(), Some(exit))
+            {
+                r.exit_recorded = true;
+            }
+        }
+    }
+
     /// Drops a node's report: what it said is about a kernel the node no longer runs.
     pub fn forget(&self, node: &str) {
         lock(&self.nodes).remove(node);
@@ -117,6 +135,11 @@ impl KernelTable {
     }
 }
 
+/// Whether two exits are the same event (its detail may have come later).
+fn same_exit(a: Option<&KernelExit>, b: Option<&KernelExit>) -> bool {
+    matches!((a, b), (Some(a), Some(b)) if a.is_same_as(b))
+}
+
 /// The KernelAttached view of one Scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelSummary {
@@ -132,6 +155,8 @@ pub struct KernelSummary {
     pub settled: bool,
     /// The newest exit reported from the nodes.
     pub last_exit: Option<KernelExit>,
+    /// Ejections whose event this controller has not recorded yet, oldest first.
+    pub ejections: Vec<KernelExit>,
 }
 
 /// Folds the reports of `nodes` into a Scheduler's KernelAttached view. `nodes` are the nodes
@@ -150,8 +175,13 @@ pub fn summarize(
     let mut by_kind: BTreeMap<Reason, Vec<String>> = BTreeMap::new();
     let mut unreported = 0;
     let mut last_exit: Option<&KernelExit> = None;
+    let mut ejections = Vec::new();
     for node in nodes {
         let report = reports.get(node).filter(|r| r.scheduler == scheduler);
+        if let Some(exit) = report.filter(|r| !r.exit_recorded).and_then(|r| r.last_exit.as_ref()).filter(|e| e.ejected)
+        {
+            ejections.push(exit.clone());
+        }
         if let Some(exit) = report.and_then(|r| r.last_exit.as_ref())
             && last_exit.is_none_or(|newest| exit.is_newer_than(newest))
         {
@@ -201,7 +231,17 @@ pub fn summarize(
         let listed = by_kind.get(&reason).map(|v| list(v)).unwrap_or_default();
         (false, reason, format!("{counted}; {listed}"))
     };
-    KernelSummary { attached, is_true, reason, message, unreported, settled: true, last_exit: last_exit.cloned() }
+    ejections.sort_by(|a: &KernelExit, b| (a.time.as_str(), a.node.as_str()).cmp(&(b.time.as_str(), b.node.as_str())));
+    KernelSummary {
+        attached,
+        is_true,
+        reason,
+        message,
+        unreported,
+        settled: true,
+        last_exit: last_exit.cloned(),
+        ejections,
+    }
 }
 
 fn list(items: &[String]) -> String {
@@ -226,6 +266,7 @@ mod tests {
             ejected: false,
             stale: false,
             last_exit: None,
+            exit_recorded: false,
         }
     }
 
@@ -372,6 +413,35 @@ mod tests {
             "{}",
             k.message
         );
+    }
+
+    #[test]
+    fn an_ejection_is_listed_until_recorded_and_stays_recorded_while_reported() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        let stall = KernelExit {
+            node: "a".into(),
+            ops: "lavd".into(),
+            reason: "runnable task stall".into(),
+            time: "2026-12-01T00:00:01.000Z".into(),
+            ejected: true,
+            ..KernelExit::default()
+        };
+        let mut r = report("s", Verdict::NotAttached, now);
+        r.last_exit = Some(stall.clone());
+        t.record("a", r.clone(), STALE);
+        let listed = |t: &KernelTable| t.read(|n| summarize("s", &nodes(&["a"]), 1, n, now, STALE).ejections);
+        assert_eq!(listed(&t), vec![stall.clone()]);
+        t.exits_recorded(std::slice::from_ref(&stall));
+        assert!(listed(&t).is_empty());
+        // Heartbeats, and the detail line in a later report, are the same exit.
+        r.last_exit = Some(KernelExit { detail: "x[1] failed to run for 2s".into(), ..stall.clone() });
+        t.record("a", r.clone(), STALE);
+        assert!(listed(&t).is_empty());
+        // The next one is new.
+        r.last_exit = Some(KernelExit { time: "2026-12-01T00:01:00.000Z".into(), ..stall });
+        t.record("a", r, STALE);
+        assert_eq!(listed(&t).len(), 1);
     }
 
     #[test]

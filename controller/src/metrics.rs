@@ -154,6 +154,8 @@ impl Metrics {
     pub fn set_conflicting_nodes(&self, scheduler: &str, nodes: usize) {
         let labels = vec![("scheduler".into(), scheduler.to_owned())];
         self.conflicting_nodes.get_or_create(&labels).set(i64::try_from(nodes).unwrap_or(i64::MAX));
+        // Its rollbacks count from zero before the first, so `increase()` sees the first one.
+        self.rollbacks.get_or_create(&labels).inc_by(0);
     }
 
     pub fn forget_scheduler(&self, scheduler: &str) {

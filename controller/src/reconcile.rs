@@ -261,6 +261,15 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     if kernel.unreported > 0 && !grace_left.is_zero() {
         kernel.settled = false;
     }
+    // Each ejection is recorded once: by the leader that hears of it first. A new leader hears
+    // every node's last exit again; those from before its term (less the lease, the time a
+    // leader may be missing) were the previous leader's to record.
+    let heard_ejections = kernel.ejections.clone();
+    let term_began = jiff::Timestamp::now()
+        .checked_sub(ctx.memo.term_age() + ctx.flags.leader_election_lease_duration)
+        .map(|t| format!("{t:.3}"))
+        .unwrap_or_default();
+    kernel.ejections.retain(|e| e.time >= term_began);
 
     // The rollout: which pods to replace, and whether the revision being rolled out failed.
     let wall = jiff::Timestamp::now().as_second();
@@ -307,10 +316,11 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     } else {
         debug!("reconciled; nothing changed");
     }
-    for event in outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_event) {
+    for event in outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_events) {
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
+    ctx.kernel.exits_recorded(&heard_ejections);
     if let (Some((failure, newly)), Some(ds)) = (&roll_back_from, daemonset.as_ref()) {
         roll_back(ctx, scheduler, ds, &previous_rollout, failure, *newly).await?;
     }

@@ -269,7 +269,7 @@ impl Inner {
     /// Counts a new stream of `node`, unless the node or the server is at its limit.
     fn open_slot(self: &Arc<Self>, node: &str) -> Result<StreamSlot, Status> {
         let mut streams = lock(&self.streams);
-        let total: usize = streams.values().sum();
+        let total = usize::try_from(self.stats.open_streams.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
         let of_node = streams.get(node).copied().unwrap_or(0);
         if of_node >= MAX_STREAMS_PER_NODE || total >= MAX_STREAMS {
             drop(streams);
@@ -494,6 +494,7 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
         ejected: false,
         stale: false,
         last_exit: report.last_exit.as_ref().and_then(|e| kernel_exit(&report.node, e)),
+        exit_recorded: false,
     }
 }
 

@@ -72,8 +72,8 @@ pub struct Outcome {
     pub event: Option<EventSpec>,
     /// KernelAttached state change.
     pub kernel_event: Option<EventSpec>,
-    /// A newer ejection than the status knew: recorded once per exit.
-    pub exit_event: Option<EventSpec>,
+    /// One per ejection this controller has not recorded yet.
+    pub exit_events: Vec<EventSpec>,
 }
 
 /// Rollout facts read off a DaemonSet and the rollout decided for it.
@@ -315,14 +315,22 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
     conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
 
     let attached = if carried.is_some() { obs.previous.kernel_attached } else { k.attached };
-    // An exit is news once: a new leader hears the same exits again and finds them in the status.
-    let newer_exit =
-        k.last_exit.as_ref().filter(|e| obs.previous.last_exit.as_ref().is_none_or(|known| e.is_newer_than(known)));
-    let exit_event = newer_exit.filter(|e| e.ejected).map(|e| EventSpec {
-        kind: EventKind::Warning,
-        reason: Reason::KernelEjected,
-        message: format!("Node {}: {}", e.node, e.describe()),
+    // The newest exit replaces the one kept, and so does the same exit with its detail now.
+    let newer_exit = k.last_exit.as_ref().filter(|e| {
+        obs.previous
+            .last_exit
+            .as_ref()
+            .is_none_or(|known| e.is_newer_than(known) || (e.is_same_as(known) && *e != known))
     });
+    let exit_events = k
+        .ejections
+        .iter()
+        .map(|e| EventSpec {
+            kind: EventKind::Warning,
+            reason: Reason::KernelEjected,
+            message: format!("Node {}: {}", e.node, e.describe()),
+        })
+        .collect();
     let kernel_attached = attached.min(rollout.desired);
     let status = SchedulerStatus {
         observed_generation: generation,
@@ -366,7 +374,7 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             reason: k.reason,
             message: k.message.clone(),
         });
-    Outcome { status, event, kernel_event, exit_event }
+    Outcome { status, event, kernel_event, exit_events }
 }
 
 /// The Degraded condition: a refused spec, then a refused image, then a conflict, then pods
@@ -594,6 +602,7 @@ mod tests {
             unreported: 0,
             settled: true,
             last_exit: None,
+            ejections: Vec::new(),
         }
     }
 
@@ -1059,42 +1068,45 @@ mod tests {
     }
 
     #[test]
-    fn an_ejection_is_kept_in_the_status_and_recorded_once() {
+    fn ejections_are_recorded_and_the_newest_exit_kept() {
         use crate::api::KernelExit;
         let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
         let exit = |node: &str, time: &str, ejected: bool| KernelExit {
             node: node.into(),
             ops: "lavd".into(),
             reason: if ejected { "runnable task stall" } else { "unregistered from user space" }.into(),
-            detail: if ejected { "kworker/0:1[12] failed to run for 2.1s" } else { "" }.into(),
+            detail: String::new(),
             time: time.into(),
             ejected,
         };
         let mut run = Run::new();
+        let stall = exit("n1", "2026-12-01T00:00:01.000Z", true);
+        let other = exit("n0", "2026-12-01T00:00:00.500Z", true);
         run.kernel = KernelSummary {
-            last_exit: Some(exit("n1", "2026-12-01T00:00:01.000Z", true)),
+            last_exit: Some(stall.clone()),
+            ejections: vec![other.clone(), stall.clone()],
             ..kernel(0, 1, "NotAttached")
         };
         let out = run.step(Some(&ds(1, 1, 1, 1, 0)), &p);
-        let ev = out.exit_event.as_ref().map(|e| (e.kind, e.reason.as_str()));
-        assert_eq!(ev, Some((EventKind::Warning, "KernelEjected")));
-        let message = &out.exit_event.as_ref().map(|e| e.message.clone()).unwrap_or_default();
+        let events: Vec<(EventKind, &str)> = out.exit_events.iter().map(|e| (e.kind, e.reason.as_str())).collect();
+        assert_eq!(events, [(EventKind::Warning, "KernelEjected"); 2], "one per ejection, of each node");
+        let message = &out.exit_events[1].message;
         assert!(
-            message.starts_with("Node n1: the kernel ejected lavd") && message.contains("runnable task stall: kworker"),
+            message.starts_with("Node n1: the kernel ejected lavd") && message.contains("runnable task stall"),
             "{message}"
         );
-        assert_eq!(out.status.last_exit.as_ref().map(|e| e.reason.as_str()), Some("runnable task stall"));
-        // The same exit again (a heartbeat, or a new leader hearing it): no second event.
-        assert_eq!(run.step(Some(&ds(1, 1, 1, 1, 0)), &p).exit_event, None);
-        // An older exit of another node does not replace the newer one.
-        run.kernel.last_exit = Some(exit("n0", "2026-12-01T00:00:00.500Z", true));
+        assert_eq!(out.status.last_exit.as_ref(), Some(&stall));
+        // The detail line came with a later report: the same exit, kept with it.
+        let detailed = KernelExit { detail: "kworker/0:1[12] failed to run for 2.1s".into(), ..stall.clone() };
+        run.kernel = KernelSummary { last_exit: Some(detailed.clone()), ..kernel(0, 1, "NotAttached") };
         let out = run.step(Some(&ds(1, 1, 1, 1, 0)), &p);
-        assert_eq!((out.exit_event, out.status.last_exit.map(|e| e.node)), (None, Some("n1".into())));
-        // A normal unregistration is kept, and is no ejection.
+        assert!(out.exit_events.is_empty());
+        assert_eq!(out.status.last_exit.as_ref(), Some(&detailed));
+        // An older exit does not replace the newer one; a newer normal unregistration does.
+        run.kernel.last_exit = Some(other);
+        assert_eq!(run.step(Some(&ds(1, 1, 1, 1, 0)), &p).status.last_exit, Some(detailed));
         run.kernel.last_exit = Some(exit("n1", "2026-12-01T00:00:09.000Z", false));
-        let out = run.step(Some(&ds(1, 1, 1, 1, 0)), &p);
-        assert_eq!(out.exit_event, None);
-        assert_eq!(out.status.last_exit.map(|e| e.ejected), Some(false));
+        assert_eq!(run.step(Some(&ds(1, 1, 1, 1, 0)), &p).status.last_exit.map(|e| e.ejected), Some(false));
     }
 
     #[test]

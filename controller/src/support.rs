@@ -63,6 +63,8 @@ pub fn kernel_changed(node: &Node) -> bool {
 
 /// A label written this recently is not written again before the Node watch shows it.
 const ECHO_WAIT: Duration = Duration::from_secs(10);
+/// Node writes in flight at once.
+const CONCURRENT_WRITES: usize = 8;
 
 /// Keeps the sched-ext labels: from the agents' reports (woken by the kernel table), and clears
 /// them on unsupported nodes whose kernel changed. Runs until the leadership channel closes.
@@ -79,8 +81,10 @@ pub(crate) async fn keep_support_labels(
     // The unsupported nodes as last seen, to re-check when this replica starts leading.
     let mut seen: HashMap<String, Node> = HashMap::new();
     let mut written: HashMap<String, Instant> = HashMap::new();
+    let mut retry: Option<Duration> = None;
     loop {
         let leading = *leader.borrow_and_update();
+        let mut failed = false;
         if leading {
             written.retain(|_, at| at.elapsed() < ECHO_WAIT);
             let drift: Vec<(String, &'static str)> = kernel.read(|reports| {
@@ -94,26 +98,51 @@ pub(crate) async fn keep_support_labels(
                     .filter(|(node, _)| !written.contains_key(node))
                     .collect()
             });
-            for (node, want) in drift {
-                match set_support(&nodes, &node, want).await {
+            // Owned strings: a borrowed one in these futures trips the compiler's Send inference.
+            let drift: Vec<(String, String)> = drift.into_iter().map(|(node, want)| (node, want.to_owned())).collect();
+            let writes = futures::stream::iter(drift)
+                .map(|(node, want)| {
+                    let (nodes, leader) = (nodes.clone(), leader.clone());
+                    async move {
+                        // Each write checks leadership: the lease may move during a long pass.
+                        if !*leader.borrow() {
+                            return (node, want, Ok(()));
+                        }
+                        let result = set_support(&nodes, &node, &want).await;
+                        (node, want, result)
+                    }
+                })
+                .buffer_unordered(CONCURRENT_WRITES)
+                .collect::<Vec<_>>()
+                .await;
+            for (node, want, result) in writes {
+                match result {
                     Ok(()) => {
                         info!(node = %node, sched_ext = want, "node sched-ext label set");
                         written.insert(node, Instant::now());
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => {
-                        warn!(node = %node, err = %e, "could not label the node's sched_ext support; retrying on the next report")
+                        failed = true;
+                        warn!(node = %node, err = %e, "could not label the node's sched_ext support; retrying");
                     }
                 }
             }
-            for node in seen.values().filter(|n| kernel_changed(n)) {
-                if clear(&nodes, node).await {
+            let changed: Vec<Node> = seen.values().filter(|n| kernel_changed(n)).cloned().collect();
+            for node in changed {
+                if !*leader.borrow() {
+                    break;
+                }
+                if clear(&nodes, &node).await {
                     // Its last report judged the old kernel.
                     kernel.forget(&node.name_any());
+                    seen.remove(&node.name_any());
+                } else {
+                    failed = true;
                 }
             }
-            seen.retain(|_, n| !kernel_changed(n));
         }
+        retry = failed.then(|| retry.map_or(Duration::from_millis(500), |r| (r * 2).min(Duration::from_secs(30))));
         tokio::select! {
             () = kernel.changed() => {}
             changed = leader.changed() => if changed.is_err() { return },
@@ -132,7 +161,7 @@ pub(crate) async fn keep_support_labels(
                 }
                 None => return,
             },
-            () = tokio::time::sleep(ECHO_WAIT), if !written.is_empty() => {}
+            () = tokio::time::sleep(retry.unwrap_or(ECHO_WAIT)), if retry.is_some() || !written.is_empty() => {}
         }
     }
 }

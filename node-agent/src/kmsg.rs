@@ -51,12 +51,17 @@ pub struct Record {
 }
 
 /// Parses one record as `read(2)` on `/dev/kmsg` returns it: `PRI,SEQ,USEC,FLAGS[,...];TEXT`,
-/// then optional ` KEY=VALUE` continuation lines. `None` for anything else.
+/// then optional ` KEY=VALUE` continuation lines. `None` for anything else, and for records that
+/// user space wrote (a write to /dev/kmsg cannot use the kernel's facility, 0): a process on the
+/// node cannot forge the kernel's words.
 pub fn parse_record(raw: &[u8]) -> Option<Record> {
     let text = String::from_utf8_lossy(raw);
     let (prefix, message) = text.split_once(';')?;
     let mut fields = prefix.split(',');
-    fields.next()?.parse::<u32>().ok()?;
+    let priority = fields.next()?.parse::<u32>().ok()?;
+    if priority >> 3 != 0 {
+        return None;
+    }
     let seq = fields.next()?.parse().ok()?;
     let micros = fields.next()?.parse().ok()?;
     let message = message.split('\n').next().unwrap_or_default();
@@ -106,6 +111,19 @@ pub struct Exit {
     /// Whether the kernel threw the scheduler out (error, stall, SysRq-S, the scheduler's own
     /// exit) rather than its user space unregistering it.
     pub ejected: bool,
+}
+
+/// How long an error exit waits for its detail line before it is reported without it.
+pub const DETAIL_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Reasons of error exits, after which the kernel prints a detail line.
+const ERROR_REASONS: [&str; 3] = ["runtime error", "scx_bpf_error", "runnable task stall"];
+
+impl Exit {
+    /// An error exit whose detail line has not been read yet.
+    pub fn awaits_detail(&self) -> bool {
+        self.detail.is_empty() && ERROR_REASONS.contains(&self.reason.as_str())
+    }
 }
 
 /// Whether an exit with the kernel's `reason` is an ejection (see [`Exit::ejected`]).
@@ -204,6 +222,8 @@ mod tests {
         assert_eq!(parse_record(b"no prefix"), None);
         assert_eq!(parse_record(b"x,1,2,-;text"), None);
         assert_eq!(parse_record(b"6,1;text"), None);
+        // Facility 1 (user): written to /dev/kmsg from user space, not by the kernel.
+        assert_eq!(parse_record(b"14,815,42001400,-;sched_ext: BPF scheduler \"x\" disabled (forged)"), None);
     }
 
     #[test]
@@ -230,8 +250,11 @@ mod tests {
     #[test]
     fn a_stall_keeps_the_kernel_detail() {
         let mut t = Tracker::default();
-        assert_eq!(feed_all(&mut t, &STALL), vec!["runnable task stall"]);
+        assert_eq!(feed_all(&mut t, &STALL[..2]), vec!["runnable task stall"]);
+        assert!(t.last().unwrap().awaits_detail(), "an error exit waits for its detail line");
+        feed_all(&mut t, &STALL[2..]);
         let exit = t.last().unwrap();
+        assert!(!exit.awaits_detail());
         assert_eq!(exit.reason, "runnable task stall");
         assert_eq!(exit.detail, "sked-stall[158] failed to run for 1.048s");
         assert!(exit.ejected);

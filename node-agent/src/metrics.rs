@@ -157,8 +157,8 @@ impl Metrics {
         for (name, value) in &read.events {
             let event = name.strip_prefix("SCX_EV_").unwrap_or(name);
             let key = (ops.clone(), event.to_owned());
-            let grown = counter_growth(seen.get(&key).copied(), read.enable_seq, *value);
-            seen.insert(key, (read.enable_seq, *value));
+            let (grown, kept) = counter_growth(seen.get(&key).copied(), read.enable_seq, *value);
+            seen.insert(key, (read.enable_seq, kept));
             // Created at zero too, so a counter exists before its first event.
             self.events
                 .get_or_create(&vec![("event".into(), event.to_owned()), ("ops".into(), ops.clone())])
@@ -187,11 +187,13 @@ impl Metrics {
 }
 
 /// How much a kernel counter grew since the last read (`last`: the enable it was read under and
-/// its value). Under a new enable the counter started again from zero: all of it is new.
-fn counter_growth(last: Option<(Option<u64>, u64)>, enable_seq: Option<u64>, value: u64) -> u64 {
+/// the largest value seen then), and the value to keep. Under a new enable the counter started
+/// again from zero: all of it is new. A smaller value under the same enable is an older read
+/// (the observer and a scrape race, or the files were read across an enable): nothing is new.
+fn counter_growth(last: Option<EventSeen>, enable_seq: Option<u64>, value: u64) -> (u64, u64) {
     match last {
-        Some((seq, before)) if seq == enable_seq && value >= before => value - before,
-        _ => value,
+        Some((seq, before)) if seq == enable_seq => (value.saturating_sub(before), value.max(before)),
+        _ => (value, value),
     }
 }
 
@@ -234,9 +236,11 @@ mod tests {
         // Unloaded, loaded again: its counters start from zero and have grown to 30 already.
         m.observe(&observation("lavd", 2, &[("SCX_EV_BYPASS_DURATION", 30)]));
         assert_eq!(value(&m.encode(), series), Some(130));
-        // A smaller value under the same enable (a reset the agent did not see): counted whole.
+        // A smaller value under the same enable is an older read that lost a race: nothing new.
         m.observe(&observation("lavd", 2, &[("SCX_EV_BYPASS_DURATION", 5)]));
-        assert_eq!(value(&m.encode(), series), Some(135));
+        assert_eq!(value(&m.encode(), series), Some(130));
+        m.observe(&observation("lavd", 2, &[("SCX_EV_BYPASS_DURATION", 31)]));
+        assert_eq!(value(&m.encode(), series), Some(131));
         let text = m.encode();
         assert_eq!(value(&text, "sked_agent_sched_ext_hotplug_seq"), Some(3));
         assert_eq!(value(&text, "sked_agent_sched_ext_switch_all"), Some(1));

@@ -154,24 +154,48 @@ pub async fn follow_kernel_log(file: std::fs::File, tx: watch::Sender<Option<Exi
     };
     metrics.kernel_log_followed.set(1);
     metrics.exits_known(&kmsg::KNOWN_REASONS);
-    let mut tracker = kmsg::Tracker::default();
-    let mut buf = vec![0u8; kmsg::MAX_RECORD];
+    let mut log = KernelLog { fd, tracker: kmsg::Tracker::default(), buf: vec![0u8; kmsg::MAX_RECORD] };
     loop {
-        let mut guard = match fd.readable().await {
-            Ok(guard) => guard,
+        let mut changed = match log.drain(&metrics).await {
+            Ok(changed) => changed,
             Err(e) => {
-                warn!(err = %e, "the kernel log stopped; exits are no longer reported");
+                warn!(err = %e, "reading the kernel log failed; exits are no longer reported");
                 metrics.kernel_log_followed.set(0);
                 return;
             }
         };
+        // An error exit's detail line follows its own within milliseconds: report them together.
+        if changed
+            && log.tracker.last().is_some_and(kmsg::Exit::awaits_detail)
+            && let Ok(more) = tokio::time::timeout(kmsg::DETAIL_WAIT, log.drain(&metrics)).await
+        {
+            changed |= more.unwrap_or(false);
+        }
+        if changed && let Some(exit) = log.tracker.last() {
+            info!(ops = %exit.ops, reason = %exit.reason, detail = %exit.detail, ejected = exit.ejected, "the kernel disabled a sched_ext scheduler");
+            tx.send_replace(Some(exit.clone()));
+        }
+    }
+}
+
+/// The kernel log being followed, and what was read of it.
+struct KernelLog {
+    fd: AsyncFd<std::fs::File>,
+    tracker: kmsg::Tracker,
+    buf: Vec<u8>,
+}
+
+impl KernelLog {
+    /// Waits for records, then reads every one pending. Returns whether the last exit changed.
+    async fn drain(&mut self, metrics: &Metrics) -> std::io::Result<bool> {
+        let mut guard = self.fd.readable().await?;
         let mut changed = false;
         loop {
-            match guard.get_inner().read(&mut buf) {
-                Ok(0) => break,
+            match guard.get_inner().read(&mut self.buf) {
+                Ok(0) => return Ok(changed),
                 Ok(n) => {
-                    let Some(record) = buf.get(..n).and_then(kmsg::parse_record) else { continue };
-                    let (new_exit, updated) = tracker.feed(&record, kmsg::wall_ms(record.micros));
+                    let Some(record) = self.buf.get(..n).and_then(kmsg::parse_record) else { continue };
+                    let (new_exit, updated) = self.tracker.feed(&record, kmsg::wall_ms(record.micros));
                     if let Some(reason) = new_exit {
                         metrics.exit(reason);
                     }
@@ -179,20 +203,12 @@ pub async fn follow_kernel_log(file: std::fs::File, tx: watch::Sender<Option<Exi
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     guard.clear_ready();
-                    break;
+                    return Ok(changed);
                 }
                 // Records were overwritten before this reader got to them; carry on.
-                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-                Err(e) => {
-                    warn!(err = %e, "reading the kernel log failed; exits are no longer reported");
-                    metrics.kernel_log_followed.set(0);
-                    return;
-                }
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+                Err(e) => return Err(e),
             }
-        }
-        if changed && let Some(exit) = tracker.last() {
-            info!(ops = %exit.ops, reason = %exit.reason, detail = %exit.detail, ejected = exit.ejected, "the kernel disabled a sched_ext scheduler");
-            tx.send_replace(Some(exit.clone()));
         }
     }
 }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
+use std::io::{self, Read};
 use std::path::Path;
 
 use sked_proto::text::{MAX_NAME_CHARS, escape_and_cap};
@@ -93,10 +93,20 @@ impl KernelRead {
 /// Reads everything under `<sysfs_root>/kernel/sched_ext`.
 pub fn read(sysfs_root: &Path) -> KernelRead {
     let dir = sysfs_root.join("kernel/sched_ext");
-    if !dir.is_dir() {
-        return KernelRead::unsupported();
-    }
     let mut out = KernelRead::unsupported();
+    match fs::metadata(&dir) {
+        Ok(meta) if meta.is_dir() => {}
+        // Only a sysfs that shows the kernel, and no sched_ext in it, proves the kernel has none;
+        // a wrong mount or a denied read is a problem to report, not a verdict on the node.
+        Err(e) if e.kind() == io::ErrorKind::NotFound && sysfs_root.join("kernel").is_dir() => return out,
+        other => {
+            out.supported = true;
+            out.state = SchedState::Unreadable;
+            let why = other.map_or_else(|e| e.to_string(), |_| "not a directory".to_owned());
+            out.problems.push(format!("cannot read {}: {why}", dir.display()));
+            return out;
+        }
+    }
     out.supported = true;
     let mut problems = Vec::new();
 
@@ -230,11 +240,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_directory_means_unsupported() {
+    fn no_directory_in_the_kernel_s_sysfs_means_unsupported() {
         let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("kernel")).unwrap();
         let r = read(tmp.path());
         assert!(!r.supported);
         assert_eq!(r.state, SchedState::Unreadable);
+    }
+
+    #[test]
+    fn a_sysfs_without_the_kernel_is_a_problem_not_a_verdict() {
+        // A wrong --sysfs-root or a missing mount: the kernel's support is not known.
+        let tmp = tempfile::tempdir().unwrap();
+        let r = read(tmp.path());
+        assert!(r.supported, "not judged unsupported");
+        assert_eq!(r.state, SchedState::Unreadable);
+        assert!(r.problems[0].contains("cannot read"), "{:?}", r.problems);
     }
 
     #[test]

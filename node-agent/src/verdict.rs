@@ -78,6 +78,7 @@ mod tests {
     #[test]
     fn unsupported_kernel() {
         let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("kernel")).unwrap();
         let (v, why) = decide(&crate::sysfs::read(tmp.path()), None, &Owner::NotOurs);
         assert_eq!(v, Verdict::KernelUnsupported);
         assert!(why.contains("CONFIG_SCHED_CLASS_EXT"));
