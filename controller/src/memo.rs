@@ -42,6 +42,8 @@ pub(crate) struct Memo {
     /// The last admission of each Scheduler's image, per Scheduler uid: reused until its inputs
     /// change or a tag is due to be resolved again. Kept across leadership terms.
     pub(crate) admissions: Mutex<HashMap<String, Admission>>,
+    /// Per Scheduler uid, the ejections (`node@time`) the events show recorded, read once a term.
+    pub(crate) recorded_ejections: Mutex<HashMap<String, std::collections::HashSet<String>>>,
 }
 
 impl Default for Memo {
@@ -51,6 +53,7 @@ impl Default for Memo {
             written: Mutex::default(),
             applied: Mutex::default(),
             admissions: Mutex::default(),
+            recorded_ejections: Mutex::default(),
         }
     }
 }
@@ -61,6 +64,7 @@ impl Memo {
         *lock(&self.term_started) = Instant::now();
         lock(&self.written).clear();
         lock(&self.applied).clear();
+        lock(&self.recorded_ejections).clear();
     }
 
     /// How long the current term has lasted.
@@ -74,6 +78,7 @@ impl Memo {
         let names: std::collections::HashSet<String> = live.iter().map(ResourceExt::name_any).collect();
         lock(&self.written).retain(|uid, _| uids.contains(uid));
         lock(&self.admissions).retain(|uid, _| uids.contains(uid));
+        lock(&self.recorded_ejections).retain(|uid, _| uids.contains(uid));
         lock(&self.applied).retain(|name, _| names.contains(name));
     }
 
@@ -81,6 +86,7 @@ impl Memo {
         if let Some(uid) = scheduler.uid() {
             lock(&self.written).remove(&uid);
             lock(&self.admissions).remove(&uid);
+            lock(&self.recorded_ejections).remove(&uid);
         }
         lock(&self.applied).remove(&scheduler.name_any());
     }

@@ -261,15 +261,15 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     if kernel.unreported > 0 && !grace_left.is_zero() {
         kernel.settled = false;
     }
-    // Each ejection is recorded once: by the leader that hears of it first. A new leader hears
-    // every node's last exit again; those from before its term (less the lease, the time a
-    // leader may be missing) were the previous leader's to record.
+    // Each ejection is recorded once. A new leader hears every node's last exit again: one from
+    // before its term may have been recorded by the previous leader, which its events say.
     let heard_ejections = kernel.ejections.clone();
-    let term_began = jiff::Timestamp::now()
-        .checked_sub(ctx.memo.term_age() + ctx.flags.leader_election_lease_duration)
-        .map(|t| format!("{t:.3}"))
-        .unwrap_or_default();
-    kernel.ejections.retain(|e| e.time >= term_began);
+    let term_began =
+        jiff::Timestamp::now().checked_sub(ctx.memo.term_age()).map(|t| format!("{t:.3}")).unwrap_or_default();
+    if kernel.ejections.iter().any(|e| e.time < term_began) {
+        let recorded = recorded_ejections(ctx, scheduler).await;
+        kernel.ejections.retain(|e| !recorded.contains(&ejection_key(&e.node, &e.time)));
+    }
 
     // The rollout: which pods to replace, and whether the revision being rolled out failed.
     let wall = jiff::Timestamp::now().as_second();
@@ -636,6 +636,44 @@ async fn write_status(ctx: &Context, scheduler: &Scheduler, status: &SchedulerSt
     api.patch_status(&scheduler.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
         .await
         .map(|_| ())
+}
+
+/// Where the events of a Scheduler are (the recorder's namespace for cluster-scoped objects).
+const EVENTS_NAMESPACE: &str = "default";
+
+/// `node@time`: one ejection.
+fn ejection_key(node: &str, time: &str) -> String {
+    format!("{node}@{time}")
+}
+
+/// The ejections of `scheduler` that have a KernelEjected event (recorded by this replica or an
+/// earlier leader), read once per Scheduler and leadership term. Unreadable events count as
+/// none: an event twice rather than none.
+async fn recorded_ejections(ctx: &Context, scheduler: &Scheduler) -> std::collections::HashSet<String> {
+    let uid = scheduler.uid().unwrap_or_default();
+    if let Some(known) = lock(&ctx.memo.recorded_ejections).get(&uid) {
+        return known.clone();
+    }
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ctx.client.clone(), EVENTS_NAMESPACE);
+    let params = ListParams::default().fields(&format!("regarding.uid={uid},reason={}", Reason::KernelEjected));
+    let known: std::collections::HashSet<String> = match events.list(&params).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .filter_map(|e| {
+                // "Node <node>: the kernel ejected <ops> at <time> (<reason>...)"
+                let (node, rest) = e.note.as_deref()?.strip_prefix("Node ")?.split_once(": the kernel ejected ")?;
+                let time = rest.split_once(" at ")?.1.split_once(" (")?.0;
+                Some(ejection_key(node, time))
+            })
+            .collect(),
+        Err(e) => {
+            warn!(err = %e, "could not read the recorded KernelEjected events; ejections from before this term may be recorded again");
+            return Default::default();
+        }
+    };
+    lock(&ctx.memo.recorded_ejections).insert(uid, known.clone());
+    known
 }
 
 async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {

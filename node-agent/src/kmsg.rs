@@ -68,6 +68,25 @@ pub fn parse_record(raw: &[u8]) -> Option<Record> {
     Some(Record { seq, micros, text: message.to_owned() })
 }
 
+/// Splits a buffer into records: each ends at a newline that no continuation line (` KEY=VALUE`)
+/// follows.
+pub fn split_records(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = buf;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = rest
+            .iter()
+            .enumerate()
+            .find(|&(i, byte)| *byte == b'\n' && rest.get(i + 1) != Some(&b' '))
+            .map_or(rest.len(), |(i, _)| i + 1);
+        let (record, tail) = rest.split_at(end);
+        rest = tail;
+        Some(record)
+    })
+}
+
 /// A kernel log line of sched_ext.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Line<'a> {
@@ -224,6 +243,15 @@ mod tests {
         assert_eq!(parse_record(b"6,1;text"), None);
         // Facility 1 (user): written to /dev/kmsg from user space, not by the kernel.
         assert_eq!(parse_record(b"14,815,42001400,-;sched_ext: BPF scheduler \"x\" disabled (forged)"), None);
+    }
+
+    #[test]
+    fn a_buffer_of_several_records_is_split_between_them() {
+        let buf = b"6,1,1,-;one\n SUBSYSTEM=cpu\n6,2,2,-;two\n6,3,3,-;three";
+        let records: Vec<&[u8]> = split_records(buf).collect();
+        assert_eq!(records, [&b"6,1,1,-;one\n SUBSYSTEM=cpu\n"[..], b"6,2,2,-;two\n", b"6,3,3,-;three"]);
+        assert_eq!(parse_record(records[0]).map(|r| r.text), Some("one".into()));
+        assert_eq!(split_records(b"").count(), 0);
     }
 
     #[test]

@@ -183,6 +183,9 @@ pub struct AgentProcess {
     pub sysfs: PathBuf,
     pub http: SocketAddr,
     pub log: PathBuf,
+    /// The agent's kernel log: a pipe the test writes `/dev/kmsg` records into (held open for
+    /// writing, so the agent never sees its end).
+    kernel_log: std::fs::File,
 }
 
 /// What an agent needs to run.
@@ -241,6 +244,12 @@ impl AgentProcess {
         std::fs::write(&token, spec.token)?;
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let log = dir.join("agent.log");
+        let kmsg = dir.join("kmsg");
+        if !kmsg.exists() {
+            crate::run_command(Command::new("mkfifo").arg(&kmsg))?;
+        }
+        // Read and write, so opening never waits for the agent, and the pipe never ends.
+        let kernel_log = std::fs::OpenOptions::new().read(true).write(true).open(&kmsg)?;
         let mut cmd = Command::new(agent_binary()?);
         cmd.args(["--node-name", spec.node, "--pod-name", spec.pod, "--scheduler", spec.scheduler])
             .arg("--sysfs-root")
@@ -253,7 +262,9 @@ impl AgentProcess {
             .arg(spec.ca)
             .arg("--token-file")
             .arg(&token)
-            .args(["--listen-address", &http.to_string(), "--log-format", "text", "--kernel-log="])
+            .args(["--listen-address", &http.to_string(), "--log-format", "text"])
+            .arg("--kernel-log")
+            .arg(&kmsg)
             .env_remove("SKED_EXPECTED_OPS")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log)?)
@@ -262,7 +273,14 @@ impl AgentProcess {
             cmd.args(["--expected-ops", ops]);
         }
         let child = cmd.spawn().context("starting sked-agent")?;
-        Ok(Self { child, node: spec.node.to_owned(), sysfs, http, log })
+        Ok(Self { child, node: spec.node.to_owned(), sysfs, http, log, kernel_log })
+    }
+
+    /// Logs `record` (a `/dev/kmsg` record: `PRI,SEQ,USEC,-;TEXT`) in the agent's kernel log.
+    pub fn kernel_logs(&self, record: &str) -> Result<()> {
+        use std::io::Write as _;
+        (&self.kernel_log).write_all(format!("{record}\n").as_bytes())?;
+        Ok(())
     }
 
     /// Makes the fake kernel show `state` with `ops` attached (or none).

@@ -732,3 +732,71 @@ async fn a_node_without_sched_ext_is_labelled_and_left_out_until_its_kernel_chan
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_ejection_reaches_the_status_and_is_recorded_once_across_a_failover() -> Result<()> {
+    let mut s = setup("ejected").await?;
+    let a1 = s.agent("k-1").await?;
+    let a2 = s.agent("k-2").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    s.wait_kernel("both attached", 2, "KernelAttached").await?;
+
+    // k-2's kernel throws the scheduler out for a stall, and says why in its log.
+    a2.kernel_logs("3,374,5425810,-;sched_ext: BPF scheduler \"rusty_1.0.0\" disabled (runnable task stall)")?;
+    a2.kernel_logs("3,375,5427884,-;sched_ext: rusty_1.0.0: kworker/1:2[91] failed to run for 31.004s")?;
+    a2.set_kernel("disabled", None, 1)?;
+    let sched =
+        s.fx.wait_scheduler(&s.name, "the ejection in the status", |s| {
+            s.status.as_ref().and_then(|st| st.last_exit.as_ref()).is_some_and(|e| !e.detail.is_empty())
+        })
+        .await?;
+    let exit = sched.status.as_ref().and_then(|st| st.last_exit.clone()).context("lastExit")?;
+    assert_eq!(
+        (exit.node.as_str(), exit.ops.as_str(), exit.reason.as_str()),
+        ("k-2", "rusty_1.0.0", "runnable task stall")
+    );
+    assert_eq!(exit.detail, "kworker/1:2[91] failed to run for 31.004s");
+    assert!(exit.ejected);
+    let sched = s.wait_kernel("k-2 not attached", 1, "NotAttached").await?;
+    let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
+    assert!(msg.contains("k-2: no sched_ext scheduler is enabled; the kernel ejected rusty_1.0.0"), "{msg}");
+    s.fx.wait_event(&s.name, "Warning", "KernelEjected", 1).await?;
+    let (_, metrics) = a2.get("/metrics")?;
+    assert!(metrics.contains("sked_agent_sched_ext_exits_total{reason=\"runnable task stall\"} 1"), "{metrics}");
+
+    // A new leader hears the same exit from k-2's agent, and records nothing again.
+    let port: u16 = s.controller.rsplit(':').next().and_then(|p| p.parse().ok()).context("reports port")?;
+    s.fx.stop_controller().await;
+    let flags = ControllerFlags {
+        reports_bind_address: ([127, 0, 0, 1], port).into(),
+        reports_cert_file: Some(s.tls.cert.clone()),
+        reports_key_file: Some(s.tls.key.clone()),
+        report_stale_after: STALE_AFTER,
+        ..ControllerFlags::default()
+    };
+    s.fx.start_controller(flags)?;
+    wait_for("both agents heard by the new leader", || async {
+        let heard = s.fx.metric_total("sked_reports_received_total").await?;
+        let k2 = a2.get("/metrics")?.1.lines().any(|l| l == "sked_agent_report_stream_connected 1");
+        Ok((k2 && heard >= 6).then_some(()))
+    })
+    .await?;
+    // Two reconciles that read k-2's exit from the new leader's table (reconciles of one
+    // Scheduler run one at a time: once the second wrote, the first recorded its events).
+    a1.set_kernel("disabled", None, 1)?;
+    s.wait_kernel("k-1 detached", 0, "NotAttached").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 2)?;
+    s.wait_kernel("k-1 attached again", 1, "NotAttached").await?;
+    let events = s.fx.scheduler_events(&s.name).await?;
+    assert_eq!(events.get(&("Warning".to_owned(), "KernelEjected".to_owned())), Some(&1), "{events:?}");
+
+    // The next ejection is news for the new leader.
+    a2.set_kernel("enabled", Some("rusty_1.0.0"), 2)?;
+    s.wait_kernel("k-2 attached again", 2, "KernelAttached").await?;
+    a2.kernel_logs("6,385,6913881,-;sched_ext: BPF scheduler \"rusty_1.0.0\" disabled (disabled by sysrq-S)")?;
+    a2.set_kernel("disabled", None, 2)?;
+    s.fx.wait_event(&s.name, "Warning", "KernelEjected", 2).await?;
+    drop(a1);
+    Ok(())
+}
