@@ -100,13 +100,14 @@ pub struct ControllerFlags {
     #[arg(long, requires = "reports_cert_file")]
     pub reports_key_file: Option<PathBuf>,
 
-    /// A node whose agent has not reported for this long counts as ReportStale.
+    /// A node whose agent has not reported for this long counts as ReportStale. A new leader
+    /// keeps each Scheduler's KernelAttached condition as it found it while nodes without a
+    /// report are all it lacks, for this long (at least one heartbeat) or until every node reported.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub report_stale_after: Duration,
 
-    /// How often agents report when nothing changes (their --heartbeat-interval). A new leader
-    /// keeps each Scheduler's KernelAttached condition as it was for this long, unless every
-    /// node reported, rather than judge kernels from an empty table.
+    /// How often agents report when nothing changes (their --heartbeat-interval); the shortest a
+    /// new leader waits for agents before it judges kernels (see --report-stale-after).
     #[arg(long, default_value = sked_proto::contract::HEARTBEAT_INTERVAL, value_parser = parse_duration)]
     pub agent_heartbeat_interval: Duration,
 

@@ -41,7 +41,9 @@ pub struct NodeReport {
 #[derive(Debug, Default)]
 pub struct KernelTable {
     nodes: Mutex<HashMap<String, NodeReport>>,
-    /// Woken when a node's verdict changes (the support labels follow verdicts).
+    /// Nodes whose verdict changed since [`KernelTable::take_changed`] last took them (the support
+    /// labels follow verdicts), and a wake-up for whoever takes them.
+    changed_nodes: Mutex<BTreeSet<String>>,
     verdicts: tokio::sync::Notify,
 }
 
@@ -65,6 +67,7 @@ impl KernelTable {
             .is_some_and(|p| p.exit_recorded && same_exit(p.last_exit.as_ref(), report.last_exit.as_ref()));
         let previous = nodes.insert(node.to_owned(), report.clone());
         if previous.as_ref().is_none_or(|p| p.verdict != report.verdict || p.stale) {
+            lock(&self.changed_nodes).insert(node.to_owned());
             self.verdicts.notify_one();
         }
         match previous {
@@ -128,6 +131,11 @@ impl KernelTable {
         self.verdicts.notified().await;
     }
 
+    /// The nodes whose verdict changed since the last call.
+    pub fn take_changed(&self) -> BTreeSet<String> {
+        std::mem::take(&mut *lock(&self.changed_nodes))
+    }
+
     /// Runs `f` on the table under its lock, without copying it (a reconcile reads a few
     /// nodes of a table that can hold thousands).
     pub fn read<R>(&self, f: impl FnOnce(&HashMap<String, NodeReport>) -> R) -> R {
@@ -157,6 +165,16 @@ pub struct KernelSummary {
     pub last_exit: Option<KernelExit>,
     /// Ejections whose event this controller has not recorded yet, oldest first.
     pub ejections: Vec<KernelExit>,
+}
+
+impl KernelSummary {
+    /// Whether a new leader should keep the condition it found rather than this view: some of
+    /// the `scheduled` nodes have not reported yet, they are all this view lacks (every node that
+    /// reported is attached), and there is `grace_left`.
+    pub fn awaits_reports(&self, scheduled: usize, grace_left: Duration) -> bool {
+        let attached = usize::try_from(self.attached).unwrap_or(0);
+        self.unreported > 0 && attached.saturating_add(self.unreported) >= scheduled && !grace_left.is_zero()
+    }
 }
 
 /// Folds the reports of `nodes` into a Scheduler's KernelAttached view. `nodes` are the nodes
@@ -442,6 +460,22 @@ mod tests {
         r.last_exit = Some(KernelExit { time: "2026-12-01T00:01:00.000Z".into(), ..stall });
         t.record("a", r, STALE);
         assert_eq!(listed(&t).len(), 1);
+    }
+
+    #[test]
+    fn a_new_leader_waits_only_for_missing_reports() {
+        let now = Instant::now();
+        let grace = Duration::from_secs(20);
+        let mut reports = HashMap::from([("a".to_string(), report("s", Verdict::Attached, now))]);
+        let k = summarize("s", &nodes(&["a", "b"]), 2, &reports, now, STALE);
+        assert!(k.awaits_reports(2, grace), "b has not reported yet");
+        assert!(!k.awaits_reports(2, Duration::ZERO), "not past the grace");
+        reports.insert("b".into(), report("s", Verdict::Attached, now));
+        assert!(!summarize("s", &nodes(&["a", "b"]), 2, &reports, now, STALE).awaits_reports(2, grace), "all heard");
+        // A node that reported a problem is news at once, even while another is still missing.
+        reports.insert("b".into(), report("s", Verdict::NotAttached, now));
+        let k = summarize("s", &nodes(&["a", "b", "c"]), 3, &reports, now, STALE);
+        assert!(!k.awaits_reports(3, grace));
     }
 
     #[test]

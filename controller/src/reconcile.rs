@@ -255,12 +255,13 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
     let mut kernel =
         ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
-    // Early in a leadership term the table holds only the agents that reconnected so far: keep
-    // the kernel view as it was until every node reported or one heartbeat passed.
-    let grace_left = ctx.flags.agent_heartbeat_interval.saturating_sub(ctx.memo.term_age());
-    if kernel.unreported > 0 && !grace_left.is_zero() {
-        kernel.settled = false;
-    }
+    // Early in a leadership term the table holds only the agents that reconnected so far. While
+    // nodes without a report are the only thing short of the condition found, keep it as it was:
+    // until every node reported, or until a silent node would be stale anyway
+    // (`--report-stale-after`, at least one heartbeat). A reported problem is news at once.
+    let grace = ctx.flags.report_stale_after.max(ctx.flags.agent_heartbeat_interval);
+    let grace_left = grace.saturating_sub(ctx.memo.term_age());
+    kernel.settled = !kernel.awaits_reports(scheduled.len(), grace_left);
     // Each ejection is recorded once. A new leader hears every node's last exit again: one from
     // before its term may have been recorded by the previous leader, which its events say.
     let heard_ejections = kernel.ejections.clone();

@@ -82,21 +82,33 @@ pub(crate) async fn keep_support_labels(
     let mut seen: HashMap<String, Node> = HashMap::new();
     let mut written: HashMap<String, Instant> = HashMap::new();
     let mut retry: Option<Duration> = None;
+    let mut full_pass = true;
     loop {
         let leading = *leader.borrow_and_update();
+        if !leading {
+            full_pass = true;
+            kernel.take_changed();
+        }
         let mut failed = false;
         if leading {
+            // A write whose echo never came is looked at again.
+            full_pass |= written.values().any(|at| at.elapsed() >= ECHO_WAIT);
             written.retain(|_, at| at.elapsed() < ECHO_WAIT);
+            // A new term looks at every node once; after that, at the nodes whose verdict changed.
+            let changed = kernel.take_changed();
+            let look_at_all = std::mem::take(&mut full_pass);
             let drift: Vec<(String, &'static str)> = kernel.read(|reports| {
-                reports
-                    .iter()
-                    .filter(|(_, r)| !r.stale)
-                    .filter_map(|(node, r)| Some((node.clone(), wanted(r.verdict)?)))
-                    .filter(|(node, want)| {
-                        index.node_label(node, SCHED_EXT_LABEL).is_some_and(|have| have.as_deref() != Some(*want))
-                    })
-                    .filter(|(node, _)| !written.contains_key(node))
-                    .collect()
+                let wants = |node: &String| {
+                    let r = reports.get(node).filter(|r| !r.stale)?;
+                    let want = wanted(r.verdict)?;
+                    let have = index.node_label(node, SCHED_EXT_LABEL)?;
+                    (have.as_deref() != Some(want) && !written.contains_key(node)).then(|| (node.clone(), want))
+                };
+                if look_at_all {
+                    reports.keys().filter_map(wants).collect()
+                } else {
+                    changed.iter().filter_map(wants).collect()
+                }
             });
             // Owned strings: a borrowed one in these futures trips the compiler's Send inference.
             let drift: Vec<(String, String)> = drift.into_iter().map(|(node, want)| (node, want.to_owned())).collect();
@@ -142,6 +154,8 @@ pub(crate) async fn keep_support_labels(
                 }
             }
         }
+        // A failed write is looked at again on the next pass.
+        full_pass |= failed;
         retry = failed.then(|| retry.map_or(Duration::from_millis(500), |r| (r * 2).min(Duration::from_secs(30))));
         tokio::select! {
             () = kernel.changed() => {}

@@ -136,7 +136,12 @@ async fn run() -> Result<()> {
     step(started, "starting the test control plane and the registry");
     let cluster = tokio::task::spawn_blocking(TestCluster::start).await??;
     let client = cluster.client().await?;
-    let dir = tempfile::Builder::new().prefix("sked-bench-").tempdir()?;
+    let mut dir = tempfile::Builder::new().prefix("sked-bench-").tempdir()?;
+    // BENCH_KEEP=1 keeps the controllers' logs (and the rest of the run's files) for a look.
+    if std::env::var_os("BENCH_KEEP").is_some() {
+        dir.disable_cleanup(true);
+        eprintln!("keeping {}", dir.path().display());
+    }
     ensure_namespace(&client, NAMESPACE).await?;
     ensure_service_account(&client, NAMESPACE, "sked-agent").await?;
     let registry = TestRegistry::start()?;
