@@ -192,20 +192,6 @@ impl Tracker {
     }
 }
 
-/// Milliseconds since the epoch of a record logged `micros` after boot: now, less how long ago
-/// that was on the kernel's clock.
-pub fn wall_ms(micros: u64) -> i64 {
-    let now_ms = jiff::Timestamp::now().as_millisecond();
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec it is given.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
-        return now_ms;
-    }
-    let since_boot_ms = ts.tv_sec.saturating_mul(1000) + ts.tv_nsec / 1_000_000;
-    let logged_ms = i64::try_from(micros / 1000).unwrap_or(i64::MAX);
-    now_ms - since_boot_ms.saturating_sub(logged_ms).max(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,13 +336,5 @@ mod tests {
             proptest::prop_assert_eq!(t.feed(&record, 7).0, Some(reason.as_str()));
             proptest::prop_assert_eq!(t.last().map(|e| (e.ops.as_str(), e.seq)), Some((ops.as_str(), seq)));
         }
-    }
-
-    #[test]
-    fn wall_time_is_now_less_the_age_of_the_record() {
-        let now = jiff::Timestamp::now().as_millisecond();
-        // Logged at boot: at least as long ago as the machine is up, never in the future.
-        assert!(wall_ms(0) <= now);
-        assert!(wall_ms(u64::MAX) >= now - 1_000);
     }
 }

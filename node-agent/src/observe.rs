@@ -206,7 +206,7 @@ impl KernelLog {
                     // One record per read from /dev/kmsg; a pipe may hand over several.
                     for raw in self.buf.get(..n).into_iter().flat_map(kmsg::split_records) {
                         let Some(record) = kmsg::parse_record(raw) else { continue };
-                        let (new_exit, updated) = self.tracker.feed(&record, kmsg::wall_ms(record.micros));
+                        let (new_exit, updated) = self.tracker.feed(&record, wall_ms(record.micros));
                         if let Some(reason) = new_exit {
                             metrics.exit(reason);
                         }
@@ -225,6 +225,20 @@ impl KernelLog {
     }
 }
 
+/// Milliseconds since the epoch of a record logged `micros` after boot: now, less how long ago
+/// that was on the kernel's clock.
+pub fn wall_ms(micros: u64) -> i64 {
+    let now_ms = jiff::Timestamp::now().as_millisecond();
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return now_ms;
+    }
+    let since_boot_ms = ts.tv_sec.saturating_mul(1000) + ts.tv_nsec / 1_000_000;
+    let logged_ms = i64::try_from(micros / 1000).unwrap_or(i64::MAX);
+    now_ms - since_boot_ms.saturating_sub(logged_ms).max(0)
+}
+
 /// Reads every pending datagram; true when one was a sched_ext event.
 fn drain_uevents(fd: &std::os::fd::OwnedFd) -> bool {
     use std::os::fd::AsRawFd;
@@ -240,5 +254,18 @@ fn drain_uevents(fd: &std::os::fd::OwnedFd) -> bool {
         if uevent::parse(&buf[..len]).is_some_and(|e| e.is_sched_ext()) {
             relevant = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wall_time_is_now_less_the_age_of_the_record() {
+        let now = jiff::Timestamp::now().as_millisecond();
+        // Logged at boot: at least as long ago as the machine is up, never in the future.
+        assert!(wall_ms(0) <= now);
+        assert!(wall_ms(u64::MAX) >= now - 1_000);
     }
 }

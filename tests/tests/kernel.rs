@@ -46,6 +46,17 @@ async fn setup(name: &str) -> Result<Setup> {
 }
 
 impl Setup {
+    /// Both nodes' agents, with rusty attached in both kernels (KernelAttached 2/2); returns
+    /// the condition's Scheduler too.
+    async fn both_attached(&self) -> Result<(AgentProcess, AgentProcess, Scheduler)> {
+        let a1 = self.agent("k-1").await?;
+        let a2 = self.agent("k-2").await?;
+        a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+        a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+        let sched = self.wait_kernel("both attached", 2, "KernelAttached").await?;
+        Ok((a1, a2, sched))
+    }
+
     async fn agent(&self, node: &str) -> Result<AgentProcess> {
         let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca };
         AgentProcess::for_pod(
@@ -133,11 +144,7 @@ async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
 #[tokio::test]
 async fn a_new_leader_keeps_kernel_conditions_until_agents_report() -> Result<()> {
     let mut s = setup("failover").await?;
-    let a1 = s.agent("k-1").await?;
-    let a2 = s.agent("k-2").await?;
-    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
-    a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
-    let before = s.wait_kernel("both attached", 2, "KernelAttached").await?;
+    let (_a1, _a2, before) = s.both_attached().await?;
     s.fx.wait_event(&s.name, "Normal", "KernelAttached", 1).await?;
     let events = s.fx.scheduler_events(&s.name).await?;
 
@@ -170,11 +177,7 @@ async fn a_new_leader_keeps_kernel_conditions_until_agents_report() -> Result<()
 #[tokio::test]
 async fn a_foreign_scheduler_and_a_silent_agent_are_reported() -> Result<()> {
     let s = setup("foreign").await?;
-    let a1 = s.agent("k-1").await?;
-    let mut a2 = s.agent("k-2").await?;
-    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
-    a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
-    s.wait_kernel("both attached", 2, "KernelAttached").await?;
+    let (a1, mut a2, _) = s.both_attached().await?;
 
     // Someone starts another scheduler by hand on k-2.
     a2.set_kernel("enabled", Some("lavd_1.0.0"), 2)?;
@@ -736,11 +739,7 @@ async fn a_node_without_sched_ext_is_labelled_and_left_out_until_its_kernel_chan
 #[tokio::test]
 async fn an_ejection_reaches_the_status_and_is_recorded_once_across_a_failover() -> Result<()> {
     let mut s = setup("ejected").await?;
-    let a1 = s.agent("k-1").await?;
-    let a2 = s.agent("k-2").await?;
-    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
-    a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
-    s.wait_kernel("both attached", 2, "KernelAttached").await?;
+    let (a1, a2, _) = s.both_attached().await?;
 
     // k-2's kernel throws the scheduler out for a stall, and says why in its log.
     a2.kernel_logs("3,374,5425810,-;sched_ext: BPF scheduler \"rusty_1.0.0\" disabled (runnable task stall)")?;
