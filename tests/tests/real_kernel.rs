@@ -101,6 +101,13 @@ impl Setup {
     }
 }
 
+/// The VM's agent, relay and scheduler logs, for a failure's message.
+async fn vm_logs(vm: &mut TestVm) -> String {
+    let logs =
+        vm.run("for f in /run/agent.log /run/relay.log /run/canary.out; do echo \"== $f\"; tail -n 40 $f; done").await;
+    logs.unwrap_or_else(|e| format!("cannot read the VM's logs: {e:#}"))
+}
+
 /// A test's directory, its control plane and the sched_ext kernel booted in a VM.
 async fn boot_sched_ext(prefix: &str) -> Result<(tempfile::TempDir, Setup, TestVm)> {
     let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
@@ -373,7 +380,11 @@ async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Re
     // The good revision: the canary scheduler attaches; the kubelet marks its pod Ready.
     let good = "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o";
     let first = run_pod(&s, &mut vm, "", good).await?;
-    s.wait_kernel("the good revision attached", 1, "KernelAttached").await?;
+    let attached = s.wait_kernel("the good revision attached", 1, "KernelAttached").await;
+    if attached.is_err() {
+        eprintln!("in the VM:\n{}", vm_logs(&mut vm).await);
+    }
+    attached?;
     s.fx.mark_pods_ready(SCHEDULER).await?;
     s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", |s| {
         rollout_phase(s) == Some(RolloutPhase::Complete)
