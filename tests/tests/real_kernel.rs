@@ -108,16 +108,6 @@ async fn vm_logs(vm: &mut TestVm) -> String {
     logs.unwrap_or_else(|e| format!("cannot read the VM's logs: {e:#}"))
 }
 
-/// A test's directory, its control plane and the sched_ext kernel booted in a VM.
-async fn boot_sched_ext(prefix: &str) -> Result<(tempfile::TempDir, Setup, TestVm)> {
-    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
-    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
-    let s = setup(dir.path()).await?;
-    let (kernel, initramfs) = artifacts.kernel("sched-ext");
-    let vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm"), s.reports).await?;
-    Ok((dir, s, vm))
-}
-
 /// Starts (or restarts) the agent in the VM for `pod`, with a token bound to it.
 async fn start_agent_for(vm: &mut TestVm, tls: &ReportsTls, token: &str, pod: &str) -> Result<()> {
     vm.write_file("/run/sked/token", token.as_bytes()).await?;
@@ -288,7 +278,11 @@ async fn wait_exit(s: &Setup, reason: &str) -> Result<sked_controller::api::Kern
 #[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
 async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Result<()> {
     let started = Instant::now();
-    let (_dir, s, mut vm) = boot_sched_ext("sked-kernel-exits-").await?;
+    let dir = tempfile::Builder::new().prefix("sked-kernel-exits-").tempdir()?;
+    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
+    let s = setup(dir.path()).await?;
+    let (kernel, initramfs) = artifacts.kernel("sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-exits"), s.reports).await?;
     s.start_agent(&mut vm).await?;
 
     // A stall: the scheduler never runs a task named sked-stall; the watchdog (1 s) ejects it.
@@ -374,8 +368,12 @@ fn rollout_phase(s: &Scheduler) -> Option<sked_controller::api::RolloutPhase> {
 async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Result<()> {
     use sked_controller::api::RolloutPhase;
     let started = Instant::now();
-    let (_dir, s, mut vm) = boot_sched_ext("sked-kernel-rollback-").await?;
+    let dir = tempfile::Builder::new().prefix("sked-kernel-rollback-").tempdir()?;
+    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
+    let s = setup(dir.path()).await?;
     let params = kube::api::PatchParams::default();
+    let (kernel, initramfs) = artifacts.kernel("sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-rollback"), s.reports).await?;
 
     // The good revision: the canary scheduler attaches; the kubelet marks its pod Ready.
     let good = "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o";
