@@ -61,7 +61,8 @@ pub fn kernel_changed(node: &Node) -> bool {
     running.is_some_and(|running| running != judged)
 }
 
-/// A label written this recently is not written again before the Node watch shows it.
+/// A label value written this recently is not written again before the Node watch shows it
+/// (another value is written at once).
 const ECHO_WAIT: Duration = Duration::from_secs(10);
 /// Node writes in flight at once.
 const CONCURRENT_WRITES: usize = 8;
@@ -80,7 +81,8 @@ pub(crate) async fn keep_support_labels(
     let mut unsupported = std::pin::pin!(unsupported);
     // The unsupported nodes as last seen, to re-check when this replica starts leading.
     let mut seen: HashMap<String, Node> = HashMap::new();
-    let mut written: HashMap<String, Instant> = HashMap::new();
+    // Node -> (when, value) of this replica's recent writes.
+    let mut written: HashMap<String, (Instant, String)> = HashMap::new();
     let mut retry: Option<Duration> = None;
     let mut full_pass = true;
     loop {
@@ -92,8 +94,8 @@ pub(crate) async fn keep_support_labels(
         let mut failed = false;
         if leading {
             // A write whose echo never came is looked at again.
-            full_pass |= written.values().any(|at| at.elapsed() >= ECHO_WAIT);
-            written.retain(|_, at| at.elapsed() < ECHO_WAIT);
+            full_pass |= written.values().any(|(at, _)| at.elapsed() >= ECHO_WAIT);
+            written.retain(|_, (at, _)| at.elapsed() < ECHO_WAIT);
             // A new term looks at every node once; after that, at the nodes whose verdict changed.
             let changed = kernel.take_changed();
             let look_at_all = std::mem::take(&mut full_pass);
@@ -102,7 +104,8 @@ pub(crate) async fn keep_support_labels(
                     let r = reports.get(node).filter(|r| !r.stale)?;
                     let want = wanted(r.verdict)?;
                     let have = index.node_label(node, SCHED_EXT_LABEL)?;
-                    (have.as_deref() != Some(want) && !written.contains_key(node)).then(|| (node.clone(), want))
+                    let echo_pending = written.get(node).is_some_and(|(_, value)| value == want);
+                    (have.as_deref() != Some(want) && !echo_pending).then(|| (node.clone(), want))
                 };
                 if look_at_all {
                     reports.keys().filter_map(wants).collect()
@@ -131,7 +134,7 @@ pub(crate) async fn keep_support_labels(
                 match result {
                     Ok(()) => {
                         info!(node = %node, sched_ext = want, "node sched-ext label set");
-                        written.insert(node, Instant::now());
+                        written.insert(node, (Instant::now(), want));
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => {

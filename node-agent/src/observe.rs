@@ -198,10 +198,10 @@ impl KernelLog {
         let mut changed = false;
         loop {
             match guard.get_inner().read(&mut self.buf) {
-                Ok(0) => {
-                    guard.clear_ready();
-                    return Ok(changed);
-                }
+                // /dev/kmsg never ends; a pipe whose writers are gone does, and stays readable
+                // (what was read before the end is published first).
+                Ok(0) if changed => return Ok(true),
+                Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the kernel log ended")),
                 Ok(n) => {
                     // One record per read from /dev/kmsg; a pipe may hand over several.
                     for raw in self.buf.get(..n).into_iter().flat_map(kmsg::split_records) {
@@ -267,5 +267,25 @@ mod tests {
         // Logged at boot: at least as long ago as the machine is up, never in the future.
         assert!(wall_ms(0) <= now);
         assert!(wall_ms(u64::MAX) >= now - 1_000);
+    }
+
+    #[tokio::test]
+    async fn a_kernel_log_that_ends_is_followed_to_its_last_record_and_no_further() -> std::io::Result<()> {
+        use std::io::Write as _;
+        use std::os::fd::OwnedFd;
+        let (read, mut write) = std::io::pipe()?;
+        let read = std::fs::File::from(OwnedFd::from(read));
+        // SAFETY: sets O_NONBLOCK on a pipe this test owns, as open_kernel_log does.
+        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&read), libc::F_SETFL, libc::O_NONBLOCK) };
+        write
+            .write_all(b"6,385,6913881,-;sched_ext: BPF scheduler \"sked_canary\" disabled (disabled by sysrq-S)\n")?;
+        drop(write);
+        let (tx, rx) = watch::channel(None);
+        let metrics = Arc::new(Metrics::new());
+        // Returns (instead of spinning on a pipe that stays readable at its end).
+        follow_kernel_log(read, tx, metrics.clone()).await;
+        assert_eq!(rx.borrow().as_ref().map(|e| e.reason.as_str()), Some("disabled by sysrq-S"));
+        assert_eq!(metrics.kernel_log_followed.get(), 0);
+        Ok(())
     }
 }

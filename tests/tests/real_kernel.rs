@@ -101,11 +101,21 @@ impl Setup {
     }
 }
 
-/// The VM's agent, relay and scheduler logs, for a failure's message.
-async fn vm_logs(vm: &mut TestVm) -> String {
-    let logs =
-        vm.run("for f in /run/agent.log /run/relay.log /run/canary.out; do echo \"== $f\"; tail -n 40 $f; done").await;
-    logs.unwrap_or_else(|e| format!("cannot read the VM's logs: {e:#}"))
+/// Runs `body` against the VM; when it fails, prints what the VM saw: its agent, relay and
+/// scheduler logs, its kernel log, and the console (which outlives a hung or crashed guest).
+async fn diagnosed<T>(vm: &mut TestVm, body: impl AsyncFnOnce(&mut TestVm) -> Result<T>) -> Result<T> {
+    let result = body(vm).await;
+    if result.is_err() {
+        let logs = vm
+            .run(
+                "for f in /run/agent.log /run/relay.log /run/canary.out; do echo \"== $f\"; tail -n 40 $f; done; \
+                 echo '== dmesg'; dmesg | tail -n 40",
+            )
+            .await
+            .unwrap_or_else(|e| format!("cannot read the VM's logs: {e:#}"));
+        eprintln!("in the VM:\n{logs}\n== console\n{}", vm.console_tail(60));
+    }
+    result
 }
 
 /// Starts (or restarts) the agent in the VM for `pod`, with a token bound to it.
@@ -157,8 +167,22 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
     let booting = Instant::now();
     let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-sched-ext"), s.reports).await?;
     eprintln!("measured: boot to /init ready ({}): {:?}", vm.kernel_release, booting.elapsed());
+    diagnosed(&mut vm, async |vm| attach_detach_foreign(&s, vm).await).await?;
+    vm.shutdown().await?;
+
+    // A kernel without sched_ext.
+    let (kernel, initramfs) = artifacts.kernel("no-sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-no-sched-ext"), s.reports).await?;
+    diagnosed(&mut vm, async |vm| without_sched_ext(&s, vm).await).await?;
+    vm.shutdown().await?;
+    eprintln!("measured: whole real-kernel test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// The canary attaches and detaches, then a scheduler the pod does not hold attaches.
+async fn attach_detach_foreign(s: &Setup, vm: &mut TestVm) -> Result<()> {
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/state").await?.trim(), "disabled");
-    s.start_agent(&mut vm).await?;
+    s.start_agent(vm).await?;
     let sched = s.wait_kernel("the VM's agent reporting nothing attached", 0, "NotAttached").await?;
     assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("0/1"));
 
@@ -219,14 +243,14 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
     eprintln!("measured: attach returned -> controller received the report (host): {to_report:?}");
     eprintln!("measured: attach returned -> status KERNEL-ATTACHED 1/1 (host): {to_status:?}");
     eprintln!("measured: detach returned -> status 0/1 (host): {detach_to_status:?}");
-    vm.shutdown().await?;
+    Ok(())
+}
 
-    // A kernel without sched_ext.
-    let (kernel, initramfs) = artifacts.kernel("no-sched-ext");
-    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-no-sched-ext"), s.reports).await?;
+/// On a kernel without sched_ext, the node is labelled as one that cannot run it and leaves
+/// placement.
+async fn without_sched_ext(s: &Setup, vm: &mut TestVm) -> Result<()> {
     assert!(vm.run("ls /sys/kernel/sched_ext 2>&1 || true").await?.contains("No such file"), "no sched_ext here");
-    s.start_agent(&mut vm).await?;
-    // The node is labelled as one that cannot run sched_ext, and leaves placement.
+    s.start_agent(vm).await?;
     let labelled = wait_for("the node labelled sched-ext=unsupported", || async {
         let node = s.fx.nodes().get(NODE).await?;
         let labels = node.labels();
@@ -242,8 +266,6 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
         .await?;
     let message = condition(&sched, "KernelAttached").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains(NODE) && message.contains("no sched_ext"), "{message}");
-    vm.shutdown().await?;
-    eprintln!("measured: whole real-kernel test: {:?}", started.elapsed());
     Ok(())
 }
 
@@ -283,7 +305,15 @@ async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Res
     let s = setup(dir.path()).await?;
     let (kernel, initramfs) = artifacts.kernel("sched-ext");
     let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-exits"), s.reports).await?;
-    s.start_agent(&mut vm).await?;
+    diagnosed(&mut vm, async |vm| stall_and_sysrq(&s, vm).await).await?;
+    vm.shutdown().await?;
+    eprintln!("measured: real-kernel exits test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// A stall and SysRq-S eject the canary; the kernel's reasons reach the Scheduler.
+async fn stall_and_sysrq(s: &Setup, vm: &mut TestVm) -> Result<()> {
+    s.start_agent(vm).await?;
 
     // A stall: the scheduler never runs a task named sked-stall; the watchdog (1 s) ejects it.
     vm.run(
@@ -294,7 +324,7 @@ async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Res
     s.wait_kernel("the stalling canary attached", 1, "KernelAttached").await?;
     vm.run("sh -c 'echo -n sked-stall > /proc/self/comm; while :; do sleep 0.1; done' > /dev/null 2>&1 & echo $! > /run/victim.pid")
         .await?;
-    let exit = wait_exit(&s, "runnable task stall").await?;
+    let exit = wait_exit(s, "runnable task stall").await?;
     assert!(exit.ejected && exit.node == NODE && exit.ops == "sked_canary", "{exit:?}");
     assert!(exit.detail.contains("sked-stall") && exit.detail.contains("failed to run"), "{exit:?}");
     let sched = s.wait_kernel("not attached after the stall", 0, "NotAttached").await?;
@@ -312,11 +342,11 @@ async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Res
     .await?;
     s.wait_kernel("the canary attached again", 1, "KernelAttached").await?;
     // Its root/events counters, scraped from the agent, move as the kernel schedules.
-    let before = events_total(&mut vm, "sked_canary").await?;
+    let before = events_total(vm, "sked_canary").await?;
     let deadline = Instant::now() + sked_tests::DEADLINE;
     let after = loop {
         vm.run("ls -R /sys > /dev/null 2>&1; sleep 0.2").await?;
-        let now = events_total(&mut vm, "sked_canary").await?;
+        let now = events_total(vm, "sked_canary").await?;
         if now > before {
             break now;
         }
@@ -324,7 +354,7 @@ async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Res
     };
     eprintln!("measured: root/events of the canary, two scrapes apart: {before} -> {after}");
     vm.run("echo S > /proc/sysrq-trigger").await?;
-    let exit = wait_exit(&s, "disabled by sysrq-S").await?;
+    let exit = wait_exit(s, "disabled by sysrq-S").await?;
     assert!(exit.ejected && exit.detail.is_empty(), "{exit:?}");
     s.fx.wait_event(SCHEDULER, "Warning", "KernelEjected", 2).await?;
     let raw = vm.run("timeout 1 cat /dev/kmsg | grep -e 'sched_ext:' -e sysrq || true").await?;
@@ -334,8 +364,6 @@ async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Res
         let series = format!("sked_agent_sched_ext_exits_total{{reason=\"{reason}\"}} 1");
         assert!(metrics.lines().any(|l| l == series), "missing {series:?} in\n{metrics}");
     }
-    vm.shutdown().await?;
-    eprintln!("measured: real-kernel exits test: {:?}", started.elapsed());
     Ok(())
 }
 
@@ -366,23 +394,27 @@ fn rollout_phase(s: &Scheduler) -> Option<sked_controller::api::RolloutPhase> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
 async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Result<()> {
-    use sked_controller::api::RolloutPhase;
     let started = Instant::now();
     let dir = tempfile::Builder::new().prefix("sked-kernel-rollback-").tempdir()?;
     let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
     let s = setup(dir.path()).await?;
-    let params = kube::api::PatchParams::default();
     let (kernel, initramfs) = artifacts.kernel("sched-ext");
     let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-rollback"), s.reports).await?;
+    diagnosed(&mut vm, async |vm| roll_back(&s, vm).await).await?;
+    vm.shutdown().await?;
+    eprintln!("measured: real-kernel rollback test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// A good revision attaches, a broken one does not and is rolled back, the good one returns.
+async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
+    use sked_controller::api::RolloutPhase;
+    let params = kube::api::PatchParams::default();
 
     // The good revision: the canary scheduler attaches; the kubelet marks its pod Ready.
     let good = "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o";
-    let first = run_pod(&s, &mut vm, "", good).await?;
-    let attached = s.wait_kernel("the good revision attached", 1, "KernelAttached").await;
-    if attached.is_err() {
-        eprintln!("in the VM:\n{}", vm_logs(&mut vm).await);
-    }
-    attached?;
+    let first = run_pod(s, vm, "", good).await?;
+    s.wait_kernel("the good revision attached", 1, "KernelAttached").await?;
     s.fx.mark_pods_ready(SCHEDULER).await?;
     s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", |s| {
         rollout_phase(s) == Some(RolloutPhase::Complete)
@@ -397,7 +429,7 @@ async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Re
     }});
     s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&broken)).await?;
     let bad = "/bin/sked-canary-loader hold /sked/missing.bpf.o";
-    let second = run_pod(&s, &mut vm, &first.name_any(), bad).await?;
+    let second = run_pod(s, vm, &first.name_any(), bad).await?;
     let failed =
         s.fx.wait_scheduler(SCHEDULER, "rolled back", |s| rollout_phase(s) == Some(RolloutPhase::RolledBack)).await?;
     let failure = failed.status.and_then(|st| st.rollout).and_then(|r| r.failed).context("failure recorded")?;
@@ -406,11 +438,9 @@ async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Re
     s.fx.wait_event(SCHEDULER, "Warning", "RolledBack", 1).await?;
 
     // The good revision comes back and attaches again in the real kernel.
-    let third = run_pod(&s, &mut vm, &second.name_any(), good).await?;
+    let third = run_pod(s, vm, &second.name_any(), good).await?;
     assert!(third.spec.as_ref().and_then(|p| p.containers.first()).and_then(|c| c.args.clone()).is_none());
     s.wait_kernel("the good revision attached again", 1, "KernelAttached").await?;
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary");
-    vm.shutdown().await?;
-    eprintln!("measured: real-kernel rollback test: {:?}", started.elapsed());
     Ok(())
 }
