@@ -231,6 +231,15 @@ impl AgentProcess {
         })
     }
 
+    /// Sets the fake kernel of `node`'s next agent under `dir` before it starts, so it never
+    /// sees what its predecessor's kernel showed (a new pod's first report is about its own
+    /// scheduler).
+    pub fn preset_kernel(dir: &Path, node: &str, state: &str, ops: Option<&str>, enable_seq: u64) -> Result<()> {
+        let sysfs = dir.join(format!("agent-{node}")).join("sys");
+        sked_agent::sysfs::fixture::write(&sysfs, state, ops, enable_seq)?;
+        Ok(())
+    }
+
     pub fn start(spec: &AgentSpec<'_>) -> Result<Self> {
         let dir = spec.dir.join(format!("agent-{}", spec.node));
         let sysfs = dir.join("sys");

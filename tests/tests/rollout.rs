@@ -112,15 +112,17 @@ impl Cluster {
                 if let Some((_, mut old)) = self.agents.remove(node) {
                     old.stop();
                 }
+                // The pod's kernel first: its agent's first report is about this pod's scheduler.
+                let (state, ops) = match (self.kernel)(node, pod) {
+                    Kernel::Attaches => ("enabled", Some("rusty_1.0.0_x86_64")),
+                    Kernel::Refuses => ("disabled", None),
+                    Kernel::Foreign => ("enabled", Some("lavd_1.0.0")),
+                };
+                AgentProcess::preset_kernel(self.dir.path(), node, state, ops, 1)?;
                 let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca };
                 let (client, namespace) = (&self.fx.client, &self.fx.namespace);
                 let agent =
                     AgentProcess::for_pod(client, namespace, self.dir.path(), pod, &self.name, &reports).await?;
-                match (self.kernel)(node, pod) {
-                    Kernel::Attaches => agent.set_kernel("enabled", Some("rusty_1.0.0_x86_64"), 1)?,
-                    Kernel::Refuses => agent.set_kernel("disabled", None, 1)?,
-                    Kernel::Foreign => agent.set_kernel("enabled", Some("lavd_1.0.0"), 1)?,
-                }
                 self.agents.insert(node.clone(), (pod.name_any(), agent));
             }
             let ready = self.agents.get(node).is_some_and(|(_, a)| a.get("/readyz").is_ok_and(|(code, _)| code == 200));
@@ -151,7 +153,14 @@ impl Cluster {
     async fn drive_until(&mut self, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
         let deadline = std::time::Instant::now() + Duration::from_secs(90);
         loop {
-            self.drive().await?;
+            match self.drive().await {
+                Ok(()) => {}
+                // A pod deleted between the list and the kubelet's move: the next move skips it.
+                Err(e)
+                    if e.downcast_ref::<kube::Error>()
+                        .is_some_and(|e| matches!(e, kube::Error::Api(s) if s.code == 404)) => {}
+                Err(e) => return Err(e),
+            }
             let s = self.fx.schedulers().get(&self.name).await?;
             if pred(&s) {
                 return Ok(s);
