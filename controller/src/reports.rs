@@ -420,43 +420,41 @@ impl Reports for ReportsService {
         let node = caller.node.clone();
 
         let mut inbound = request.into_inner();
-        let (tx, mut rx) = mpsc::channel::<Result<Ack, Status>>(16);
+        // Acks, then (when the controller ends the stream) the status that says why: apart, so
+        // each stream's channel holds small acks rather than room for statuses.
+        let (acks_tx, acks_rx) = mpsc::channel::<Ack>(16);
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<Status>();
         let service = Arc::clone(&self.0);
         let idle = self.0.stale_after;
         tokio::spawn(async move {
             let _slot = slot;
             let lost = crate::leader::lost(service.leader.clone());
             tokio::pin!(lost);
-            loop {
+            let ending = loop {
                 let next = tokio::select! {
                     next = tokio::time::timeout(idle, inbound.message()) => match next {
                         Ok(next) => next,
                         Err(_) => {
                             info!(node = %node, ?idle, "no report within the stale limit: closing the report stream");
-                            let _ = tx.try_send(Err(Status::deadline_exceeded("no report within the stale limit; reconnect")));
-                            break;
+                            break Some(Status::deadline_exceeded("no report within the stale limit; reconnect"));
                         }
                     },
                     () = &mut lost => {
                         info!(node = %node, "lost leadership: closing the report stream");
-                        let _ = tx.try_send(Err(Status::unavailable("leadership moved to another replica; reconnect")));
-                        break;
+                        break Some(Status::unavailable("leadership moved to another replica; reconnect"));
                     }
                 };
                 let report = match next {
                     Ok(Some(r)) => r,
-                    Ok(None) => break,
+                    Ok(None) => break None,
                     Err(e) => {
                         // A broken connection, or a report past the size limit: say why.
                         debug!(node = %node, code = ?e.code(), err = %e.message(), "report stream ended");
-                        let _ = tx.try_send(Err(e));
-                        break;
+                        break Some(e);
                     }
                 };
                 if let Err((refusal, why)) = caller.check(&report) {
-                    let status = service.refuse(refusal, Status::permission_denied(why));
-                    let _ = tx.send(Err(status)).await;
-                    break;
+                    break Some(service.refuse(refusal, Status::permission_denied(why)));
                 }
                 service.stats.reports.inc();
                 let sequence = report.sequence;
@@ -467,15 +465,26 @@ impl Reports for ReportsService {
                 }
                 // An agent that stops reading acks must not keep the stream past leadership.
                 let acked = tokio::select! {
-                    sent = tx.send(Ok(Ack { sequence })) => sent.is_ok(),
+                    sent = acks_tx.send(Ack { sequence }) => sent.is_ok(),
                     () = &mut lost => false,
                 };
                 if !acked {
-                    break;
+                    break None;
                 }
+            };
+            // The status first: the response ends when the acks channel closes, and then says why.
+            if let Some(status) = ending {
+                let _ = end_tx.send(status);
             }
+            drop(acks_tx);
         });
-        let acks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let acks = futures::stream::unfold((acks_rx, Some(end_rx)), |(mut acks, end)| async move {
+            if let Some(ack) = acks.recv().await {
+                return Some((Ok(ack), (acks, end)));
+            }
+            let status = end?.await.ok()?;
+            Some((Err(status), (acks, None)))
+        });
         Ok(Response::new(Box::pin(acks)))
     }
 }
