@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds test test-unit test-integration test-kernel bench cross coverage coverage-gate lint actionlint fmt demo clean
+.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel bench cross coverage coverage-gate lint actionlint fmt demo clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -22,7 +22,8 @@ setup:
 	@hack/setup.sh
 
 ## tools: build (once, cached per user) the pinned etcd, kube-apiserver,
-## kube-controller-manager, kubectl, helm, actionlint, cosign, crane and kstatus the tests run.
+## kube-controller-manager, kubectl, helm, actionlint, cosign, crane, kstatus, promtool and
+## cert-manager the tests run.
 tools: setup
 	@hack/build-tools.sh $(TOOLS_BIN) >/dev/null
 
@@ -30,6 +31,10 @@ tools: setup
 crds:
 	$(CARGO) run --quiet -p sked-controller -- crd > crds/sked.schedkit.io_schedulers.yaml
 	cp crds/sked.schedkit.io_schedulers.yaml charts/sked/crds/
+
+## kustomize: regenerate the Kustomize base (config/default) from the chart.
+kustomize: tools
+	hack/kustomize.sh $(TOOLS_BIN)/helm
 
 ## test: unit, property and integration tests (integration tests start a real control plane).
 test: tools

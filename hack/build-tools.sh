@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane, and a
-# kstatus check on sigs.k8s.io/cli-utils, promtool) from the Go
+# kstatus check on sigs.k8s.io/cli-utils, promtool, cert-manager) from the Go
 # module proxy with the local Go toolchain, the way envtest ships downloaded binaries. Each tool
 # set is built once into a per-user cache keyed by its version; later runs (from any clone) only
 # link it. Prints one line per tool set it builds (the Go tool's own output goes to a log file,
@@ -23,6 +23,9 @@ CLI_UTILS_VERSION=${CLI_UTILS_VERSION:-v0.37.2}
 # promtool: checks the metrics the binaries expose and the chart's alerting rules (Prometheus
 # 3.x is published to the module proxy as v0.3xx.y).
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
+# cert-manager: the chart's default TLS. Its binaries' main packages live in modules the proxy
+# does not serve, so hack/cert-manager holds them as released with this tag.
+CERT_MANAGER_VERSION=${CERT_MANAGER_VERSION:-v1.21.1}
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin_dir=${1:-$root/.tools/bin}
@@ -43,6 +46,7 @@ sets=(
   "crane $CRANE_VERSION crane 1"
   "kstatus $CLI_UTILS_VERSION kstatus 2"
   "promtool $PROMETHEUS_VERSION promtool 4"
+  "cert-manager $CERT_MANAGER_VERSION cert-manager-controller,cert-manager-cainjector,cert-manager-webhook 8"
 )
 built() { # NAME VERSION BINARIES
   local bin
@@ -187,6 +191,33 @@ GO
   rm -rf "$work"
 }
 
+# cert-manager: each binary's module from hack/cert-manager (its upstream go.mod pins every
+# dependency), with the main module taken from the proxy at the same tag instead of ../../.
+build_cert_manager() {
+  local work bin
+  [[ $(sed -n 's/^CERT_MANAGER_VERSION=//p' "$root/hack/cert-manager/VERSION") == "$CERT_MANAGER_VERSION" ]] || {
+    echo "hack/cert-manager holds the sources of another release than $CERT_MANAGER_VERSION"
+    return 1
+  }
+  mkdir -p "$cache/cert-manager-$CERT_MANAGER_VERSION/crds"
+  for bin in controller cainjector webhook; do
+    work=$(mktemp -d)
+    cp -r "$root/hack/cert-manager/$bin/." "$work/"
+    # vcert v5.13.7 (Venafi issuer, which the tests never use) is withdrawn from the proxy;
+    # v5.13.8 is its next patch release.
+    (cd "$work" && go mod edit -dropreplace=github.com/cert-manager/cert-manager \
+      -require="github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" \
+      -replace=github.com/Venafi/vcert/v5=github.com/Venafi/vcert/v5@v5.13.8) || return 1
+    go_build "$work" "$cache/cert-manager-$CERT_MANAGER_VERSION/cert-manager-$bin.tmp" \
+      "-X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$CERT_MANAGER_VERSION" . || return 1
+    mv "$cache/cert-manager-$CERT_MANAGER_VERSION/cert-manager-$bin.tmp" \
+      "$cache/cert-manager-$CERT_MANAGER_VERSION/cert-manager-$bin"
+    [[ $bin != webhook ]] || cp "$(cd "$work" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)"/deploy/crds/*.yaml \
+      "$cache/cert-manager-$CERT_MANAGER_VERSION/crds/" || return 1
+    rm -rf "$work"
+  done
+}
+
 for set in "${sets[@]}"; do
   read -r name version bins mins <<<"$set"
   built "$name" "$version" "$bins" && continue
@@ -212,6 +243,7 @@ for set in "${sets[@]}"; do
       GO_TAGS=remove_all_sd run_build "$name" "$version" "$mins" go_tool promtool "$PROMETHEUS_VERSION" \
         github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool
       ;;
+    cert-manager) run_build "$name" "$version" "$mins" build_cert_manager ;;
     crane)
       run_build "$name" "$version" "$mins" go_tool crane "$CRANE_VERSION" github.com/google/go-containerregistry \
         github.com/google/go-containerregistry/cmd/crane
@@ -230,4 +262,8 @@ ln -sf "$cache/cosign-$COSIGN_VERSION/cosign" "$bin_dir/cosign"
 ln -sf "$cache/crane-$CRANE_VERSION/crane" "$bin_dir/crane"
 ln -sf "$cache/kstatus-$CLI_UTILS_VERSION/kstatus" "$bin_dir/kstatus"
 ln -sf "$cache/promtool-$PROMETHEUS_VERSION/promtool" "$bin_dir/promtool"
+for tool in cert-manager-controller cert-manager-cainjector cert-manager-webhook; do
+  ln -sf "$cache/cert-manager-$CERT_MANAGER_VERSION/$tool" "$bin_dir/$tool"
+done
+ln -sfn "$cache/cert-manager-$CERT_MANAGER_VERSION/crds" "$bin_dir/cert-manager-crds"
 echo "$bin_dir"

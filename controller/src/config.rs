@@ -128,6 +128,13 @@ pub struct ControllerFlags {
     #[arg(long, default_value = "sked-reports-ca")]
     pub reports_ca_configmap: String,
 
+    /// PEM CA agents should trust for the reports server, published as `ca.crt` of
+    /// --reports-ca-configmap by the leader and kept current when the file changes (the chart
+    /// passes the `ca.crt` of the mounted reports Secret unless reports.tls.caBundle is given).
+    /// Without it the ConfigMap's `ca.crt` is left to whoever manages it.
+    #[arg(long)]
+    pub reports_ca_file: Option<PathBuf>,
+
     /// Trust policy file (YAML; the chart mounts it from a ConfigMap). Re-read when it changes.
     /// Without it the built-in default applies: ghcr.io/schedkit images signed by schedkit's
     /// GitHub Actions workflows.

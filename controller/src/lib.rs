@@ -28,6 +28,7 @@ pub mod pacing;
 mod pods;
 pub mod reconcile;
 pub mod reports;
+pub mod reports_ca;
 pub mod reviews;
 pub mod rollout;
 pub mod status;

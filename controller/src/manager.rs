@@ -279,6 +279,7 @@ async fn control(
                     flags.report_stale_after
                 )
             ),
+            until(stop.clone(), publish_reports_ca(client, flags, leadership.rx.clone())),
             reconcile_loop(flags, &index, ctx.clone(), trigger_rx, leadership.rx.clone(), stop.clone()),
             // On shutdown, hand leadership over first, while the rest drains.
             async {
@@ -328,6 +329,17 @@ async fn elect(client: &Client, flags: &ControllerFlags, instance: &str) -> Resu
         )
         .into()
     })
+}
+
+/// Keeps the reports CA published for the agents, when --reports-ca-file names it.
+async fn publish_reports_ca(client: &Client, flags: &ControllerFlags, leader: watch::Receiver<bool>) {
+    let Some(file) = flags.reports_ca_file.clone() else { return };
+    let what = crate::reports_ca::Publication {
+        file,
+        namespace: flags.workload_namespace.clone(),
+        configmap: flags.reports_ca_configmap.clone(),
+    };
+    crate::reports_ca::keep_published(client.clone(), what, leader).await;
 }
 
 /// The gRPC server agents stream kernel reports to, when it has a certificate.

@@ -1,6 +1,7 @@
 //! A real control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager (garbage
-//! collector, DaemonSet and ServiceAccount controllers) and kube-scheduler, with random free
-//! ports and a temporary directory: the envtest way, but with controllers running.
+//! collector, DaemonSet, Deployment, ReplicaSet, disruption and ServiceAccount controllers) and
+//! kube-scheduler, with random free ports and a temporary directory: the envtest way, but with
+//! controllers running.
 //!
 //! Every process is started from one long-lived thread with `PR_SET_PDEATHSIG`, so the kernel
 //! kills them when the test process exits for any reason; [`TestCluster`]'s `Drop` and an
@@ -34,7 +35,7 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
-fn tool(name: &str) -> Result<PathBuf> {
+pub(crate) fn tool(name: &str) -> Result<PathBuf> {
     let path = tools_dir().join(name);
     if !path.exists() {
         bail!(
@@ -218,6 +219,9 @@ impl TestCluster {
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             "--endpoint-reconciler-type=none",
+            // Service-referenced webhooks are dialled at the address an EndpointSlice names
+            // (see controller_pods::route_service); there is no kube-proxy for cluster IPs.
+            "--enable-aggregator-routing=true",
             "--v=0",
         ]);
         cluster.launch("kube-apiserver", apiserver)?;
@@ -264,7 +268,7 @@ impl TestCluster {
             &format!("--kubeconfig={}", cluster.kubeconfig.display()),
             &format!("--authentication-kubeconfig={}", cluster.kubeconfig.display()),
             &format!("--authorization-kubeconfig={}", cluster.kubeconfig.display()),
-            "--controllers=garbagecollector,daemonset,serviceaccount,serviceaccount-token",
+            "--controllers=garbagecollector,daemonset,deployment,replicaset,disruption,serviceaccount,serviceaccount-token",
             &format!("--service-account-private-key-file={}", sa_key.display()),
             &format!("--root-ca-file={}", ca.display()),
             "--leader-elect=false",
@@ -302,7 +306,7 @@ impl TestCluster {
         Ok(cluster)
     }
 
-    fn launch(&self, name: &str, mut cmd: Command) -> Result<()> {
+    pub(crate) fn launch(&self, name: &str, mut cmd: Command) -> Result<()> {
         let log = File::create(self.dir.join(format!("{name}.log")))?;
         cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         let child = spawn(cmd).with_context(|| format!("starting {name}"))?;
@@ -326,6 +330,11 @@ impl TestCluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Whether a component named `name` was started (it may have exited since).
+    pub(crate) fn launched(&self, name: &str) -> bool {
+        self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().any(|(n, _)| n == name)
     }
 
     fn exited(&self, name: &str) -> Option<std::process::ExitStatus> {

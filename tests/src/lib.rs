@@ -4,12 +4,16 @@
 //! - [`kubelet`]: stand-ins for the kubelet (Ready nodes and pods, finished deletions);
 //! - [`objects`]: Scheduler specs and conditions, CRDs, namespaces, trust policies;
 //! - [`pki`]: throwaway certificate authorities; [`webhooks`]: webhook registration;
+//! - [`certmanager`]: a real cert-manager; [`controller_pods`]: the chart's controller pods
+//!   run as processes;
 //! - [`command`]: running the upstream tools; [`agents`], [`registry`], [`vm`], [`vmlink`]:
 //!   fake-kernel agents, the OCI registry, and the qemu VM with its console relay.
 
 pub mod agents;
+pub mod certmanager;
 pub mod cluster;
 pub mod command;
+pub mod controller_pods;
 pub mod fixture;
 pub mod kubelet;
 pub mod objects;

@@ -41,3 +41,34 @@ sked-reports-tls
 sked-webhook-tls
 {{- end -}}
 {{- end -}}
+
+{{- /*
+The issuer of a serving certificate (certManager mode): the one named for it; for the webhook,
+else the one named for the reports server; else the chart's own CA (templates/ca.yaml).
+*/ -}}
+{{- define "sked.reportsIssuer" -}}
+{{- $r := .Values.reports.tls.issuerRef -}}
+{{- if $r.name -}}
+{name: {{ $r.name }}, kind: {{ $r.kind }}}
+{{- else -}}
+{name: sked-ca, kind: Issuer}
+{{- end -}}
+{{- end -}}
+
+{{- define "sked.webhookIssuer" -}}
+{{- $w := .Values.webhook.tls.issuerRef -}}
+{{- if $w.name -}}
+{name: {{ $w.name }}, kind: {{ $w.kind }}}
+{{- else -}}
+{{ include "sked.reportsIssuer" . }}
+{{- end -}}
+{{- end -}}
+
+{{- /* "true" when a certificate is to be signed by the chart's own CA. */ -}}
+{{- define "sked.ownCA" -}}
+{{- $r := .Values.reports.tls -}}
+{{- $w := .Values.webhook.tls -}}
+{{- if or (and (eq $r.mode "certManager") (not $r.issuerRef.name)) (and (eq $w.mode "certManager") (not $w.issuerRef.name) (not $r.issuerRef.name)) -}}
+true
+{{- end -}}
+{{- end -}}

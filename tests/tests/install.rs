@@ -1,0 +1,358 @@
+//! `helm install` as the chart README says: a real cert-manager (built from source) in the
+//! cluster, no values, `--wait`. The chart's controller pods run as processes
+//! ([`ControllerPods`]), so the webhook answers through its Service, the agents' CA is
+//! published from the reports Secret, and a forced renewal reaches both servers without a
+//! restart. The Kustomize base deploys the same objects; an uninstall removes them.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use kube::Api;
+use kube::api::DeleteParams;
+use sked_tests::cluster::{tools_dir, workspace_root};
+use sked_tests::controller_pods::ControllerPods;
+use sked_tests::{Fixture, wait_for};
+
+const NS: &str = "sked-system";
+const CONTROLLER_PODS: &str = "app.kubernetes.io/name=sked,control-plane=controller-manager";
+
+fn helm(fx: &Fixture, args: &[&str]) -> Result<Output> {
+    Command::new(tools_dir().join("helm"))
+        .env("KUBECONFIG", &fx.cluster.kubeconfig)
+        .env("HELM_CACHE_HOME", fx.cluster.dir.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", fx.cluster.dir.join("helm/config"))
+        .env("HELM_DATA_HOME", fx.cluster.dir.join("helm/data"))
+        .args(args)
+        .output()
+        .context("running helm")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// (apiVersion, kind, namespace, name) of every object in a multi-document YAML stream.
+fn objects(yaml: &str) -> Result<BTreeSet<(String, String, String, String)>> {
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml)?;
+    Ok(docs
+        .iter()
+        .filter(|doc| doc.get("kind").is_some())
+        .map(|doc| {
+            let field = |pointer: &str| doc.pointer(pointer).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+            (field("/apiVersion"), field("/kind"), field("/metadata/namespace"), field("/metadata/name"))
+        })
+        .collect())
+}
+
+/// The leaf certificate `address` presents for `name`, verified against `ca_pem`.
+async fn served_certificate(address: SocketAddr, ca_pem: &str, name: &str) -> Result<Vec<u8>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(address).await?;
+    let tls = connector.connect(rustls::pki_types::ServerName::try_from(name.to_owned())?, tcp).await?;
+    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate")?;
+    Ok(leaf.as_ref().to_vec())
+}
+
+async fn secret_key(fx: &Fixture, name: &str, key: &str) -> Result<Option<String>> {
+    let secret = Api::<Secret>::namespaced(fx.client.clone(), NS).get_opt(name).await?;
+    Ok(secret.and_then(|s| s.data).and_then(|d| d.get(key).map(|v| String::from_utf8_lossy(&v.0).into_owned())))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    fx.cluster.start_cert_manager()?;
+    // The harness made the agents' ServiceAccount for other suites; here the chart makes it.
+    let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), NS);
+    let _ = accounts.delete("sked-agent", &DeleteParams::default()).await;
+    for node in ["control-1", "control-2"] {
+        fx.create_node(node, &[]).await?;
+    }
+    let chart = workspace_root().join("charts/sked");
+    let chart = chart.to_string_lossy().into_owned();
+
+    // The Kustomize base: generated from the chart (no drift), and accepted by the API server.
+    let generated = fx.cluster.dir.join("kustomize-sked.yaml");
+    let out = Command::new("bash")
+        .arg(workspace_root().join("hack/kustomize.sh"))
+        .arg(tools_dir().join("helm"))
+        .arg(&generated)
+        .output()?;
+    ensure!(out.status.success(), "hack/kustomize.sh: {}", text(&out));
+    let checked_in = std::fs::read_to_string(workspace_root().join("config/default/sked.yaml"))?;
+    assert!(
+        std::fs::read_to_string(&generated)? == checked_in,
+        "config/default/sked.yaml is not what the chart renders: run `make kustomize`"
+    );
+    let base = workspace_root().join("config/default");
+    let out = fx.cluster.kubectl(&["apply", "-k", &base.to_string_lossy(), "--dry-run=server"])?;
+    assert!(out.status.success(), "kubectl apply -k config/default --dry-run=server:\n{}", text(&out));
+    let out = fx.cluster.kubectl(&["kustomize", &base.to_string_lossy()])?;
+    let kustomized = objects(&String::from_utf8_lossy(&out.stdout))?;
+    let out = helm(&fx, &["template", "sked", &chart, "--namespace", NS, "--include-crds"])?;
+    let mut rendered = objects(&String::from_utf8_lossy(&out.stdout))?;
+    rendered.insert(("v1".into(), "Namespace".into(), String::new(), NS.into()));
+    assert_eq!(kustomized, rendered, "Kustomize and Helm deploy the same objects");
+
+    // The README's command, with the chart from this checkout; the test plays the kubelet.
+    let pods = ControllerPods::run(fx.cluster, fx.client.clone(), NS, CONTROLLER_PODS, &[("sked-webhook", "webhook")]);
+    let install = {
+        let (kubeconfig, dir, chart) = (fx.cluster.kubeconfig.clone(), fx.cluster.dir.clone(), chart.clone());
+        tokio::task::spawn_blocking(move || {
+            Command::new(tools_dir().join("helm"))
+                .env("KUBECONFIG", kubeconfig)
+                .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+                .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+                .env("HELM_DATA_HOME", dir.join("helm/data"))
+                .args(["install", "sked", &chart, "--namespace", NS, "--create-namespace", "--wait", "--timeout", "5m"])
+                .output()
+        })
+    };
+    let out = install.await??;
+    assert!(
+        out.status.success(),
+        "helm install --wait:\n{}\n{}\ncert-manager:\n{}",
+        text(&out),
+        pods.logs(),
+        fx.cluster.log_tail("cert-manager-controller", 20)
+    );
+    let pids: Vec<u32> = pods.pods.lock().map(|p| p.iter().map(|p| p.pid()).collect()).unwrap_or_default();
+    assert_eq!(pids.len(), 2, "two controller replicas run");
+
+    // The agents' CA: the leader publishes the reports Secret's ca.crt.
+    let ca = wait_for("the reports CA published for the agents", || async {
+        let want = secret_key(&fx, "sked-reports-tls", "ca.crt").await?;
+        let map = Api::<ConfigMap>::namespaced(fx.client.clone(), NS).get("sked-reports-ca").await?;
+        let have = map.data.and_then(|d| d.get("ca.crt").cloned());
+        Ok(want.filter(|w| Some(w) == have.as_ref()))
+    })
+    .await?;
+    // An agent that trusts it reaches the leader's reports server under the Service's name.
+    let reports_name = format!("sked-reports.{NS}.svc");
+    let reports = wait_for("the leader's reports server, trusted through the published CA", || async {
+        for port in pods.ports("reports") {
+            let address = SocketAddr::from(([127, 0, 0, 1], port));
+            if let Ok(cert) = served_certificate(address, &ca, &reports_name).await {
+                return Ok(Some((address, cert)));
+            }
+        }
+        Ok(None)
+    })
+    .await?;
+
+    // The webhook answers through its Service (routed to the pods) once cert-manager injected
+    // its CA.
+    wait_for("the webhook's caBundle injected by cert-manager", || async {
+        let hooks =
+            Api::<ValidatingWebhookConfiguration>::all(fx.client.clone()).get("sked-sked-system-schedulers").await?;
+        let injected = hooks.webhooks.unwrap_or_default().iter().all(|w| w.client_config.ca_bundle.is_some());
+        Ok(injected.then_some(()))
+    })
+    .await?;
+    let scheduler = "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: elsewhere\nspec:\n  sched: docker.io/someone/else:v1\n";
+    let manifest = fx.cluster.dir.join("elsewhere.yaml");
+    std::fs::write(&manifest, scheduler)?;
+    let out = fx.cluster.kubectl(&["apply", "-f", &manifest.to_string_lossy()])?;
+    assert!(!out.status.success(), "the webhook refuses an image no rule allows");
+    assert!(text(&out).contains("is not allowed") && text(&out).contains("add a rule"), "{}", text(&out));
+
+    // A renewal forced through cert-manager reaches both servers without a restart.
+    let webhook_name = format!("sked-webhook.{NS}.svc");
+    let webhook_ports = pods.ports("webhook");
+    let mut before = Vec::new();
+    for port in &webhook_ports {
+        before.push(served_certificate(SocketAddr::from(([127, 0, 0, 1], *port)), &ca, &webhook_name).await?);
+    }
+    for certificate in ["sked-reports", "sked-webhook"] {
+        fx.cluster.renew_certificate(NS, certificate)?;
+    }
+    wait_for("the renewed certificates served", || async {
+        let mut renewed = served_certificate(reports.0, &ca, &reports_name).await.is_ok_and(|c| c != reports.1);
+        for (port, old) in webhook_ports.iter().zip(&before) {
+            let now = served_certificate(SocketAddr::from(([127, 0, 0, 1], *port)), &ca, &webhook_name).await;
+            renewed &= now.is_ok_and(|c| &c != old);
+        }
+        Ok(renewed.then_some(()))
+    })
+    .await?;
+    let after: Vec<u32> = pods.pods.lock().map(|p| p.iter().map(|p| p.pid()).collect()).unwrap_or_default();
+    assert_eq!(after, pids, "no replica restarted");
+
+    // An uninstall removes everything the release made.
+    let out = helm(&fx, &["get", "manifest", "sked", "--namespace", NS])?;
+    let released = objects(&String::from_utf8_lossy(&out.stdout))?;
+    let out = helm(&fx, &["uninstall", "sked", "--namespace", NS, "--wait"])?;
+    assert!(out.status.success(), "{}", text(&out));
+    for (_, kind, namespace, name) in &released {
+        let mut args = vec!["get", kind.as_str(), name.as_str(), "--ignore-not-found", "-o", "name"];
+        if !namespace.is_empty() {
+            args.extend(["-n", namespace.as_str()]);
+        }
+        let out = fx.cluster.kubectl(&args)?;
+        assert!(out.stdout.is_empty(), "{kind} {namespace}/{name} outlived helm uninstall");
+    }
+    Ok(())
+}
+
+/// The chart as released before this one (the last commit that changed it before the chart made
+/// its own CA): what `helm upgrade` starts from.
+const PREVIOUS_CHART: &str = "f8187c9";
+
+/// Reconciles each running controller has done so far (by pod UID), from their /metrics.
+async fn reconciles(pods: &ControllerPods) -> std::collections::BTreeMap<String, u64> {
+    let ports: Vec<(String, u16)> = pods
+        .pods
+        .lock()
+        .map(|p| p.iter().filter_map(|p| Some((p.uid.clone(), *p.ports.get("metrics")?))).collect())
+        .unwrap_or_default();
+    let mut counts = std::collections::BTreeMap::new();
+    for (uid, port) in ports {
+        let body = sked_tests::controller_pods::get(port, "/metrics").await.unwrap_or_default();
+        let count: f64 = body
+            .lines()
+            .filter(|l| l.starts_with("sked_reconciles_total"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum();
+        counts.insert(uid, count as u64);
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    fx.cluster.start_cert_manager()?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), NS);
+    let _ = accounts.delete("sked-agent", &DeleteParams::default()).await;
+    for node in ["control-1", "control-2"] {
+        fx.create_node(node, &[("pool", "sched")]).await?;
+    }
+    // The previous chart wanted an issuer and the CA by hand: a CA made through cert-manager.
+    let ca_objects = fx.cluster.dir.join("test-ca.yaml");
+    std::fs::write(
+        &ca_objects,
+        format!(
+            "apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {{name: test-selfsigned, namespace: {NS}}}\nspec: {{selfSigned: {{}}}}\n---\n\
+             apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {{name: test-ca, namespace: {NS}}}\n\
+             spec: {{isCA: true, commonName: test-ca, secretName: test-ca, issuerRef: {{name: test-selfsigned, kind: Issuer}}}}\n---\n\
+             apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {{name: test-ca, namespace: {NS}}}\nspec: {{ca: {{secretName: test-ca}}}}\n"
+        ),
+    )?;
+    let out = fx.cluster.kubectl(&["apply", "-f", &ca_objects.to_string_lossy()])?;
+    ensure!(out.status.success(), "{}", text(&out));
+    let ca = wait_for("the test CA issued", || secret_key(&fx, "test-ca", "ca.crt")).await?;
+    let previous = fx.cluster.dir.join("previous-chart");
+    std::fs::create_dir_all(&previous)?;
+    let archive = Command::new("git")
+        .current_dir(workspace_root())
+        .args(["archive", "--format=tar", PREVIOUS_CHART, "charts/sked"])
+        .output()?;
+    ensure!(archive.status.success(), "git archive {PREVIOUS_CHART}: {}", text(&archive));
+    let tar = fx.cluster.dir.join("previous-chart.tar");
+    std::fs::write(&tar, &archive.stdout)?;
+    let out = Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&previous).output()?;
+    ensure!(out.status.success(), "{}", text(&out));
+    let previous = previous.join("charts/sked");
+
+    // The previous chart, installed as its README said, allowing unsigned images for the test.
+    let pods = ControllerPods::run(fx.cluster, fx.client.clone(), NS, CONTROLLER_PODS, &[("sked-webhook", "webhook")]);
+    let values = [
+        "--set",
+        "reports.tls.issuerRef.name=test-ca",
+        "--set-string",
+        &format!("reports.tls.caBundle={ca}"),
+        "--set-string",
+        "trust.policy=rules:\n  - repository: \"**\"\n    unsigned: allow\n",
+    ];
+    let install = {
+        let (kubeconfig, dir, chart) = (fx.cluster.kubeconfig.clone(), fx.cluster.dir.clone(), previous.clone());
+        let values: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            Command::new(tools_dir().join("helm"))
+                .env("KUBECONFIG", kubeconfig)
+                .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+                .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+                .env("HELM_DATA_HOME", dir.join("helm/data"))
+                .arg("install")
+                .arg("sked")
+                .arg(&chart)
+                .args(["--namespace", NS, "--wait", "--timeout", "5m"])
+                .args(&values)
+                .output()
+        })
+    };
+    let out = install.await??;
+    assert!(out.status.success(), "helm install (previous chart):\n{}\n{}", text(&out), pods.logs());
+
+    // A Scheduler and its pods, from the previous release's controller.
+    let spec = sked_tests::spec_on("registry.example/sched/canary:v1", &[("pool", "sched")]);
+    fx.create_scheduler("canary", spec).await?;
+    let before = sked_tests::wait_bound_pods(&fx.client, NS, "canary", 2).await?;
+    let uids = |pods: &std::collections::BTreeMap<String, k8s_openapi::api::core::v1::Pod>| -> BTreeSet<String> {
+        pods.values().filter_map(|p| p.metadata.uid.clone()).collect()
+    };
+
+    // The upgrade to this chart, keeping the values.
+    let upgrade = {
+        let (kubeconfig, dir, chart) =
+            (fx.cluster.kubeconfig.clone(), fx.cluster.dir.clone(), workspace_root().join("charts/sked"));
+        tokio::task::spawn_blocking(move || {
+            Command::new(tools_dir().join("helm"))
+                .env("KUBECONFIG", kubeconfig)
+                .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+                .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+                .env("HELM_DATA_HOME", dir.join("helm/data"))
+                .arg("upgrade")
+                .arg("sked")
+                .arg(&chart)
+                .args(["--namespace", NS, "--reuse-values", "--wait", "--timeout", "5m"])
+                .output()
+        })
+    };
+    let out = upgrade.await??;
+    assert!(out.status.success(), "helm upgrade:\n{}\n{}", text(&out), pods.logs());
+    // The upgraded release's leader reconciles the Scheduler (poked after the upgrade settled).
+    let settled = reconciles(&pods).await;
+    let out = fx.cluster.kubectl(&["annotate", "scheduler", "canary", "sked-tests/poke=after-upgrade"])?;
+    ensure!(out.status.success(), "{}", text(&out));
+    wait_for("a reconcile after the upgrade", || async {
+        let now = reconciles(&pods).await;
+        Ok(now.iter().any(|(uid, n)| *n > settled.get(uid).copied().unwrap_or(0)).then_some(()))
+    })
+    .await?;
+    let after = sked_tests::wait_bound_pods(&fx.client, NS, "canary", 2).await?;
+    assert_eq!(uids(&after), uids(&before), "the upgrade restarted no scheduler pod");
+
+    // An uninstall stops the controller and leaves the running schedulers alone.
+    let out = helm(&fx, &["uninstall", "sked", "--namespace", NS, "--wait"])?;
+    assert!(out.status.success(), "{}", text(&out));
+    let out = fx.cluster.kubectl(&[
+        "get",
+        "deployment",
+        "sked-controller-manager",
+        "-n",
+        NS,
+        "--ignore-not-found",
+        "-o",
+        "name",
+    ])?;
+    assert!(out.stdout.is_empty(), "the controller is gone");
+    fx.daemonsets().get("canary").await.context("the Scheduler's DaemonSet outlives the release")?;
+    let left = sked_tests::wait_bound_pods(&fx.client, NS, "canary", 2).await?;
+    assert_eq!(uids(&left), uids(&before), "helm uninstall stopped no scheduler pod");
+    Ok(())
+}
