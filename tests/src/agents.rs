@@ -197,6 +197,8 @@ pub struct AgentSpec<'a> {
     pub expected_ops: Option<&'a str>,
     pub controller: &'a str,
     pub ca: &'a Path,
+    /// The reports server's TLS name, when it is not the address's host.
+    pub server_name: Option<&'a str>,
     pub token: &'a str,
 }
 
@@ -204,6 +206,8 @@ pub struct AgentSpec<'a> {
 pub struct ReportsEndpoint<'a> {
     pub address: &'a str,
     pub ca: &'a Path,
+    /// The server's TLS name, when it is not the address's host.
+    pub server_name: Option<&'a str>,
 }
 
 impl AgentProcess {
@@ -227,6 +231,7 @@ impl AgentProcess {
             expected_ops: Some("rusty"),
             controller: reports.address,
             ca: reports.ca,
+            server_name: reports.server_name,
             token: &token,
         })
     }
@@ -280,6 +285,9 @@ impl AgentProcess {
             .stderr(std::fs::File::create(dir.join("agent.err"))?);
         if let Some(ops) = spec.expected_ops {
             cmd.args(["--expected-ops", ops]);
+        }
+        if let Some(name) = spec.server_name {
+            cmd.args(["--server-name", name]);
         }
         let child = cmd.spawn().context("starting sked-agent")?;
         Ok(Self { child, node: spec.node.to_owned(), sysfs, http, log, kernel_log })

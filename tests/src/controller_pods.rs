@@ -114,6 +114,12 @@ impl ControllerPods {
         pods.iter().filter_map(|p| p.ports.get(name).copied()).collect()
     }
 
+    /// The local port `name` of the running pod `pod`.
+    pub fn port_of(&self, pod: &str, name: &str) -> Option<u16> {
+        let pods = self.pods.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pods.iter().find(|p| p.pod == pod).and_then(|p| p.ports.get(name).copied())
+    }
+
     /// Every pod's log tail, for a failure's message.
     pub fn logs(&self) -> String {
         let pods = self.pods.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -10,9 +10,10 @@ use std::process::{Command, Output};
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
-use kube::Api;
-use kube::api::DeleteParams;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
+use sked_tests::agents::{AgentProcess, ReportsEndpoint};
 use sked_tests::cluster::{tools_dir, workspace_root};
 use sked_tests::controller_pods::ControllerPods;
 use sked_tests::{Fixture, wait_for};
@@ -191,6 +192,62 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
     .await?;
     let after: Vec<u32> = pods.pods.lock().map(|p| p.iter().map(|p| p.pid()).collect()).unwrap_or_default();
     assert_eq!(after, pids, "no replica restarted");
+
+    // An agent that trusts only the published CA is accepted by the leader. Its Scheduler needs
+    // an image the policy allows: the user's way, a policy given to helm upgrade.
+    let policy = "rules:\n  - repository: \"registry.example/**\"\n    unsigned: allow\n";
+    let out = helm(
+        &fx,
+        &[
+            "upgrade",
+            "sked",
+            &chart,
+            "--namespace",
+            NS,
+            "--reuse-values",
+            "--set-string",
+            &format!("trust.policy={policy}"),
+        ],
+    )?;
+    assert!(out.status.success(), "{}", text(&out));
+    fx.create_node("worker-1", &[("pool", "sched")]).await?;
+    wait_for("a Scheduler the new policy admits", || async {
+        let spec = sked_controller::SchedulerSpec {
+            expected_ops: Some("rusty".into()),
+            ..sked_tests::spec_on("registry.example/sched/canary:v1", &[("pool", "sched")])
+        };
+        Ok(fx.create_scheduler("canary", spec).await.ok().map(|_| ()))
+    })
+    .await?;
+    let pod = sked_tests::wait_bound_pods(&fx.client, NS, "canary", 1)
+        .await?
+        .remove("worker-1")
+        .context("the canary pod on worker-1")?;
+    let ca_file = fx.cluster.dir.join("published-ca.crt");
+    std::fs::write(&ca_file, &ca)?;
+    // The leader (its pod carries the leader label the reports Service selects).
+    let leader = wait_for("the leading replica", || async {
+        let leading = format!("{CONTROLLER_PODS},sked.schedkit.io/leader=true");
+        let listed =
+            Api::<Pod>::namespaced(fx.client.clone(), NS).list(&ListParams::default().labels(&leading)).await?;
+        Ok(listed.items.first().and_then(|p| pods.port_of(&p.name_any(), "reports")))
+    })
+    .await?;
+    let address = format!("https://127.0.0.1:{leader}");
+    let endpoint = ReportsEndpoint { address: &address, ca: &ca_file, server_name: Some(&reports_name) };
+    let agents = fx.cluster.dir.join("agents");
+    AgentProcess::preset_kernel(&agents, "worker-1", "enabled", Some("rusty_1.0.0_x86_64"), 1)?;
+    let mut agent = AgentProcess::for_pod(&fx.client, NS, &agents, &pod, "canary", &endpoint).await?;
+    let attached = fx
+        .wait_scheduler("canary", "the agent's report accepted", |s| {
+            s.status.as_ref().is_some_and(|st| st.kernel_attached_summary.as_deref() == Some("1/1"))
+        })
+        .await;
+    if attached.is_err() {
+        eprintln!("agent:\n{}\n{}", agent.stderr_tail(), pods.logs());
+    }
+    attached?;
+    agent.stop();
 
     // An uninstall removes everything the release made.
     let out = helm(&fx, &["get", "manifest", "sked", "--namespace", NS])?;

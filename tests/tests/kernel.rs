@@ -58,7 +58,7 @@ impl Setup {
     }
 
     async fn agent(&self, node: &str) -> Result<AgentProcess> {
-        let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca };
+        let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca, server_name: None };
         AgentProcess::for_pod(
             &self.fx.client,
             &self.fx.namespace,
@@ -555,6 +555,7 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
         expected_ops: Some("rusty"),
         controller: &format!("https://localhost:{port}"),
         ca: &s.tls.ca,
+        server_name: None,
         token: &token,
     })?;
     let metric = |name: &str| -> Result<i64> {

@@ -247,6 +247,7 @@ async fn sigterm_releases_the_lease_at_once_and_exits_with_streams_open() -> Res
         expected_ops: Some("rusty"),
         controller: &format!("https://localhost:{reports_port}"),
         ca: &tls.ca,
+        server_name: None,
         token: &token,
     })?;
     wait_for("the agent's stream to be open", || async {

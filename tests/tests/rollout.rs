@@ -119,7 +119,7 @@ impl Cluster {
                     Kernel::Foreign => ("enabled", Some("lavd_1.0.0")),
                 };
                 AgentProcess::preset_kernel(self.dir.path(), node, state, ops, 1)?;
-                let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca };
+                let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca, server_name: None };
                 let (client, namespace) = (&self.fx.client, &self.fx.namespace);
                 let agent =
                     AgentProcess::for_pod(client, namespace, self.dir.path(), pod, &self.name, &reports).await?;

@@ -91,6 +91,7 @@ async fn main() -> Result<()> {
             expected_ops: Some("rusty"),
             controller: &format!("https://localhost:{reports_port}"),
             ca: &tls.ca,
+            server_name: None,
             token: &token,
         })?;
         agents.push(agent);
