@@ -25,8 +25,9 @@ done
 # --- Debian packages --------------------------------------------------------------------
 # build-essential, cmake, pkg-config: the C parts of the Rust build (libbpf-sys, aws-lc-sys);
 # libelf-dev, zlib1g-dev: libbpf; docker-registry: the image trust tests' registry;
-# and shellcheck (actionlint checks workflow scripts with it); git, curl: the tool builds.
-packages=(build-essential cmake pkg-config libelf-dev zlib1g-dev docker-registry shellcheck git curl)
+# and shellcheck (actionlint checks workflow scripts with it); git, curl: the tool builds;
+# rsync: .ci/run's mirror of the checkout.
+packages=(build-essential cmake pkg-config libelf-dev zlib1g-dev docker-registry shellcheck git curl rsync)
 read -r -a extra <<<"${SKED_SETUP_EXTRA_PACKAGES:-}"
 packages+=("${extra[@]}")
 

@@ -73,13 +73,21 @@ async fn secret_key(fx: &Fixture, name: &str, key: &str) -> Result<Option<String
     Ok(secret.and_then(|s| s.data).and_then(|d| d.get(key).map(|v| String::from_utf8_lossy(&v.0).into_owned())))
 }
 
+/// The release namespace as a first install finds it: without the agents' ServiceAccount the
+/// harness makes for other suites (the chart makes it), and without the Lease of an earlier
+/// test's release (whose holder is gone; a new one would wait out its term).
+async fn fresh_release_namespace(fx: &Fixture) {
+    let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), NS);
+    let _ = accounts.delete("sked-agent", &DeleteParams::default()).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), NS);
+    let _ = leases.delete("sked-controller", &DeleteParams::default()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() -> Result<()> {
     let fx = Fixture::without_controller().await?;
     fx.cluster.start_cert_manager()?;
-    // The harness made the agents' ServiceAccount for other suites; here the chart makes it.
-    let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), NS);
-    let _ = accounts.delete("sked-agent", &DeleteParams::default()).await;
+    fresh_release_namespace(&fx).await;
     for node in ["control-1", "control-2"] {
         fx.create_node(node, &[]).await?;
     }
@@ -111,6 +119,7 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
 
     // The README's command, with the chart from this checkout; the test plays the kubelet.
     let pods = ControllerPods::run(fx.cluster, fx.client.clone(), NS, CONTROLLER_PODS, &[("sked-webhook", "webhook")]);
+    let started = std::time::Instant::now();
     let install = {
         let (kubeconfig, dir, chart) = (fx.cluster.kubeconfig.clone(), fx.cluster.dir.clone(), chart.clone());
         tokio::task::spawn_blocking(move || {
@@ -124,6 +133,7 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
         })
     };
     let out = install.await??;
+    eprintln!("measured: helm install --wait (cert-manager issuing, two replicas ready): {:?}", started.elapsed());
     assert!(
         out.status.success(),
         "helm install --wait:\n{}\n{}\ncert-manager:\n{}",
@@ -178,6 +188,7 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
     for port in &webhook_ports {
         before.push(served_certificate(SocketAddr::from(([127, 0, 0, 1], *port)), &ca, &webhook_name).await?);
     }
+    let renewing = std::time::Instant::now();
     for certificate in ["sked-reports", "sked-webhook"] {
         fx.cluster.renew_certificate(NS, certificate)?;
     }
@@ -190,6 +201,7 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
         Ok(renewed.then_some(()))
     })
     .await?;
+    eprintln!("measured: renewal asked -> both servers present the new certificates: {:?}", renewing.elapsed());
     let after: Vec<u32> = pods.pods.lock().map(|p| p.iter().map(|p| p.pid()).collect()).unwrap_or_default();
     assert_eq!(after, pids, "no replica restarted");
 
@@ -293,8 +305,7 @@ async fn reconciles(pods: &ControllerPods) -> std::collections::BTreeMap<String,
 async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> Result<()> {
     let fx = Fixture::without_controller().await?;
     fx.cluster.start_cert_manager()?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), NS);
-    let _ = accounts.delete("sked-agent", &DeleteParams::default()).await;
+    fresh_release_namespace(&fx).await;
     for node in ["control-1", "control-2"] {
         fx.create_node(node, &[("pool", "sched")]).await?;
     }
