@@ -62,22 +62,23 @@ impl TestCluster {
         let out =
             self.kubectl(&["apply", "--server-side", "--field-manager=sked-tests", "-f", &configs.to_string_lossy()])?;
         ensure!(out.status.success(), "registering cert-manager's webhook: {}", String::from_utf8_lossy(&out.stderr));
-        // Until the CA injector fills the caBundles, nothing of cert-manager's can be written.
+        // Until the CA injector fills the caBundles and the webhook serves its certificate,
+        // nothing of cert-manager's can be written: wait until a dry run of an Issuer passes.
+        let probe = self.dir.join("cert-manager-probe.yaml");
+        std::fs::write(
+            &probe,
+            "apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {name: probe, namespace: default}\nspec: {selfSigned: {}}\n",
+        )?;
         let deadline = std::time::Instant::now() + crate::DEADLINE;
         loop {
-            let out = self.kubectl(&[
-                "get",
-                "validatingwebhookconfiguration,mutatingwebhookconfiguration",
-                "cert-manager-webhook",
-                "-o",
-                "jsonpath={.items[*].webhooks[*].clientConfig.caBundle}",
-            ])?;
-            if String::from_utf8_lossy(&out.stdout).split_whitespace().count() == 2 {
+            let out = self.kubectl(&["create", "--dry-run=server", "-f", &probe.to_string_lossy()])?;
+            if out.status.success() {
                 return Ok(());
             }
             ensure!(
                 std::time::Instant::now() < deadline,
-                "cert-manager's CA injector did not fill its webhook's caBundle:\n{}\n{}",
+                "cert-manager's webhook does not answer: {}\n{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
                 self.log_tail("cert-manager-webhook", 20),
                 self.log_tail("cert-manager-cainjector", 20)
             );
