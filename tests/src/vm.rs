@@ -32,7 +32,12 @@ impl TestVm {
         let _ = std::fs::remove_file(&relay_sock);
         let _ = std::fs::remove_file(&control_sock);
         let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-machine", "q35", "-m", "1024", "-smp", "2"])
+        // One host thread runs both vCPUs: with a thread per vCPU (multi-threaded TCG), a guest
+        // that patches its own code on one CPU (the kernel's int3-based text_poke, which
+        // sched_ext's static keys go through on every enable) can run a half-patched
+        // instruction on the other; a CI run caught the guest dying of that ("Oops: int3" in
+        // __schedule while a scheduler was being enabled).
+        cmd.args(["-accel", "tcg,thread=single", "-cpu", "max", "-machine", "q35", "-m", "1024", "-smp", "2"])
             .args(["-display", "none", "-no-reboot", "-kernel"])
             .arg(kernel)
             .arg("-initrd")
