@@ -74,11 +74,16 @@ async fn secret_key(fx: &Fixture, name: &str, key: &str) -> Result<Option<String
 }
 
 /// The release namespace as a first install finds it: without the agents' ServiceAccount the
-/// harness makes for other suites (the chart makes it), and without the Lease of an earlier
-/// test's release (whose holder is gone; a new one would wait out its term).
+/// harness makes for other suites (the chart makes it), without the Secrets cert-manager wrote
+/// for an earlier test's release (the chart README has users delete them after an uninstall),
+/// and without that release's Lease (whose holder is gone; a new one would wait out its term).
 async fn fresh_release_namespace(fx: &Fixture) {
     let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), NS);
     let _ = accounts.delete("sked-agent", &DeleteParams::default()).await;
+    let secrets: Api<Secret> = Api::namespaced(fx.client.clone(), NS);
+    for secret in ["sked-ca", "sked-reports-tls", "sked-webhook-tls"] {
+        let _ = secrets.delete(secret, &DeleteParams::default()).await;
+    }
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), NS);
     let _ = leases.delete("sked-controller", &DeleteParams::default()).await;
 }
@@ -186,7 +191,13 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
     let webhook_ports = pods.ports("webhook");
     let mut before = Vec::new();
     for port in &webhook_ports {
-        before.push(served_certificate(SocketAddr::from(([127, 0, 0, 1], *port)), &ca, &webhook_name).await?);
+        let address = SocketAddr::from(([127, 0, 0, 1], *port));
+        // A replica serves what its Secret held when it last looked (files sync, then reload).
+        let served = wait_for("a webhook replica serving a certificate of the chart's CA", || async {
+            Ok(served_certificate(address, &ca, &webhook_name).await.ok())
+        })
+        .await?;
+        before.push(served);
     }
     let renewing = std::time::Instant::now();
     for certificate in ["sked-reports", "sked-webhook"] {
