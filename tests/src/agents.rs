@@ -61,6 +61,12 @@ impl ReportsTls {
 
 /// Whether a TLS handshake with `address` succeeds when only `ca_pem` is trusted (as "localhost").
 pub async fn tls_handshake(address: SocketAddr, ca_pem: &str) -> Result<()> {
+    served_certificate(address, ca_pem, "localhost", &[b"h2"]).await.map(|_| ())
+}
+
+/// The leaf certificate `address` presents for `name` (offering `alpn`), verified against
+/// `ca_pem` alone.
+pub async fn served_certificate(address: SocketAddr, ca_pem: &str, name: &str, alpn: &[&[u8]]) -> Result<Vec<u8>> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -71,12 +77,12 @@ pub async fn tls_handshake(address: SocketAddr, ca_pem: &str) -> Result<()> {
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(address).await?;
-    let name = rustls::pki_types::ServerName::try_from("localhost")?;
-    connector.connect(name, tcp).await?;
-    Ok(())
+    let tls = connector.connect(rustls::pki_types::ServerName::try_from(name.to_owned())?, tcp).await?;
+    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate")?;
+    Ok(leaf.as_ref().to_vec())
 }
 
 /// The `sked-agent` binary of this workspace (see [`workspace_binary`]).

@@ -356,6 +356,19 @@ impl TestCluster {
         Ok(kube::Client::try_from(config)?)
     }
 
+    /// Runs the pinned helm against this cluster, with its caches and config in the cluster's
+    /// directory.
+    pub fn helm(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new(tool("helm")?)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CACHE_HOME", self.dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.dir.join("helm/config"))
+            .env("HELM_DATA_HOME", self.dir.join("helm/data"))
+            .args(args)
+            .output()
+            .map_err(|e| anyhow!("running helm: {e}"))
+    }
+
     /// Runs the pinned kubectl against this cluster.
     pub fn kubectl(&self, args: &[&str]) -> Result<std::process::Output> {
         Command::new(tool("kubectl")?)

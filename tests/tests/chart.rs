@@ -1,7 +1,7 @@
 //! The Helm chart: lint, rendered manifests accepted by the API server (server-side dry run),
 //! refusals of bad values, and a real `helm install` into the test cluster.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -11,17 +11,10 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::Api;
 use sked_tests::Fixture;
 use sked_tests::agents::ReportsTls;
-use sked_tests::cluster::{tools_dir, workspace_root};
+use sked_tests::cluster::workspace_root;
 
 fn helm(fx: &Fixture, args: &[&str]) -> Result<Output> {
-    Command::new(tools_dir().join("helm"))
-        .env("KUBECONFIG", &fx.cluster.kubeconfig)
-        .env("HELM_CACHE_HOME", fx.cluster.dir.join("helm/cache"))
-        .env("HELM_CONFIG_HOME", fx.cluster.dir.join("helm/config"))
-        .env("HELM_DATA_HOME", fx.cluster.dir.join("helm/data"))
-        .args(args)
-        .output()
-        .context("running helm")
+    fx.cluster.helm(args)
 }
 
 fn text(o: &Output) -> String {

@@ -22,14 +22,7 @@ const NS: &str = "sked-system";
 const CONTROLLER_PODS: &str = "app.kubernetes.io/name=sked,control-plane=controller-manager";
 
 fn helm(fx: &Fixture, args: &[&str]) -> Result<Output> {
-    Command::new(tools_dir().join("helm"))
-        .env("KUBECONFIG", &fx.cluster.kubeconfig)
-        .env("HELM_CACHE_HOME", fx.cluster.dir.join("helm/cache"))
-        .env("HELM_CONFIG_HOME", fx.cluster.dir.join("helm/config"))
-        .env("HELM_DATA_HOME", fx.cluster.dir.join("helm/data"))
-        .args(args)
-        .output()
-        .context("running helm")
+    fx.cluster.helm(args)
 }
 
 fn text(o: &Output) -> String {
@@ -51,21 +44,7 @@ fn objects(yaml: &str) -> Result<BTreeSet<(String, String, String, String)>> {
 
 /// The leaf certificate `address` presents for `name`, verified against `ca_pem`.
 async fn served_certificate(address: SocketAddr, ca_pem: &str, name: &str) -> Result<Vec<u8>> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(address).await?;
-    let tls = connector.connect(rustls::pki_types::ServerName::try_from(name.to_owned())?, tcp).await?;
-    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate")?;
-    Ok(leaf.as_ref().to_vec())
+    sked_tests::agents::served_certificate(address, ca_pem, name, &[]).await
 }
 
 async fn secret_key(fx: &Fixture, name: &str, key: &str) -> Result<Option<String>> {
@@ -126,15 +105,19 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
     let pods = ControllerPods::run(fx.cluster, fx.client.clone(), NS, CONTROLLER_PODS, &[("sked-webhook", "webhook")]);
     let started = std::time::Instant::now();
     let install = {
-        let (kubeconfig, dir, chart) = (fx.cluster.kubeconfig.clone(), fx.cluster.dir.clone(), chart.clone());
+        let (cluster, chart) = (fx.cluster, chart.clone());
         tokio::task::spawn_blocking(move || {
-            Command::new(tools_dir().join("helm"))
-                .env("KUBECONFIG", kubeconfig)
-                .env("HELM_CACHE_HOME", dir.join("helm/cache"))
-                .env("HELM_CONFIG_HOME", dir.join("helm/config"))
-                .env("HELM_DATA_HOME", dir.join("helm/data"))
-                .args(["install", "sked", &chart, "--namespace", NS, "--create-namespace", "--wait", "--timeout", "5m"])
-                .output()
+            cluster.helm(&[
+                "install",
+                "sked",
+                &chart,
+                "--namespace",
+                NS,
+                "--create-namespace",
+                "--wait",
+                "--timeout",
+                "5m",
+            ])
         })
     };
     let out = install.await??;
@@ -358,20 +341,12 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
         "trust.policy=rules:\n  - repository: \"**\"\n    unsigned: allow\n",
     ];
     let install = {
-        let (kubeconfig, dir, chart) = (fx.cluster.kubeconfig.clone(), fx.cluster.dir.clone(), previous.clone());
+        let (cluster, chart) = (fx.cluster, previous.to_string_lossy().into_owned());
         let values: Vec<String> = values.iter().map(|v| v.to_string()).collect();
         tokio::task::spawn_blocking(move || {
-            Command::new(tools_dir().join("helm"))
-                .env("KUBECONFIG", kubeconfig)
-                .env("HELM_CACHE_HOME", dir.join("helm/cache"))
-                .env("HELM_CONFIG_HOME", dir.join("helm/config"))
-                .env("HELM_DATA_HOME", dir.join("helm/data"))
-                .arg("install")
-                .arg("sked")
-                .arg(&chart)
-                .args(["--namespace", NS, "--wait", "--timeout", "5m"])
-                .args(&values)
-                .output()
+            let mut args = vec!["install", "sked", &chart, "--namespace", NS, "--wait", "--timeout", "5m"];
+            args.extend(values.iter().map(String::as_str));
+            cluster.helm(&args)
         })
     };
     let out = install.await??;
@@ -387,19 +362,9 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
 
     // The upgrade to this chart, keeping the values.
     let upgrade = {
-        let (kubeconfig, dir, chart) =
-            (fx.cluster.kubeconfig.clone(), fx.cluster.dir.clone(), workspace_root().join("charts/sked"));
+        let (cluster, chart) = (fx.cluster, workspace_root().join("charts/sked").to_string_lossy().into_owned());
         tokio::task::spawn_blocking(move || {
-            Command::new(tools_dir().join("helm"))
-                .env("KUBECONFIG", kubeconfig)
-                .env("HELM_CACHE_HOME", dir.join("helm/cache"))
-                .env("HELM_CONFIG_HOME", dir.join("helm/config"))
-                .env("HELM_DATA_HOME", dir.join("helm/data"))
-                .arg("upgrade")
-                .arg("sked")
-                .arg(&chart)
-                .args(["--namespace", NS, "--reuse-values", "--wait", "--timeout", "5m"])
-                .output()
+            cluster.helm(&["upgrade", "sked", &chart, "--namespace", NS, "--reuse-values", "--wait", "--timeout", "5m"])
         })
     };
     let out = upgrade.await??;
