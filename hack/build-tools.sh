@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned upstream binaries the tests run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, helm, actionlint, cosign, crane, and a
+# kube-controller-manager, kube-scheduler, kubectl, kubelet, helm, actionlint, cosign, crane, and a
 # kstatus check on sigs.k8s.io/cli-utils, promtool, cert-manager) from the Go
 # module proxy with the local Go toolchain, the way envtest ships downloaded binaries. Each tool
 # set is built once into a per-user cache keyed by its version; later runs (from any clone) only
@@ -39,6 +39,7 @@ export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 # 2 cores (measured; the download is most of it on a slow link).
 sets=(
   "kubernetes $KUBERNETES_VERSION kube-apiserver,kube-controller-manager,kube-scheduler,kubectl 9"
+  "kubelet $KUBERNETES_VERSION kubelet,pause 3"
   "etcd $ETCD_VERSION etcd 2"
   "helm $HELM_VERSION helm 2"
   "actionlint $ACTIONLINT_VERSION actionlint 1"
@@ -92,8 +93,11 @@ go_build() {
 # Kubernetes: a wrapper module that requires k8s.io/kubernetes and replaces every staging
 # module (./staging/src/k8s.io/X in its go.mod) by the published k8s.io/X of the same release
 # (v0.MINOR.PATCH).
+# build_kubernetes SET COMMAND...: the commands (cmd/NAME) into $cache/SET-$KUBERNETES_VERSION.
 build_kubernetes() {
-  local work k8s_mod staging_version replaces minor ldflags
+  local set=$1 work k8s_mod staging_version replaces minor ldflags cmd packages=()
+  shift
+  for cmd in "$@"; do packages+=("k8s.io/kubernetes/cmd/$cmd"); done
   work=$(mktemp -d)
   k8s_mod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
     sed -n 's/.*"GoMod": "\(.*\)".*/\1/p') || return 1
@@ -107,11 +111,22 @@ build_kubernetes() {
  -X k8s.io/component-base/version.gitTreeState=clean"
   printf 'module sked.local/tools/kubernetes\n\ngo 1.26.0\n\ngodebug default=go1.26\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n%s\n)\n' \
     "$KUBERNETES_VERSION" "$replaces" >"$work/go.mod"
-  mkdir -p "$cache/kubernetes-$KUBERNETES_VERSION"
-  go_build "$work" "$cache/kubernetes-$KUBERNETES_VERSION/" "$ldflags" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl || return 1
+  mkdir -p "$cache/$set-$KUBERNETES_VERSION"
+  go_build "$work" "$cache/$set-$KUBERNETES_VERSION/" "$ldflags" "${packages[@]}" || return 1
   rm -rf "$work"
+}
+
+# The kubelet, and the pod sandbox's `pause` from the same release's build/pause (C, linked
+# statically, as registry.k8s.io/pause is).
+build_kubelet() {
+  build_kubernetes kubelet kubelet || return 1
+  local source
+  source=$(cd "$(mktemp -d)" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p') || return 1
+  gcc -Os -Wall -static -DVERSION="$KUBERNETES_VERSION" -o "$cache/kubelet-$KUBERNETES_VERSION/pause.tmp" \
+    "$source/build/pause/linux/pause.c" || return 1
+  strip "$cache/kubelet-$KUBERNETES_VERSION/pause.tmp"
+  mv "$cache/kubelet-$KUBERNETES_VERSION/pause.tmp" "$cache/kubelet-$KUBERNETES_VERSION/pause"
 }
 
 # etcd: etcdmain behind a two-line main package.
@@ -222,7 +237,13 @@ for set in "${sets[@]}"; do
   read -r name version bins mins <<<"$set"
   built "$name" "$version" "$bins" && continue
   case $name in
-    kubernetes) run_build "$name" "$version" "$mins" build_kubernetes ;;
+    kubernetes)
+      run_build "$name" "$version" "$mins" build_kubernetes kubernetes kube-apiserver kube-controller-manager \
+        kube-scheduler kubectl
+      ;;
+    # The kubelet of the real node in the sched_ext VM (make test-node), a set of its own so the
+    # control plane's binaries need not be rebuilt for it.
+    kubelet) run_build "$name" "$version" "$mins" build_kubelet ;;
     etcd) run_build "$name" "$version" "$mins" build_etcd ;;
     helm)
       run_build "$name" "$version" "$mins" go_tool helm "$HELM_VERSION" helm.sh/helm/v4 helm.sh/helm/v4/cmd/helm \
@@ -255,6 +276,8 @@ mkdir -p "$bin_dir"
 for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/$tool" "$bin_dir/$tool"
 done
+ln -sf "$cache/kubelet-$KUBERNETES_VERSION/kubelet" "$bin_dir/kubelet"
+ln -sf "$cache/kubelet-$KUBERNETES_VERSION/pause" "$bin_dir/pause"
 ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin_dir/etcd"
 ln -sf "$cache/helm-$HELM_VERSION/helm" "$bin_dir/helm"
 ln -sf "$cache/actionlint-$ACTIONLINT_VERSION/actionlint" "$bin_dir/actionlint"

@@ -7,6 +7,12 @@
 #                                           OUT/NAME.cpio.gz: busybox, /init, the binaries
 #                                           (with their shared libraries) and KERNEL's virtio
 #                                           modules
+#   hack/kernel-e2e.sh node OUT KUBELET BIN...
+#                                           OUT/node.cpio: a Kubernetes node for the sched_ext
+#                                           kernel (after prepare): Debian unstable's glibc,
+#                                           containerd, runc and CNI plugins, KUBELET, the
+#                                           binaries, the veth, dummy and overlay modules,
+#                                           and /init
 #
 # Kernels are downloaded with apt (never installed) through a private apt configuration, so the
 # machine's own sources and packages are untouched, and cached per version in
@@ -15,12 +21,13 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-cache=${SKED_KERNEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sked-kernel}
+# shellcheck source=hack/debian.sh
+source "$root/hack/debian.sh"
 log() { echo "kernel-e2e: $*" >&2; }
 
 deps() {
   local need=() pkg
-  for pkg in qemu-system-x86 busybox-static cpio zstd clang libbpf-dev bpftool; do
+  for pkg in qemu-system-x86 busybox-static cpio zstd xz-utils clang libbpf-dev bpftool; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if ((${#need[@]})); then
@@ -32,49 +39,12 @@ deps() {
   fi
 }
 
-# apt over a private configuration: unstable and bookworm lists in $cache/apt.
-apt_private() {
-  local dir=$cache/apt
-  mkdir -p "$dir/lists/partial" "$dir/archives/partial"
-  cat >"$dir/sources.list" <<LIST
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian unstable main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
-LIST
-  local cmd=$1
-  shift
-  "$cmd" -o Dir::Etc::SourceList="$dir/sources.list" -o Dir::Etc::SourceParts=/dev/null \
-    -o Dir::State::Lists="$dir/lists" -o Dir::Cache="$dir" -o Dir::Cache::archives="$dir/archives" \
-    -o Debug::NoLocking=1 -o APT::Sandbox::User=root "$@"
-}
-
-# fetch PATTERN: downloads the newest package whose name matches PATTERN into $cache/debs (once)
-# and prints its path. Offline, the newest cached match is used.
-fetch() {
-  local pattern=$1 name deb
-  mkdir -p "$cache/debs"
-  name=$(apt_private apt-cache pkgnames 2>/dev/null | grep -E "$pattern" | sort -V | tail -1 || true)
-  if [[ -z $name ]]; then
-    deb=$(find "$cache/debs" -name '*.deb' | grep -E "/${pattern#^}" | sort -V | tail -1 || true)
-    [[ -n $deb ]] || { log "no package matches $pattern (is deb.debian.org reachable?)"; exit 1; }
-    echo "$deb"
-    return
-  fi
-  deb=$(find "$cache/debs" -name "${name}_*.deb" | head -1)
-  if [[ -z $deb ]]; then
-    log "downloading $name"
-    (cd "$cache/debs" && apt_private apt-get download -qq "$name")
-    deb=$(find "$cache/debs" -name "${name}_*.deb" | head -1)
-  fi
-  echo "$deb"
-}
-
 prepare() {
   local out=$1
   mkdir -p "$out"
   out=$(cd "$out" && pwd)
   log "refreshing the private apt lists"
-  apt_private apt-get update -qq || log "apt update failed; using cached kernels"
+  apt_refresh
 
   # The sched_ext kernel: vmlinuz, and vmlinux (for its BTF) out of the zstd payload.
   local deb dir
@@ -175,9 +145,177 @@ INIT
   (cd "$tree" && find . | cpio -o -H newc --quiet | gzip -1 >"$out/$name.cpio.gz")
 }
 
+
+# The node's userland: Debian unstable's packages (the suite of the sched_ext kernel; bookworm's
+# containerd 1.6 and runc 1.1 are too old for the pinned kubelet), unpacked as a usr-merged
+# tree. Only what a node needs: containerd with its runc shim, runc, three CNI plugins (ptp,
+# host-local, loopback) and the libraries they link.
+NODE_PACKAGES="libc6 libgcc-s1 libseccomp2 containerd runc containernetworking-plugins"
+
+node() {
+  local out=$1 kubelet=$2
+  shift 2
+  out=$(cd "$out" && pwd)
+  [[ -s $out/kernel-sched-ext.txt ]] || { log "run 'hack/kernel-e2e.sh prepare $out' first"; exit 1; }
+  apt_refresh
+  local tree unpacked pkg deb debs=() key
+  for pkg in $NODE_PACKAGES; do debs+=("$(fetch_package "$pkg" unstable)"); done
+  debs+=("$(fetch_package busybox-static bookworm)")
+  # Built once per set of inputs (packages, kernel, binaries, this script).
+  key=$( (basename -a "${debs[@]}"; cat "$out/kernel-sched-ext.txt"; sha256sum "$kubelet" "$@" "$0" | cut -d' ' -f1) |
+    sha256sum | cut -c1-16)
+  if [[ -s $cache/node-$key.cpio ]]; then
+    cp "$cache/node-$key.cpio" "$out/node.cpio"
+    log "node initramfs $out/node.cpio (cached)"
+    return
+  fi
+  tree=$(mktemp -d)
+  unpacked=$(mktemp -d)
+  trap 'rm -rf "$tree" "$unpacked"' RETURN
+  for deb in "${debs[@]:0:${#debs[@]}-1}"; do
+    dpkg-deb -x "$deb" "$unpacked"
+  done
+  mkdir -p "$tree"/usr/{bin,sbin,lib/x86_64-linux-gnu,lib64,lib/cni,lib/modules} "$tree"/{proc,sys,dev,run,tmp,root,etc,var/lib,var/log}
+  local d
+  for d in bin sbin lib lib64; do ln -s "usr/$d" "$tree/$d"; done
+  cp -a "$unpacked"/usr/lib/x86_64-linux-gnu/{libc.so.6,libm.so.6,libresolv.so.2,libgcc_s.so.1,libseccomp.so.2*} \
+    "$tree/usr/lib/x86_64-linux-gnu/"
+  cp -aL "$unpacked"/usr/lib64/ld-linux-x86-64.so.2 "$tree/usr/lib64/" 2>/dev/null ||
+    cp -aL "$unpacked"/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$tree/usr/lib64/"
+  cp -a "$unpacked"/usr/bin/{containerd,containerd-shim-runc-v2,ctr} "$tree/usr/bin/"
+  cp -a "$unpacked"/usr/sbin/runc "$tree/usr/bin/runc"
+  cp -a "$unpacked"/usr/lib/cni/{ptp,host-local,loopback} "$tree/usr/lib/cni/"
+  cp "$kubelet" "$tree/usr/bin/kubelet"
+  local bin
+  for bin in "$@"; do
+    strip -o "$tree/usr/bin/$(basename "$bin")" "$bin" 2>/dev/null || cp "$bin" "$tree/usr/bin/"
+  done
+  # Every binary finds what it links (ldd cannot tell: the host's glibc is older).
+  local lib missing=()
+  for bin in "$tree"/usr/bin/* "$tree"/usr/lib/cni/*; do
+    for lib in $(readelf -d "$bin" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+      [[ -e $tree/usr/lib/x86_64-linux-gnu/$lib || -e $tree/usr/lib64/$lib ]] || missing+=("$(basename "$bin"):$lib")
+    done
+  done
+  ((${#missing[@]} == 0)) || { log "the node lacks libraries: ${missing[*]}"; exit 1; }
+
+  # busybox for the shell and the tools the kubelet calls (mount, umount, du ...).
+  dpkg-deb --fsys-tarfile "${debs[-1]}" | tar -xO ./bin/busybox >"$tree/usr/bin/busybox"
+  chmod +x "$tree/usr/bin/busybox"
+  local applet
+  for applet in $("$tree/usr/bin/busybox" --list); do
+    [[ -e $tree/usr/bin/$applet ]] || ln -s busybox "$tree/usr/bin/$applet"
+  done
+
+  # veth for the pods' network (ptp), dummy for the node's own address, overlay for
+  # containerd's default snapshotter.
+  local kernel modules_deb
+  kernel=$(sed -n 's/^linux-binary-unsigned-\(.*\)_[^_]*_[^_]*$/\1/p' "$out/kernel-sched-ext.txt")
+  [[ -n $kernel ]] || kernel=$(sed -n 's/^linux-binary-unsigned-//p' "$out/kernel-sched-ext.txt")
+  modules_deb=$(fetch "^linux-modules-${kernel//+/\\+}$")
+  local m
+  for m in drivers/net/veth drivers/net/dummy fs/overlayfs/overlay; do
+    dpkg-deb --fsys-tarfile "$modules_deb" | tar -xO --wildcards "*/kernel/$m.ko.xz" | xz -dc >"$tree/usr/lib/modules/$(basename "$m").ko"
+  done
+
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$tree/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$tree/etc/group"
+  printf 'hosts: files dns\n' >"$tree/etc/nsswitch.conf"
+  printf '127.0.0.1 localhost\n10.87.0.1 sked-node\n' >"$tree/etc/hosts"
+  printf 'nameserver 10.87.0.1\n' >"$tree/etc/resolv.conf"
+  printf '5ced5ced5ced5ced5ced5ced5ced5ced\n' >"$tree/etc/machine-id"
+  echo sked-node >"$tree/etc/hostname"
+  mkdir -p "$tree/etc/cni/net.d"
+  # Pods get 10.88.0.0/24 from host-local on a veth pair each (ptp); the node side of every
+  # pair is 10.88.0.1, where the console relays and the name server listen. Nothing routes
+  # these addresses out of the VM (it has no network device).
+  cat >"$tree/etc/cni/net.d/10-sked.conflist" <<'CNI'
+{
+  "cniVersion": "1.0.0",
+  "name": "sked-node",
+  "plugins": [
+    {
+      "type": "ptp",
+      "ipMasq": false,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "10.88.0.0/24", "gateway": "10.88.0.1"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    }
+  ]
+}
+CNI
+
+  # Stage one: the initramfs is a ramfs, where runc cannot pivot_root; copy it into a tmpfs and
+  # switch to that.
+  cat >"$tree/init" <<'INIT'
+#!/usr/bin/busybox sh
+export PATH=/usr/bin
+mkdir /newroot
+mount -t tmpfs -o size=90% tmpfs /newroot
+for f in /*; do
+  [ "$f" = /newroot ] || [ "$f" = /init ] || cp -a "$f" /newroot/
+done
+exec switch_root /newroot /usr/bin/sked-node-init
+INIT
+  # Stage two: mounts, cgroups, modules, addresses; then commands from the host, one per line,
+  # each answered with its output and "@@done <status>" (the host starts the relays,
+  # containerd and the kubelet with the addresses and files of its test).
+  cat >"$tree/usr/bin/sked-node-init" <<'INIT'
+#!/usr/bin/busybox sh
+export PATH=/usr/sbin:/usr/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /run
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+mount --make-rshared /
+for c in cpu cpuset memory pids io hugetlb; do
+  grep -qw "$c" /sys/fs/cgroup/cgroup.controllers && echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control
+done
+hostname sked-node
+for m in veth dummy overlay; do insmod /usr/lib/modules/$m.ko; done
+ip link set lo up
+ip link add sked0 type dummy
+ip addr add 10.87.0.1/24 dev sked0
+ip link set sked0 up
+ip route add default via 10.87.0.254 dev sked0 onlink
+echo 1 >/proc/sys/net/ipv4/ip_forward
+mkdir -p /var/lib/kubelet /var/log/pods /etc/kubernetes /etc/containerd /run/sked
+control=
+for i in $(seq 1 100); do
+  for p in /sys/class/virtio-ports/*; do
+    [ "$(cat "$p/name" 2>/dev/null)" = sked.control ] && control=/dev/$(basename "$p")
+  done
+  [ -n "$control" ] && break
+  sleep 0.1
+done
+exec 3<>"$control"
+echo "@@ready $(uname -r)" >&3
+while read -r line <&3; do
+  sh -c "$line" >&3 2>&3 </dev/null
+  echo "@@done $?" >&3
+done
+poweroff -f
+INIT
+  chmod +x "$tree/init" "$tree/usr/bin/sked-node-init"
+  rm -f "$cache"/node-*.cpio
+  (cd "$tree" && find . | cpio -o -H newc --quiet >"$cache/node-$key.cpio.tmp")
+  mv "$cache/node-$key.cpio.tmp" "$cache/node-$key.cpio"
+  cp "$cache/node-$key.cpio" "$out/node.cpio"
+  log "node initramfs $out/node.cpio ($(du -m "$out/node.cpio" | cut -f1) MB; containerd, runc, CNI from $(basename "$(fetch_package containerd unstable)" .deb))"
+}
+
 case ${1:-} in
   deps) deps ;;
   prepare) prepare "${2:?OUT}" ;;
   initramfs) initramfs "${2:?OUT}" "${3:?NAME}" "${4:?MODULES}" "${@:5}" ;;
-  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+  node) node "${2:?OUT}" "${3:?KUBELET}" "${@:4}" ;;
+  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac
