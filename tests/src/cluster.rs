@@ -51,6 +51,8 @@ pub struct TestCluster {
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub server: String,
+    /// The CA of the API server's client certificates (and of its serving certificate).
+    ca: TestCa,
     processes: Mutex<Vec<(String, Child)>>,
 }
 
@@ -119,6 +121,7 @@ pub fn free_port() -> Result<u16> {
 }
 
 struct Pki {
+    ca: TestCa,
     ca_cert: String,
     serving_cert: String,
     serving_key: String,
@@ -135,6 +138,7 @@ fn make_pki() -> Result<Pki> {
     let sa = KeyPair::generate()?;
     Ok(Pki {
         ca_cert: ca.cert_pem().to_owned(),
+        ca,
         serving_cert: serving.cert_pem,
         serving_key: serving.key_pem,
         admin_cert: admin.cert_pem,
@@ -176,6 +180,7 @@ impl TestCluster {
             kubeconfig: dir.join("kubeconfig"),
             server: String::new(),
             dir: dir.clone(),
+            ca: pki.ca,
             processes: Mutex::new(Vec::new()),
         };
 
@@ -215,7 +220,10 @@ impl TestCluster {
             &format!("--service-account-key-file={}", sa_pub.display()),
             &format!("--service-account-signing-key-file={}", sa_key.display()),
             "--service-cluster-ip-range=10.0.0.0/24",
-            "--authorization-mode=RBAC",
+            // The Node authorizer and NodeRestriction, as a kubeadm cluster has them: a kubelet
+            // (the real node's, make test-node) reads and writes only what its pods need.
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             "--endpoint-reconciler-type=none",
@@ -347,6 +355,12 @@ impl TestCluster {
         let Ok(f) = File::open(self.dir.join(format!("{name}.log"))) else { return String::new() };
         let all: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// A client certificate of the kubelet of Node `node` (user `system:node:<node>`, group
+    /// `system:nodes`).
+    pub fn node_credentials(&self, node: &str) -> Result<crate::pki::IssuedCert> {
+        self.ca.client(&format!("system:node:{node}"), "system:nodes")
     }
 
     /// A client for the admin user.

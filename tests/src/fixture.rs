@@ -53,12 +53,22 @@ pub fn init_test_logging() {
 }
 
 /// Polls `check` until it returns `Some`, or fails with `what` after [`DEADLINE`].
-pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> Result<T>
+pub async fn wait_for<T, F, Fut>(what: &str, check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    wait_for_within(what, DEADLINE, check).await
+}
+
+/// Polls `check` until it returns `Some`, or fails with `what` after `within` (for what takes
+/// longer than [`DEADLINE`] by nature, such as a node booting under emulation).
+pub async fn wait_for_within<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
     let mut last_err = None;
     loop {
         match check().await {
@@ -67,7 +77,7 @@ where
             Err(e) => last_err = Some(e),
         }
         if tokio::time::Instant::now() > deadline {
-            bail!("timed out after {DEADLINE:?} waiting for {what} (last error: {last_err:?})");
+            bail!("timed out after {within:?} waiting for {what} (last error: {last_err:?})");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -278,9 +288,20 @@ impl Fixture {
 
     /// Waits until the Scheduler's status satisfies `pred`, returning it.
     pub async fn wait_scheduler(&self, name: &str, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
+        self.wait_scheduler_within(name, what, DEADLINE, pred).await
+    }
+
+    /// [`Fixture::wait_scheduler`] with a deadline of its own.
+    pub async fn wait_scheduler_within(
+        &self,
+        name: &str,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&Scheduler) -> bool,
+    ) -> Result<Scheduler> {
         let api = self.schedulers();
         let last = std::sync::Mutex::new(None);
-        let result = wait_for(&format!("Scheduler {name}: {what}"), || {
+        let result = wait_for_within(&format!("Scheduler {name}: {what}"), within, || {
             let api = api.clone();
             let (pred, last) = (&pred, &last);
             async move {

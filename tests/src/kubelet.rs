@@ -68,14 +68,24 @@ pub async fn create_ready_node(client: &Client, name: &str, labels: &[(&str, &st
 }
 
 /// Plays the kubelet's last move: a pod being deleted is gone once its kubelet confirms, so
-/// pods marked for deletion are removed at once (there is no kubelet to do it).
+/// pods marked for deletion are removed at once (there is no kubelet to do it), except on a
+/// node whose real kubelet reports itself (see [`crate::node`]).
 pub async fn finish_pod_deletions(client: Client, namespace: String) {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
-    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let nodes: Api<Node> = Api::all(client);
     let mut stream = watcher(pods.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
     while let Some(Ok(pod)) = stream.next().await {
         if pod.metadata.deletion_timestamp.is_some() {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let kubelet = match node {
+                Some(node) => nodes.get_opt(&node).await.ok().flatten().and_then(|n| n.status?.node_info),
+                None => None,
+            };
+            if kubelet.is_some_and(|info| !info.kubelet_version.is_empty()) {
+                continue;
+            }
             let _ = pods
                 .delete(&pod.name_any(), &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
                 .await;

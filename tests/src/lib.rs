@@ -7,7 +7,9 @@
 //! - [`certmanager`]: a real cert-manager; [`controller_pods`]: the chart's controller pods
 //!   run as processes;
 //! - [`command`]: running the upstream tools; [`agents`], [`registry`], [`vm`], [`vmlink`]:
-//!   fake-kernel agents, the OCI registry, and the qemu VM with its console relay.
+//!   fake-kernel agents, the OCI registry, and the qemu VM with its console relays;
+//! - [`node`]: a real Kubernetes node (containerd and a kubelet) in that VM, [`vmdns`] its
+//!   pods' name server.
 
 pub mod agents;
 pub mod certmanager;
@@ -16,16 +18,18 @@ pub mod command;
 pub mod controller_pods;
 pub mod fixture;
 pub mod kubelet;
+pub mod node;
 pub mod objects;
 pub mod pki;
 pub mod registry;
 pub mod vm;
+pub mod vmdns;
 pub mod vmlink;
 pub mod webhooks;
 
 pub use cluster::TestCluster;
 pub use command::{promtool_check_metrics, run_command};
-pub use fixture::{DEADLINE, Fixture, event_counts, init_test_logging, shared_cluster, wait_for};
+pub use fixture::{DEADLINE, Fixture, event_counts, init_test_logging, shared_cluster, wait_for, wait_for_within};
 pub use kubelet::{create_ready_node, finish_pod_deletions, wait_bound_pods};
 pub use objects::{
     allow_unsigned_policy, clear, condition, ensure_namespace, ensure_service_account, has_condition, install_crds,

@@ -115,3 +115,22 @@ pub async fn next_second_after(t: &k8s_openapi::apimachinery::pkg::apis::meta::v
     })
     .await
 }
+
+/// The release namespace as a first `helm install` finds it: without the agents'
+/// ServiceAccount the harness makes for other suites (the chart makes it), without the Secrets
+/// cert-manager wrote for an earlier test's release (the chart README has users delete them
+/// after an uninstall), and without that release's Lease (whose holder is gone; a new one would
+/// wait out its term).
+pub async fn fresh_release_namespace(client: &Client, namespace: &str) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+    let _ = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .delete("sked-agent", &DeleteParams::default())
+        .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    for secret in ["sked-ca", "sked-reports-tls", "sked-webhook-tls"] {
+        let _ = secrets.delete(secret, &DeleteParams::default()).await;
+    }
+    let _ =
+        Api::<Lease>::namespaced(client.clone(), namespace).delete("sked-controller", &DeleteParams::default()).await;
+}

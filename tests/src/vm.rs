@@ -1,6 +1,6 @@
 //! A test VM: a kernel and an initramfs under qemu (TCG), driven through a virtio console
-//! control port, with a second port carrying the agent's connections to the controller
-//! ([`crate::vmlink`]). The guest side is `hack/kernel-e2e.sh`'s `/init`.
+//! control port, with more ports each carrying the guest's connections to one address on the
+//! host ([`crate::vmlink`]). The guest side is `hack/kernel-e2e.sh`'s `/init`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,16 +20,30 @@ pub struct TestVm {
     control: OwnedWriteHalf,
     /// `uname -r` of the guest.
     pub kernel_release: String,
-    relay: tokio::task::JoinHandle<()>,
+    relays: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl TestVm {
     /// Boots `kernel` with `initramfs`; connections the guest makes to 127.0.0.1:8443 reach
     /// `reports` on the host. Returns once the guest's `/init` is ready for commands.
     pub async fn boot(kernel: &Path, initramfs: &Path, dir: &Path, reports: std::net::SocketAddr) -> Result<Self> {
+        Self::boot_with(kernel, initramfs, dir, 1024, &[("relay", reports)]).await
+    }
+
+    /// Boots `kernel` with `initramfs` and `memory_mib` of memory. Each forward `(name, target)`
+    /// is a virtio console port named `sked.<name>` whose connections reach `target` on the
+    /// host (the first is port 1, where the kernel tests' `/init` starts its relay; the guest
+    /// finds the others by name under /sys/class/virtio-ports). Returns once the guest's init
+    /// is ready for commands.
+    pub async fn boot_with(
+        kernel: &Path,
+        initramfs: &Path,
+        dir: &Path,
+        memory_mib: u32,
+        forwards: &[(&str, std::net::SocketAddr)],
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let (relay_sock, control_sock) = (dir.join("relay.sock"), dir.join("control.sock"));
-        let _ = std::fs::remove_file(&relay_sock);
+        let control_sock = dir.join("control.sock");
         let _ = std::fs::remove_file(&control_sock);
         let mut cmd = Command::new("qemu-system-x86_64");
         // One host thread runs both vCPUs: with a thread per vCPU (multi-threaded TCG), a guest
@@ -37,7 +51,8 @@ impl TestVm {
         // sched_ext's static keys go through on every enable) can run a half-patched
         // instruction on the other; a CI run caught the guest dying of that ("Oops: int3" in
         // __schedule while a scheduler was being enabled).
-        cmd.args(["-accel", "tcg,thread=single", "-cpu", "max", "-machine", "q35", "-m", "1024", "-smp", "2"])
+        let memory = memory_mib.to_string();
+        cmd.args(["-accel", "tcg,thread=single", "-cpu", "max", "-machine", "q35", "-m", &memory, "-smp", "2"])
             .args(["-display", "none", "-no-reboot", "-kernel"])
             .arg(kernel)
             .arg("-initrd")
@@ -47,23 +62,35 @@ impl TestVm {
             .arg(format!("file:{}", dir.join("console.log").display()))
             .args(["-device", "virtio-serial-pci"])
             .arg("-chardev")
-            .arg(format!("socket,id=relay,path={},server=on,wait=off", relay_sock.display()))
-            .args(["-device", "virtserialport,chardev=relay,nr=1,name=sked.relay"])
-            .arg("-chardev")
             .arg(format!("socket,id=control,path={},server=on,wait=off", control_sock.display()))
-            .args(["-device", "virtserialport,chardev=control,nr=2,name=sked.control"])
-            .stdin(Stdio::null())
+            .args(["-device", "virtserialport,chardev=control,nr=2,name=sked.control"]);
+        let mut sockets = Vec::new();
+        for (i, (name, target)) in forwards.iter().enumerate() {
+            let socket = dir.join(format!("{name}.sock"));
+            let _ = std::fs::remove_file(&socket);
+            let nr = if i == 0 { 1 } else { i + 2 };
+            cmd.arg("-chardev")
+                .arg(format!("socket,id={name},path={},server=on,wait=off", socket.display()))
+                .arg("-device")
+                .arg(format!("virtserialport,chardev={name},nr={nr},name=sked.{name}"));
+            sockets.push((socket, *target));
+        }
+        cmd.stdin(Stdio::null())
             .stdout(std::fs::File::create(dir.join("qemu.log"))?)
             .stderr(std::fs::File::create(dir.join("qemu.err"))?);
         let child = cluster::spawn(cmd).context("starting qemu-system-x86_64 (hack/kernel-e2e.sh deps installs it)")?;
 
         let control = connect(&control_sock).await?;
-        let relay_stream = relay_sock.clone();
-        let relay = tokio::spawn(async move {
-            if let Err(e) = crate::vmlink::serve_host_side(relay_stream, reports).await {
-                eprintln!("vm relay stopped: {e:#}");
-            }
-        });
+        let relays = sockets
+            .into_iter()
+            .map(|(socket, target)| {
+                tokio::spawn(async move {
+                    if let Err(e) = crate::vmlink::serve_host_side(socket, target).await {
+                        eprintln!("vm relay to {target} stopped: {e:#}");
+                    }
+                })
+            })
+            .collect();
         let (read, write) = control.into_split();
         let mut vm = Self {
             child,
@@ -71,7 +98,7 @@ impl TestVm {
             lines: BufReader::new(read).lines(),
             control: write,
             kernel_release: String::new(),
-            relay,
+            relays,
         };
         let ready = tokio::time::timeout(Duration::from_secs(120), async {
             loop {
@@ -145,7 +172,9 @@ impl TestVm {
 
 impl Drop for TestVm {
     fn drop(&mut self) {
-        self.relay.abort();
+        for relay in &self.relays {
+            relay.abort();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

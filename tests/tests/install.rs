@@ -10,8 +10,8 @@ use std::process::{Command, Output};
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
-use kube::api::{DeleteParams, ListParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use sked_tests::agents::{AgentProcess, ReportsEndpoint};
 use sked_tests::cluster::{tools_dir, workspace_root};
@@ -52,26 +52,11 @@ async fn secret_key(fx: &Fixture, name: &str, key: &str) -> Result<Option<String
     Ok(secret.and_then(|s| s.data).and_then(|d| d.get(key).map(|v| String::from_utf8_lossy(&v.0).into_owned())))
 }
 
-/// The release namespace as a first install finds it: without the agents' ServiceAccount the
-/// harness makes for other suites (the chart makes it), without the Secrets cert-manager wrote
-/// for an earlier test's release (the chart README has users delete them after an uninstall),
-/// and without that release's Lease (whose holder is gone; a new one would wait out its term).
-async fn fresh_release_namespace(fx: &Fixture) {
-    let accounts: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), NS);
-    let _ = accounts.delete("sked-agent", &DeleteParams::default()).await;
-    let secrets: Api<Secret> = Api::namespaced(fx.client.clone(), NS);
-    for secret in ["sked-ca", "sked-reports-tls", "sked-webhook-tls"] {
-        let _ = secrets.delete(secret, &DeleteParams::default()).await;
-    }
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(fx.client.clone(), NS);
-    let _ = leases.delete("sked-controller", &DeleteParams::default()).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() -> Result<()> {
     let fx = Fixture::without_controller().await?;
     fx.cluster.start_cert_manager()?;
-    fresh_release_namespace(&fx).await;
+    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
     for node in ["control-1", "control-2"] {
         fx.create_node(node, &[]).await?;
     }
@@ -299,7 +284,7 @@ async fn reconciles(pods: &ControllerPods) -> std::collections::BTreeMap<String,
 async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> Result<()> {
     let fx = Fixture::without_controller().await?;
     fx.cluster.start_cert_manager()?;
-    fresh_release_namespace(&fx).await;
+    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
     for node in ["control-1", "control-2"] {
         fx.create_node(node, &[("pool", "sched")]).await?;
     }
