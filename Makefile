@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel bench cross coverage coverage-gate lint actionlint fmt demo clean
+.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench cross coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -36,9 +36,17 @@ crds:
 kustomize: tools
 	hack/kustomize.sh $(TOOLS_BIN)/helm
 
+# COVERAGE=1 runs a suite instrumented (cargo-llvm-cov) and keeps its profiles for
+# `make coverage-report`: CI runs every suite once that way instead of twice.
+ifeq ($(COVERAGE),1)
+CARGO_TEST = $(CARGO) llvm-cov test --no-report
+else
+CARGO_TEST = $(CARGO) test
+endif
+
 ## test: unit, property and integration tests (integration tests start a real control plane).
 test: tools
-	$(CARGO) test --workspace
+	$(CARGO_TEST) --workspace
 
 test-unit:
 	$(CARGO) test --workspace --lib --bins --test crd_is_current
@@ -50,7 +58,18 @@ test-integration: tools
 # scheduler; installs qemu, clang, bpftool, busybox with apt when missing.
 test-kernel: tools
 	bash hack/kernel-e2e.sh deps
-	$(CARGO) test -p sked-tests --test real_kernel -- --ignored --nocapture --test-threads=1
+	$(CARGO_TEST) -p sked-tests --test real_kernel -- --ignored --nocapture --test-threads=1
+
+## test-node: sked on a real node: the sched_ext kernel under qemu with containerd, runc and
+## the pinned kubelet; the agent (a release build, as Dockerfile.agent makes it) and a scheduler
+## as images built here; the chart installed with helm; a Scheduler applied with kubectl until
+## KERNEL-ATTACHED 1/1 (not part of `make test`).
+NODE_AGENT := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/node/sked-agent
+test-node: tools
+	bash hack/kernel-e2e.sh deps
+	@hack/cross.sh deps amd64
+	hack/cross.sh build amd64 sked-agent $(NODE_AGENT)
+	SKED_NODE_AGENT_BIN=$(NODE_AGENT) $(CARGO_TEST) -p sked-tests --test real_node -- --ignored --nocapture --test-threads=1
 
 ## bench: sked at fleet scale (release build; not part of `make test`): 5,000 Nodes, 200
 ## Schedulers and 5,000 agent streams on the test control plane; prints the figures the
@@ -66,12 +85,23 @@ CROSS_ARCH ?= arm64
 cross: setup
 	@hack/cross.sh all $(CROSS_ARCH)
 
-## coverage: run every test instrumented (cargo-llvm-cov), write an lcov report and fail
-## when total line coverage is below COVERAGE_THRESHOLD (default 40).
-coverage: tools
+## coverage: run every test of `make test` instrumented (cargo-llvm-cov), write an lcov report
+## and fail when total line coverage is below COVERAGE_THRESHOLD (default 40).
+coverage: coverage-clean
+	@$(MAKE) --no-print-directory test COVERAGE=1
+	@$(MAKE) --no-print-directory coverage-report
+
+## coverage-clean: forget the profiles of earlier instrumented runs (CI starts with it, then
+## runs each suite with COVERAGE=1 and ends with coverage-report).
+coverage-clean: tools
 	@hack/setup.sh coverage
+	$(CARGO) llvm-cov clean --workspace
+
+## coverage-report: the lcov report of every suite run with COVERAGE=1 since coverage-clean,
+## checked against COVERAGE_THRESHOLD.
+coverage-report:
 	@mkdir -p $(dir $(COVERAGE_REPORT))
-	$(CARGO) llvm-cov --workspace --lcov --output-path $(COVERAGE_REPORT)
+	$(CARGO) llvm-cov report --lcov --output-path $(COVERAGE_REPORT)
 	@hack/coverage-gate.sh $(COVERAGE_REPORT) $(COVERAGE_THRESHOLD)
 
 ## coverage-gate: check an existing report against COVERAGE_THRESHOLD without re-running tests.
@@ -94,6 +124,16 @@ demo: tools
 	@echo "demo: building sked (debug; about 7 min the first time on 2 cores)" >&2
 	@$(CARGO) build --quiet -p sked-controller -p sked-tests --bins
 	@$(CARGO) run --quiet -p sked-tests --bin sked-demo
+
+## demo-node: sked on a real node to try by hand: `make demo`'s control plane with the node of
+## `make test-node`, the chart installed and an example Scheduler attached in the node's kernel;
+## prints the KUBECONFIG and what to run, then runs until Ctrl-C.
+demo-node: tools
+	bash hack/kernel-e2e.sh deps
+	@hack/cross.sh deps amd64
+	hack/cross.sh build amd64 sked-agent $(NODE_AGENT)
+	@$(CARGO) build --quiet -p sked-controller -p sked-tests --bins
+	SKED_NODE_AGENT_BIN=$(NODE_AGENT) $(CARGO) run --quiet -p sked-tests --bin sked-demo-node
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,181 @@
+//! sked on a real node: the sched_ext kernel under qemu with containerd and a kubelet
+//! ([`TestNode`]), images built here and pulled by that kubelet, the chart installed with
+//! `helm install`, and a Scheduler applied with `kubectl`. Nothing plays the kubelet for the
+//! scheduler pods: readiness is the agent's /readyz as the kubelet probes it.
+//!
+//! The chart's controller runs on the host as a process ([`ControllerPods`]), not as a pod in
+//! the VM: its image would need a release build of the controller (about 10 minutes on 2 cores)
+//! and would share the emulated CPUs with the node. The agents reach it through the VM's console
+//! relay, under the reports Service's name.
+//!
+//! Needs qemu, the kernels and the pinned kubelet: `make test-node` (not part of `make test`).
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use sked_controller::Scheduler;
+use sked_tests::node::NodeInstall;
+use sked_tests::{Fixture, condition, wait_for_within};
+
+const NS: &str = "sked-system";
+const NODE: &str = "sked-node";
+/// Deadline of each wait on the node: a pod's start under emulation (three image pulls over the
+/// console relay, three containers) takes a minute or more.
+const SLOW: Duration = Duration::from_secs(300);
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The scheduler pods of `scheduler` (not being deleted).
+async fn pods_of(fx: &Fixture, scheduler: &str) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(fx.client.clone(), NS);
+    let list = pods.list(&ListParams::default().labels(&format!("name={scheduler}"))).await?;
+    Ok(list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect())
+}
+
+/// (Ready, restarts of the scheduler container) of a pod, as its kubelet reports them.
+fn pod_state(pod: &Pod) -> (bool, i32) {
+    let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let restarts = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == "scx"))
+        .map_or(0, |c| c.restart_count);
+    (ready, restarts)
+}
+
+/// `attached` of the one scheduled node run the scheduler in the kernel, and the KernelAttached
+/// condition says so.
+fn attached(s: &Scheduler, attached: i32) -> bool {
+    let status = if attached == 1 { "True" } else { "False" };
+    s.status.as_ref().is_some_and(|st| st.kernel_attached == attached && st.desired_number_scheduled == 1)
+        && condition(s, "KernelAttached").is_some_and(|c| c.status == status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "boots a Kubernetes node under qemu: run it with `make test-node`"]
+async fn a_scheduler_applied_with_kubectl_attaches_on_a_real_node() -> Result<()> {
+    let started = Instant::now();
+    let dir = tempfile::Builder::new().prefix("sked-node-e2e-").tempdir()?;
+    let fx = Fixture::without_controller().await?;
+    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
+    let mut install = NodeInstall::start(fx.cluster, &fx.client, dir.path(), NS, NODE).await?;
+    for (what, took) in &install.timings {
+        eprintln!("measured: {what}: {took:?}");
+    }
+    for (name, size) in &install.images.sizes {
+        eprintln!("measured: image {name}: {:.1} MB compressed", *size as f64 / 1e6);
+    }
+    let result = on_the_node(&fx, &mut install).await;
+    if result.is_err() {
+        eprintln!("{}\ncontroller:\n{}", install.node.diagnostics().await, install.controller.logs());
+    }
+    result?;
+    eprintln!("measured: whole test {:?}", started.elapsed());
+    install.node.vm.shutdown().await
+}
+
+async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
+    let (node, images, canary_tag) = (&mut install.node, &install.images, install.canary_tag.as_str());
+    // kubectl apply -> verified digest -> DaemonSet -> the kubelet pulls and runs the pod -> the
+    // scheduler attaches -> the agent in the pod reports.
+    let manifest = |name: &str| {
+        format!(
+            "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: {name}\nspec:\n  sched: {canary_tag}\n  \
+             expectedOps: sked_canary\n  nodeSelector:\n    pool: vm\n"
+        )
+    };
+    let applying = Instant::now();
+    let out = fx.kubectl_apply(&manifest("canary"))?;
+    ensure!(out.status.success(), "kubectl apply:\n{}", text(&out));
+    fx.wait_scheduler_within("canary", "KERNEL-ATTACHED 1/1", SLOW, |s| attached(s, 1)).await?;
+    eprintln!("measured: kubectl apply -> KERNEL-ATTACHED 1/1: {:?}", applying.elapsed());
+    let out = fx.cluster.kubectl(&["wait", "--for=condition=Ready", "scheduler/canary", "--timeout=120s"])?;
+    ensure!(out.status.success(), "kubectl wait --for=condition=Ready:\n{}", text(&out));
+    let out = fx.cluster.kubectl(&["get", "schedulers"])?;
+    let listing = text(&out);
+    eprintln!("{listing}");
+    let row = listing.lines().find(|l| l.starts_with("canary")).context("kubectl get schedulers lists canary")?;
+    ensure!(row.split_whitespace().any(|c| c == "1/1"), "KERNEL-ATTACHED shows 1/1: {row}");
+    let digest = images.canary.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+    let pod = pods_of(fx, "canary").await?.pop().context("the canary pod")?;
+    let image =
+        pod.spec.as_ref().and_then(|s| s.containers.iter().find(|c| c.name == "scx")).and_then(|c| c.image.clone());
+    ensure!(
+        image.as_deref().is_some_and(|i| i.ends_with(digest)),
+        "the pod runs the verified digest {digest}: {image:?}"
+    );
+    let uid = pod.uid().unwrap_or_default();
+    let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
+    ensure!(ops.trim() == "sked_canary", "the kernel runs the canary: {ops:?}");
+
+    // The agent's /metrics, scraped from the pod's address.
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).context("the pod's IP")?;
+    let metrics = node.vm.run(&format!("wget -qO- http://{ip}:{}/metrics", sked_proto::contract::AGENT_PORT)).await?;
+    ensure!(metrics.contains("sked_agent_"), "the agent's /metrics from the pod:\n{metrics}");
+
+    // The scheduler process killed: the pod turns NotReady and KernelAttached False; the
+    // kubelet restarts it and both come back.
+    let killing = Instant::now();
+    node.vm.run("killall sked-canary-loader").await?;
+    let not_ready = wait_for_within("the pod NotReady after its scheduler was killed", SLOW, || async {
+        let pod = pods_of(fx, "canary").await?.pop();
+        Ok(pod.filter(|p| !pod_state(p).0).map(|_| killing.elapsed()))
+    })
+    .await?;
+    let detached = fx.wait_scheduler_within("canary", "KernelAttached False", SLOW, |s| attached(s, 0)).await?;
+    eprintln!(
+        "measured: scheduler killed -> pod NotReady {not_ready:?}, -> KernelAttached False {:?}",
+        killing.elapsed()
+    );
+    if let Some(c) = condition(&detached, "KernelAttached") {
+        eprintln!("KernelAttached {} {}: {}", c.status, c.reason, c.message);
+    }
+    fx.wait_scheduler_within("canary", "KERNEL-ATTACHED 1/1 after the kubelet's restart", SLOW, |s| attached(s, 1))
+        .await?;
+    let restarted = wait_for_within("the restarted pod Ready", SLOW, || async {
+        let pod = pods_of(fx, "canary").await?.pop();
+        Ok(pod.filter(|p| pod_state(p).0 && pod_state(p).1 >= 1))
+    })
+    .await?;
+    eprintln!("measured: scheduler killed -> restarted, Ready and attached again: {:?}", killing.elapsed());
+    ensure!(restarted.uid().unwrap_or_default() == uid, "the same pod, its container restarted");
+    let restarts = pod_state(&restarted).1;
+
+    // A second Scheduler for the same node loses it to the older one and leaves it alone.
+    let out = fx.kubectl_apply(&manifest("intruder"))?;
+    ensure!(out.status.success(), "kubectl apply intruder:\n{}", text(&out));
+    fx.wait_scheduler_within("intruder", "the intruder losing the node", SLOW, |s| {
+        condition(s, "Degraded").is_some_and(|c| c.reason == "SchedulerConflict")
+            && s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 0)
+    })
+    .await?;
+    ensure!(pods_of(fx, "intruder").await?.is_empty(), "the intruder has no pod");
+    let pod = pods_of(fx, "canary").await?.pop().context("the canary pod")?;
+    ensure!(pod.uid().unwrap_or_default() == uid && pod_state(&pod) == (true, restarts), "the canary pod untouched");
+    let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
+    ensure!(ops.trim() == "sked_canary", "the kernel still runs the canary: {ops:?}");
+
+    // kubectl delete: the node goes back to the kernel's default scheduler.
+    let deleting = Instant::now();
+    for name in ["intruder", "canary"] {
+        let out = fx.cluster.kubectl(&["delete", "scheduler", name, "--wait=true", "--timeout=120s"])?;
+        ensure!(out.status.success(), "kubectl delete scheduler {name}:\n{}", text(&out));
+    }
+    let all_pods: Api<Pod> = Api::namespaced(fx.client.clone(), NS);
+    wait_for_within("the canary pod gone (its kubelet confirmed it stopped)", SLOW, || async {
+        Ok(all_pods.list(&ListParams::default().labels("name=canary")).await?.items.is_empty().then_some(()))
+    })
+    .await?;
+    let state = node.vm.run("cat /sys/kernel/sched_ext/state").await?;
+    ensure!(state.trim() == "disabled", "the kernel back on its default scheduler: {state:?}");
+    eprintln!("measured: kubectl delete scheduler -> pod gone, sched_ext disabled: {:?}", deleting.elapsed());
+    Ok(())
+}
