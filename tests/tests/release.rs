@@ -330,15 +330,22 @@ fn every_workflow_sets_up_with_the_script_ci_uses_and_runs_each_suite_once() -> 
     assert_eq!(count("make test"), 1, "the README's test command runs once: {make_runs:?}");
     assert_eq!(count("make coverage"), 1, "{make_runs:?}");
     assert_eq!(count("make test-kernel"), 1, "{make_runs:?}");
+    assert_eq!(count("make test-node"), 1, "{make_runs:?}");
     assert_eq!(count("make test-integration"), 0, "make test already runs the integration suites: {make_runs:?}");
     assert!(make_runs.iter().any(|(w, l)| w.starts_with("test.yml") && l == "make test"), "{make_runs:?}");
     assert_eq!(count("make cross"), 1, "{make_runs:?}");
     assert!(read(".ci/run")?.contains("bash hack/setup.sh"), ".ci/run sets up with the same script");
     let makefile = read("Makefile")?;
     assert!(
-        makefile.contains("coverage: tools") && makefile.contains("test-kernel: tools"),
+        ["coverage-clean: tools", "test-kernel: tools", "test-node: tools"].iter().all(|t| makefile.contains(t)),
         "make's targets set up first"
     );
+    let ci = read(".ci/run")?;
+    for suite in
+        ["make test COVERAGE=1", "make test-kernel COVERAGE=1", "make test-node COVERAGE=1", "make coverage-report"]
+    {
+        assert!(ci.contains(suite), ".ci/run runs `{suite}`: each suite once, instrumented, one report");
+    }
     Ok(())
 }
 
