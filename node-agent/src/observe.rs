@@ -91,7 +91,8 @@ impl Observer {
         } else {
             None
         };
-        let mut tick = tokio::time::interval(poll);
+        // The first read was made before the loop: the first poll is one interval away.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let trigger = match &socket {
