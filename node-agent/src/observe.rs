@@ -91,8 +91,9 @@ impl Observer {
         } else {
             None
         };
-        // The first read was made before the loop: the first poll is one interval away.
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+        // The first tick is at once: a read after subscribing to uevents catches a change made
+        // between the first read (before the loop) and the subscription.
+        let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let trigger = match &socket {

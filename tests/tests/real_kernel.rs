@@ -182,7 +182,14 @@ async fn a_real_kernel_drives_kernel_attached() -> Result<()> {
 /// The canary attaches and detaches, then a scheduler the pod does not hold attaches.
 async fn attach_detach_foreign(s: &Setup, vm: &mut TestVm) -> Result<()> {
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/state").await?.trim(), "disabled");
+    let reports_at_start = s.fx.report_stats.reports.get();
     s.start_agent(vm).await?;
+    // The agent's own first report (the condition says NotAttached before any report too): the
+    // attach below must come after the agent is watching.
+    wait_for("the agent's first report", || async {
+        Ok((s.fx.report_stats.reports.get() > reports_at_start).then_some(()))
+    })
+    .await?;
     let sched = s.wait_kernel("the VM's agent reporting nothing attached", 0, "NotAttached").await?;
     assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("0/1"));
 
