@@ -22,8 +22,8 @@ setup:
 	@hack/setup.sh
 
 ## tools: build (once, cached per user) the pinned etcd, kube-apiserver,
-## kube-controller-manager, kubectl, helm, actionlint, cosign, crane, kstatus, promtool and
-## cert-manager the tests run.
+## kube-controller-manager, kube-scheduler, kubectl, kubelet and pause, helm, actionlint, cosign,
+## crane, kstatus, promtool and cert-manager the tests run.
 tools: setup
 	@hack/build-tools.sh $(TOOLS_BIN) >/dev/null
 
@@ -49,10 +49,10 @@ test: tools
 	$(CARGO_TEST) --workspace
 
 test-unit:
-	$(CARGO) test --workspace --lib --bins --test crd_is_current
+	$(CARGO_TEST) --workspace --lib --bins --test crd_is_current
 
 test-integration: tools
-	$(CARGO) test -p sked-tests
+	$(CARGO_TEST) -p sked-tests
 
 # Boots Debian kernels under qemu (one with sched_ext, one without) and attaches a real BPF
 # scheduler; installs qemu, clang, bpftool, busybox with apt when missing.

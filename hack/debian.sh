@@ -38,7 +38,8 @@ fetch() {
   mkdir -p "$cache/debs"
   name=$(apt_private apt-cache pkgnames 2>/dev/null | grep -E "$pattern" | sort -V | tail -1 || true)
   if [[ -z $name ]]; then
-    deb=$(find "$cache/debs" -name '*.deb' | grep -E "/${pattern#^}" | sort -V | tail -1 || true)
+    local p=${pattern#^}
+    deb=$(find "$cache/debs" -name '*.deb' | grep -E "/${p%\$}_" | sort -V | tail -1 || true)
     [[ -n $deb ]] || { echo "debian: no package matches $pattern (is deb.debian.org reachable?)" >&2; exit 1; }
     echo "$deb"
     return
@@ -53,23 +54,22 @@ fetch() {
 }
 
 # fetch_package NAME SUITE: downloads the version of NAME that SUITE (unstable or bookworm)
-# carries into $cache/debs (once) and prints its path. Offline, the newest cached one is used.
+# carries into $cache/debs (once) and prints its path. Offline, the one last fetched for SUITE.
 fetch_package() {
   local name=$1 suite=$2 version deb
   mkdir -p "$cache/debs"
   version=$(apt_private apt-cache madison "$name" 2>/dev/null |
     awk -F'|' -v suite="$suite" '$3 ~ (" " suite "(-security)?/main ") {gsub(/ /, "", $2); print $2; exit}' || true)
-  if [[ -z $version ]]; then
-    deb=$(find "$cache/debs" -name "${name}_*.deb" | sort -V | tail -1)
-    [[ -n $deb ]] || { echo "debian: $suite has no package $name (is deb.debian.org reachable?)" >&2; exit 1; }
-    echo "$deb"
-    return
-  fi
+  # Offline, the version last fetched for this suite.
+  [[ -n $version ]] || version=$(cat "$cache/debs/$name.$suite" 2>/dev/null || true)
+  [[ -n $version ]] || { echo "debian: $suite has no package $name (is deb.debian.org reachable?)" >&2; exit 1; }
   deb=$(find "$cache/debs" -name "${name}_${version//:/%3a}_*.deb" | head -1)
   if [[ -z $deb ]]; then
     echo "debian: downloading $name $version ($suite)" >&2
     (cd "$cache/debs" && apt_private apt-get download -qq "$name=$version")
     deb=$(find "$cache/debs" -name "${name}_${version//:/%3a}_*.deb" | head -1)
   fi
+  [[ -n $deb ]] || { echo "debian: $name $version ($suite) is not cached and cannot be downloaded" >&2; exit 1; }
+  echo "$version" >"$cache/debs/$name.$suite"
   echo "$deb"
 }

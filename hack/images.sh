@@ -51,7 +51,8 @@ for pkg in libc6 libgcc-s1; do
 done
 # bookworm's libc6 is not usr-merged yet: its libraries live in /lib.
 cp -a "$work"/debs/lib/x86_64-linux-gnu/. "$base/usr/lib/x86_64-linux-gnu/"
-cp -aL "$work"/debs/lib64/ld-linux-x86-64.so.2 "$base/usr/lib64/"
+# (the package's lib64 link is absolute: followed here, it would copy the host's loader)
+ln -s ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$base/usr/lib64/ld-linux-x86-64.so.2"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$base/etc/passwd"
 printf 'root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n' >"$base/etc/group"
 printf 'hosts: files dns\n' >"$base/etc/nsswitch.conf"

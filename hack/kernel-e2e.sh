@@ -317,5 +317,5 @@ case ${1:-} in
   prepare) prepare "${2:?OUT}" ;;
   initramfs) initramfs "${2:?OUT}" "${3:?NAME}" "${4:?MODULES}" "${@:5}" ;;
   node) node "${2:?OUT}" "${3:?KUBELET}" "${@:4}" ;;
-  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

@@ -11,6 +11,11 @@ pub fn run_command(cmd: &mut std::process::Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A finished command's stdout and stderr, for messages.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
 /// Runs `promtool check metrics` on a Prometheus text exposition (an HTTP response's headers,
 /// if any, are skipped). Fails with promtool's findings: lint problems too, not only errors.
 pub fn promtool_check_metrics(exposition: &str) -> Result<()> {

@@ -63,8 +63,29 @@ pub async fn create_ready_node(client: &Client, name: &str, labels: &[(&str, &st
         }],
     }});
     nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready)).await?;
-    let untainted = json!({"spec": {"taints": null}});
-    Ok(nodes.patch(name, &PatchParams::default(), &Patch::Merge(&untainted)).await?)
+    lift_not_ready_taint(client, name).await
+}
+
+/// Plays the node lifecycle controller (which the test control plane does not run): lifts the
+/// `node.kubernetes.io/not-ready` taint the API server puts on a new Node, keeping any other.
+pub async fn lift_not_ready_taint(client: &Client, name: &str) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let taints: Vec<serde_json::Value> = nodes
+        .get(name)
+        .await?
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != "node.kubernetes.io/not-ready")
+        .map(|t| json!(t))
+        .collect();
+    let taints = (!taints.is_empty()).then_some(taints);
+    let patch = json!({"spec": {"taints": taints}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("lifting the not-ready taint of Node {name}"))
 }
 
 /// Plays the kubelet's last move: a pod being deleted is gone once its kubelet confirms, so
@@ -79,11 +100,16 @@ pub async fn finish_pod_deletions(client: Client, namespace: String) {
     while let Some(Ok(pod)) = stream.next().await {
         if pod.metadata.deletion_timestamp.is_some() {
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-            let kubelet = match node {
-                Some(node) => nodes.get_opt(&node).await.ok().flatten().and_then(|n| n.status?.node_info),
-                None => None,
+            // A real kubelet reports its version; when the Node cannot be read, leave the pod
+            // (the watch brings it again) rather than take it from a kubelet.
+            let real_kubelet = match node {
+                Some(node) => match nodes.get_opt(&node).await {
+                    Ok(node) => node.and_then(|n| n.status?.node_info).is_some_and(|i| !i.kubelet_version.is_empty()),
+                    Err(_) => true,
+                },
+                None => false,
             };
-            if kubelet.is_some_and(|info| !info.kubelet_version.is_empty()) {
+            if real_kubelet {
                 continue;
             }
             let _ = pods

@@ -1,8 +1,9 @@
 //! A real Kubernetes node: the sched_ext kernel under qemu with containerd, runc and a kubelet
 //! built from the pinned Kubernetes release (`hack/kernel-e2e.sh node`), joined to the test
-//! control plane. The VM has no network device: the kubelet reaches the API server, containerd
-//! the image registry, and the agents the controller's reports server through virtio console
-//! relays ([`crate::vmlink`]) that listen in the VM on the same addresses the host uses.
+//! control plane. The VM has no network device: the kubelet reaches the API server and
+//! containerd the image registry through virtio console relays ([`crate::vmlink`]) listening in
+//! the VM on the addresses the host uses; the agents reach the controller's reports server
+//! through one listening on the reports Service's port at the pods' gateway.
 //!
 //! Inside the VM the pods get addresses in 10.88.0.0/24 (CNI ptp), the node side of each pod's
 //! link is 10.88.0.1, and a name server there ([`crate::vmdns`]) answers the Service names the
@@ -16,9 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
-use serde_json::json;
 
 use crate::cluster::{TestCluster, tools_dir, workspace_root};
 use crate::command::run_command as run;
@@ -77,7 +76,9 @@ impl NodeImages {
         let agent = match std::env::var("SKED_NODE_AGENT_BIN") {
             Ok(path) => PathBuf::from(path),
             Err(_) => {
-                let path = workspace_root().join("target/node/sked-agent");
+                let target =
+                    std::env::var_os("CARGO_TARGET_DIR").map_or(workspace_root().join("target"), PathBuf::from);
+                let path = target.join("node/sked-agent");
                 let cross = workspace_root().join("hack/cross.sh");
                 run(Command::new("bash").arg(&cross).args(["deps", "amd64"]))?;
                 run(Command::new("bash").arg(&cross).args(["build", "amd64", "sked-agent"]).arg(&path))?;
@@ -175,13 +176,19 @@ impl TestNode {
             [("api", api.to_string()), ("registry", registry.to_string()), ("reports", reports_listen)]
         {
             vm.run(&format!(
-                "for p in /sys/class/virtio-ports/*; do [ \"$(cat $p/name)\" = sked.{name} ] && dev=/dev/${{p##*/}}; done; \
+                "dev=; for p in /sys/class/virtio-ports/*; do [ \"$(cat $p/name)\" = sked.{name} ] && dev=/dev/${{p##*/}}; done; \
+                 [ -n \"$dev\" ] || {{ echo 'no console port sked.{name}'; exit 1; }}; \
                  sked-vm-relay $dev {listen} >> /run/relay-{name}.log 2>&1 &"
             ))
             .await?;
         }
         let names: Vec<String> = config.service_names.iter().map(|n| format!("{n}={POD_GATEWAY}")).collect();
         vm.run(&format!("sked-vm-relay dns 0.0.0.0:53 {} >> /run/dns.log 2>&1 &", names.join(" "))).await?;
+        // Every relay (TCP) and the name server (UDP) listening before anything dials them.
+        let ports = [api.port(), registry.port(), config.reports_port];
+        let check = ports.iter().map(|p| format!("netstat -ltn | grep -q ':{p} '")).collect::<Vec<_>>().join(" && ");
+        let check = format!("{check} && netstat -lun | grep -q ':53 '");
+        vm.wait_until("the console relays and the name server listening", &check, Duration::from_secs(60)).await?;
 
         // containerd: overlayfs snapshots, pulls over plain HTTP from the test registry, the
         // sandbox image from it.
@@ -199,9 +206,8 @@ impl TestNode {
         );
         vm.write_file(&format!("/etc/containerd/certs.d/{}/hosts.toml", config.registry), hosts.as_bytes()).await?;
         vm.run("containerd --config /etc/containerd/config.toml >> /run/containerd.log 2>&1 &").await?;
-        vm.run("for i in $(seq 1 600); do [ -S /run/containerd/containerd.sock ] && exit 0; sleep 0.1; done; exit 1")
-            .await
-            .context("containerd did not open its socket within 60 s")?;
+        vm.wait_until("containerd's socket", "test -S /run/containerd/containerd.sock", Duration::from_secs(120))
+            .await?;
 
         // The kubelet: a client certificate for system:node:<name> (the Node authorizer and
         // NodeRestriction apply), cgroupfs on the cgroup v2 hierarchy, cluster DNS at the
@@ -251,20 +257,7 @@ impl TestNode {
             Ok(ready.then_some(()))
         })
         .await?;
-        let taints: Vec<serde_json::Value> = nodes
-            .get(config.name)
-            .await?
-            .spec
-            .and_then(|s| s.taints)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|t| t.key != "node.kubernetes.io/not-ready")
-            .map(|t| json!(t))
-            .collect();
-        nodes
-            .patch(config.name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": taints}})))
-            .await
-            .context("lifting the not-ready taint")?;
+        crate::kubelet::lift_not_ready_taint(client, config.name).await?;
         Ok(())
     }
 
@@ -284,6 +277,10 @@ impl TestNode {
         format!("on the node:\n{logs}\n== console\n{}", self.vm.console_tail(40))
     }
 }
+
+/// The port of the chart's reports Service (`reports.port`, 8443 unless changed): the pods dial
+/// it at [`POD_GATEWAY`].
+const REPORTS_SERVICE_PORT: u16 = 8443;
 
 /// Label selecting the chart's controller pods.
 const CONTROLLER_PODS: &str = "app.kubernetes.io/name=sked,control-plane=controller-manager";
@@ -401,12 +398,21 @@ impl NodeInstall {
                 registry: &registry.host,
                 pause_image: &images.pause,
                 reports: ([127, 0, 0, 1], reports_port).into(),
-                reports_port: 8443,
+                reports_port: REPORTS_SERVICE_PORT,
                 service_names: &service_names,
             },
         )
         .await?;
         lap("VM boot -> Node Ready", &mut timings);
         Ok(Self { registry, images, canary_tag, controller, node, timings, _cosign: cosign })
+    }
+
+    /// A Scheduler `name` for the signed canary on this node (`pool: vm`), as YAML.
+    pub fn scheduler_manifest(&self, name: &str) -> String {
+        format!(
+            "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: {name}\nspec:\n  sched: {}\n  \
+             expectedOps: sked_canary\n  nodeSelector:\n    pool: vm\n",
+            self.canary_tag
+        )
     }
 }

@@ -142,6 +142,21 @@ impl TestVm {
         Ok(out)
     }
 
+    /// Runs `command` in the guest until it succeeds; fails with `what` and the last error after
+    /// `within`.
+    pub async fn wait_until(&mut self, what: &str, command: &str, within: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match self.run(command).await {
+                Ok(_) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() > deadline => {
+                    return Err(e.context(format!("{what}: not within {within:?}")));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
     /// Writes a file in the guest.
     pub async fn write_file(&mut self, path: &str, contents: &[u8]) -> Result<()> {
         use base64::Engine;

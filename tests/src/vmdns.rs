@@ -11,6 +11,7 @@ const TYPE_A: u16 = 1;
 const CLASS_IN: u16 = 1;
 const NXDOMAIN: u8 = 3;
 const FORMERR: u8 = 1;
+const NOTIMP: u8 = 4;
 
 /// The answer to one query packet, or `None` for a packet that is not a query.
 pub fn answer(table: &BTreeMap<String, Ipv4Addr>, query: &[u8]) -> Option<Vec<u8>> {
@@ -19,9 +20,15 @@ pub fn answer(table: &BTreeMap<String, Ipv4Addr>, query: &[u8]) -> Option<Vec<u8
     }
     let questions = u16::from_be_bytes([query[4], query[5]]);
     let mut reply = query[..12].to_vec();
-    reply[2] = 0x80 | (query[2] & 0x01) | 0x04; // response, RD copied, authoritative
+    reply[2] = 0x80 | (query[2] & 0x79) | 0x04; // response, opcode and RD copied, authoritative
     reply[3] = 0x80; // recursion available
     reply[6..12].copy_from_slice(&[0, 0, 0, 0, 0, 0]);
+    if query[2] & 0x78 != 0 {
+        // Not a standard query (opcode 0).
+        reply[3] |= NOTIMP;
+        reply[4..6].copy_from_slice(&[0, 0]);
+        return Some(reply);
+    }
     let Some((name, end)) = (questions == 1).then(|| read_name(query, 12)).flatten() else {
         reply[3] |= FORMERR;
         return Some(reply);
@@ -123,5 +130,8 @@ mod tests {
         let mut truncated = query("sked-reports.sked-system.svc", TYPE_A);
         truncated.truncate(20);
         assert_eq!(answer(&table(), &truncated).unwrap()[3] & 0x0f, FORMERR);
+        let mut update = query("sked-reports.sked-system.svc", TYPE_A);
+        update[2] |= 5 << 3;
+        assert_eq!(answer(&table(), &update).unwrap()[3] & 0x0f, NOTIMP);
     }
 }

@@ -17,9 +17,7 @@ fn helm(fx: &Fixture, args: &[&str]) -> Result<Output> {
     fx.cluster.helm(args)
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use sked_tests::command::output_text as text;
 
 /// Values for bring-your-own-secret mode (no cert-manager in the test cluster).
 fn own_secret_values(ca: &str) -> Vec<String> {

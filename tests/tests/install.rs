@@ -25,9 +25,7 @@ fn helm(fx: &Fixture, args: &[&str]) -> Result<Output> {
     fx.cluster.helm(args)
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use sked_tests::command::output_text as text;
 
 /// (apiVersion, kind, namespace, name) of every object in a multi-document YAML stream.
 fn objects(yaml: &str) -> Result<BTreeSet<(String, String, String, String)>> {

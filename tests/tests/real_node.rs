@@ -10,7 +10,6 @@
 //!
 //! Needs qemu, the kernels and the pinned kubelet: `make test-node` (not part of `make test`).
 
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -27,9 +26,7 @@ const NODE: &str = "sked-node";
 /// console relay, three containers) takes a minute or more.
 const SLOW: Duration = Duration::from_secs(300);
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use sked_tests::command::output_text as text;
 
 /// The scheduler pods of `scheduler` (not being deleted).
 async fn pods_of(fx: &Fixture, scheduler: &str) -> Result<Vec<Pod>> {
@@ -83,17 +80,12 @@ async fn a_scheduler_applied_with_kubectl_attaches_on_a_real_node() -> Result<()
 }
 
 async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
-    let (node, images, canary_tag) = (&mut install.node, &install.images, install.canary_tag.as_str());
+    let (intruder, canary) = (install.scheduler_manifest("intruder"), install.scheduler_manifest("canary"));
+    let (node, images) = (&mut install.node, &install.images);
     // kubectl apply -> verified digest -> DaemonSet -> the kubelet pulls and runs the pod -> the
     // scheduler attaches -> the agent in the pod reports.
-    let manifest = |name: &str| {
-        format!(
-            "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: {name}\nspec:\n  sched: {canary_tag}\n  \
-             expectedOps: sked_canary\n  nodeSelector:\n    pool: vm\n"
-        )
-    };
     let applying = Instant::now();
-    let out = fx.kubectl_apply(&manifest("canary"))?;
+    let out = fx.kubectl_apply(&canary)?;
     ensure!(out.status.success(), "kubectl apply:\n{}", text(&out));
     fx.wait_scheduler_within("canary", "KERNEL-ATTACHED 1/1", SLOW, |s| attached(s, 1)).await?;
     eprintln!("measured: kubectl apply -> KERNEL-ATTACHED 1/1: {:?}", applying.elapsed());
@@ -104,7 +96,7 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
     eprintln!("{listing}");
     let row = listing.lines().find(|l| l.starts_with("canary")).context("kubectl get schedulers lists canary")?;
     ensure!(row.split_whitespace().any(|c| c == "1/1"), "KERNEL-ATTACHED shows 1/1: {row}");
-    let digest = images.canary.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+    let digest = images.canary.rsplit_once('@').map(|(_, d)| d).context("the canary image has no digest")?;
     let pod = pods_of(fx, "canary").await?.pop().context("the canary pod")?;
     let image =
         pod.spec.as_ref().and_then(|s| s.containers.iter().find(|c| c.name == "scx")).and_then(|c| c.image.clone());
@@ -150,7 +142,7 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
     let restarts = pod_state(&restarted).1;
 
     // A second Scheduler for the same node loses it to the older one and leaves it alone.
-    let out = fx.kubectl_apply(&manifest("intruder"))?;
+    let out = fx.kubectl_apply(&intruder)?;
     ensure!(out.status.success(), "kubectl apply intruder:\n{}", text(&out));
     fx.wait_scheduler_within("intruder", "the intruder losing the node", SLOW, |s| {
         condition(s, "Degraded").is_some_and(|c| c.reason == "SchedulerConflict")
@@ -174,8 +166,9 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
         Ok(all_pods.list(&ListParams::default().labels("name=canary")).await?.items.is_empty().then_some(()))
     })
     .await?;
-    let state = node.vm.run("cat /sys/kernel/sched_ext/state").await?;
-    ensure!(state.trim() == "disabled", "the kernel back on its default scheduler: {state:?}");
+    node.vm
+        .wait_until("the kernel back on its default scheduler", "grep -qx disabled /sys/kernel/sched_ext/state", SLOW)
+        .await?;
     eprintln!("measured: kubectl delete scheduler -> pod gone, sched_ext disabled: {:?}", deleting.elapsed());
     Ok(())
 }

@@ -28,14 +28,7 @@ async fn main() -> Result<()> {
     }
 
     let manifest = cluster.dir.join("canary.yaml");
-    std::fs::write(
-        &manifest,
-        format!(
-            "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: canary\nspec:\n  sched: {}\n  \
-             expectedOps: sked_canary\n  nodeSelector:\n    pool: vm\n",
-            install.canary_tag
-        ),
-    )?;
+    std::fs::write(&manifest, install.scheduler_manifest("canary"))?;
     step(&format!("kubectl apply -f {}", manifest.display()));
     let out = cluster.kubectl(&["apply", "-f", &manifest.to_string_lossy()])?;
     anyhow::ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
