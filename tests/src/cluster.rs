@@ -114,10 +114,18 @@ pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
     reply_rx.recv().map_err(|_| std::io::Error::other("spawner thread is gone"))?
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, never one this process was given before: the kernel may hand
+/// out a port it just freed again, and two servers told the same port fail at start (a CI run
+/// lost cert-manager's webhook to its own metrics server that way).
 pub fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    static GIVEN: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(port) {
+            return Ok(port);
+        }
+    }
+    bail!("no TCP port on 127.0.0.1 that this process was not given before")
 }
 
 struct Pki {
