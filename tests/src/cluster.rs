@@ -391,6 +391,15 @@ impl TestCluster {
             .map_err(|e| anyhow!("running helm: {e}"))
     }
 
+    /// `helm install sked CHART --namespace NAMESPACE --create-namespace --wait --timeout 5m`, the
+    /// chart README's command, with `extra` arguments (values) before the waiting ones.
+    pub fn helm_install(&self, chart: &str, namespace: &str, extra: &[&str]) -> Result<std::process::Output> {
+        let mut args = vec!["install", "sked", chart, "--namespace", namespace, "--create-namespace"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--wait", "--timeout", "5m"]);
+        self.helm(&args)
+    }
+
     /// Runs the pinned kubectl against this cluster.
     pub fn kubectl(&self, args: &[&str]) -> Result<std::process::Output> {
         Command::new(tool("kubectl")?)

@@ -354,21 +354,7 @@ impl NodeInstall {
         let chart = workspace_root().join("charts/sked").to_string_lossy().into_owned();
         let install = {
             let (values, namespace) = (values_file.to_string_lossy().into_owned(), namespace.to_owned());
-            tokio::task::spawn_blocking(move || {
-                cluster.helm(&[
-                    "install",
-                    "sked",
-                    &chart,
-                    "--namespace",
-                    &namespace,
-                    "--create-namespace",
-                    "-f",
-                    &values,
-                    "--wait",
-                    "--timeout",
-                    "5m",
-                ])
-            })
+            tokio::task::spawn_blocking(move || cluster.helm_install(&chart, &namespace, &["-f", &values]))
         };
         let out = install.await??;
         if !out.status.success() {

@@ -89,19 +89,7 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
     let started = std::time::Instant::now();
     let install = {
         let (cluster, chart) = (fx.cluster, chart.clone());
-        tokio::task::spawn_blocking(move || {
-            cluster.helm(&[
-                "install",
-                "sked",
-                &chart,
-                "--namespace",
-                NS,
-                "--create-namespace",
-                "--wait",
-                "--timeout",
-                "5m",
-            ])
-        })
+        tokio::task::spawn_blocking(move || cluster.helm_install(&chart, NS, &[]))
     };
     let out = install.await??;
     eprintln!("measured: helm install --wait (cert-manager issuing, two replicas ready): {:?}", started.elapsed());
