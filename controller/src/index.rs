@@ -6,7 +6,7 @@
 //! reconcile: the one that changed, and every one whose placement moved. The scheduler pods are
 //! kept too, so a Scheduler's kernel view counts the nodes that really run its pod.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -25,7 +25,7 @@ use crate::api::Scheduler;
 use crate::arbiter::{Arbiter, Changed, Claim, Placement};
 use crate::memo::Memo;
 use crate::metrics::Metrics;
-use crate::pods;
+use crate::pods::SchedulerPod;
 use crate::sync::lock;
 use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
 
@@ -37,8 +37,8 @@ pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
 pub(crate) struct Index {
     arbiter: Arc<Mutex<Arbiter>>,
     schedulers: Store<Scheduler>,
-    /// The scheduler pods (those sked manages in the workload namespace).
-    pods: Store<Pod>,
+    /// The scheduler pods (those sked manages in the workload namespace), as facts.
+    pods: Arc<Mutex<PodSet>>,
     /// The Schedulers' DaemonSets.
     daemonsets: Store<DaemonSet>,
     /// Woken when a Node or a Scheduler changed: the owner labels may need writing.
@@ -50,23 +50,62 @@ pub(crate) struct Index {
 pub(crate) struct Feeds {
     arbiter: Arc<Mutex<Arbiter>>,
     store: reflector::store::Writer<Scheduler>,
-    pods: reflector::store::Writer<Pod>,
+    pods: Arc<Mutex<PodSet>>,
     daemonsets: reflector::store::Writer<DaemonSet>,
     ownership: Arc<Notify>,
+}
+
+/// The facts of the scheduler pods, by name (who may report) and by Scheduler (what a reconcile
+/// reads), changed only by the pod feed.
+#[derive(Default)]
+pub(crate) struct PodSet {
+    by_name: HashMap<String, Arc<SchedulerPod>>,
+    by_scheduler: HashMap<String, BTreeMap<String, Arc<SchedulerPod>>>,
+}
+
+impl PodSet {
+    /// Keeps `pod` in place of the pod of that name; returns the one it replaces.
+    fn insert(&mut self, pod: SchedulerPod) -> Option<Arc<SchedulerPod>> {
+        let before = self.remove(&pod.name);
+        let pod = Arc::new(pod);
+        if let Some(scheduler) = &pod.scheduler {
+            self.by_scheduler.entry(scheduler.clone()).or_default().insert(pod.name.clone(), pod.clone());
+        }
+        self.by_name.insert(pod.name.clone(), pod);
+        before
+    }
+
+    fn remove(&mut self, name: &str) -> Option<Arc<SchedulerPod>> {
+        let before = self.by_name.remove(name)?;
+        if let Some(scheduler) = &before.scheduler
+            && let Some(pods) = self.by_scheduler.get_mut(scheduler)
+        {
+            pods.remove(name);
+            if pods.is_empty() {
+                self.by_scheduler.remove(scheduler);
+            }
+        }
+        Some(before)
+    }
+
+    /// The Schedulers that have a pod.
+    fn schedulers(&self) -> BTreeSet<String> {
+        self.by_scheduler.keys().cloned().collect()
+    }
 }
 
 /// An empty index and its feeds.
 pub(crate) fn index() -> (Index, Feeds) {
     let arbiter = Arc::new(Mutex::new(Arbiter::new()));
     let (schedulers, store) = reflector::store();
-    let (pod_reader, pods) = reflector::store();
+    let pods = Arc::new(Mutex::new(PodSet::default()));
     let (daemonset_reader, daemonsets) = reflector::store();
     let ownership = Arc::new(Notify::new());
     (
         Index {
             arbiter: arbiter.clone(),
             schedulers,
-            pods: pod_reader,
+            pods: pods.clone(),
             daemonsets: daemonset_reader,
             ownership: ownership.clone(),
         },
@@ -90,11 +129,9 @@ impl Index {
 
     /// The nodes that run a live pod of the Scheduler `name`.
     pub(crate) fn scheduled_nodes(&self, name: &str) -> BTreeSet<String> {
-        self.pods_of(name)
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| pods::node(p).map(str::to_owned))
-            .collect()
+        let pods = lock(&self.pods);
+        let Some(of) = pods.by_scheduler.get(name) else { return BTreeSet::new() };
+        of.values().filter(|p| !p.is_terminating()).filter_map(|p| p.node.clone()).collect()
     }
 
     /// The DaemonSet of the Scheduler `name`, as last seen (it may lag behind a write just made).
@@ -102,9 +139,9 @@ impl Index {
         self.daemonsets.get(&ObjectRef::new(name).within(namespace))
     }
 
-    /// The scheduler pod `name`, as last seen.
-    pub(crate) fn pod(&self, name: &str, namespace: &str) -> Option<Arc<Pod>> {
-        self.pods.get(&ObjectRef::new(name).within(namespace))
+    /// The scheduler pod `name` of the workload namespace, as last seen.
+    pub(crate) fn pod(&self, name: &str) -> Option<Arc<SchedulerPod>> {
+        lock(&self.pods).by_name.get(name).cloned()
     }
 
     /// The value of one label of a known Node: `None` for an unknown Node, `Some(None)` for a
@@ -119,8 +156,8 @@ impl Index {
     }
 
     /// Every pod of the Scheduler `name`, terminating ones included.
-    pub(crate) fn pods_of(&self, name: &str) -> Vec<Arc<Pod>> {
-        self.pods.state().into_iter().filter(|p| p.labels().get(NAME_LABEL).is_some_and(|n| n == name)).collect()
+    pub(crate) fn pods_of(&self, name: &str) -> Vec<Arc<SchedulerPod>> {
+        lock(&self.pods).by_scheduler.get(name).map(|pods| pods.values().cloned().collect()).unwrap_or_default()
     }
 
     /// The nodes whose owner label differs from their owner, with the value it should have
@@ -324,41 +361,53 @@ impl Feed<PartialObjectMeta<Node>> for NodeFeed {
     }
 }
 
-/// Keeps the scheduler pods, and triggers a Scheduler whose pod was bound to a node, turned
-/// Ready or not, restarted, started terminating or went away (its kernel view and its rollout
-/// read these); after a relist, every Scheduler with a pod before or after. `listed` turns true
-/// after the first full list.
-async fn feed_pods<S>(events: S, mut store: reflector::store::Writer<Pod>, tx: Triggers, listed: watch::Sender<bool>)
+/// Keeps the facts of the scheduler pods, and triggers a Scheduler when a fact of one of its pods
+/// changed (bound to a node, Ready or not, restarted, terminating), when one came or went; after
+/// a relist, every Scheduler with a pod before or after. `listed` turns true after the first
+/// full list.
+async fn feed_pods<S>(events: S, pods: Arc<Mutex<PodSet>>, tx: Triggers, listed: watch::Sender<bool>)
 where
     S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>>,
 {
-    // What a Scheduler's kernel view and rollout read of its pods.
-    let counted = |p: &Pod| {
-        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
-        (node, p.metadata.deletion_timestamp.is_some(), pods::ready_since(p), pods::scheduler_restarts(p))
-    };
-    let owner_of = |p: &Pod| p.labels().get(NAME_LABEL).cloned();
-    let owners = |store: &Store<Pod>| store.state().iter().filter_map(|p| owner_of(p)).collect::<BTreeSet<String>>();
+    let mut relist = PodSet::default();
     let mut events = std::pin::pin!(logged("scheduler Pod", events));
     while let Some(event) = events.next().await {
-        let mut touched = match &event {
+        let touched: BTreeSet<String> = match event {
             Event::Apply(p) => {
-                let before = store.as_reader().get(&ObjectRef::from_obj(p));
-                (before.as_deref().map(counted) != Some(counted(p)))
-                    .then(|| owner_of(p))
-                    .flatten()
+                let facts = SchedulerPod::of(&p);
+                let now = facts.scheduler.clone();
+                match lock(&pods).insert(facts.clone()) {
+                    Some(before) if *before == facts => BTreeSet::new(),
+                    Some(before) => now.into_iter().chain(before.scheduler.clone()).collect(),
+                    None => now.into_iter().collect(),
+                }
+            }
+            Event::Delete(p) => {
+                let gone = lock(&pods).remove(&p.name_any());
+                gone.and_then(|g| g.scheduler.clone())
+                    .or_else(|| p.labels().get(NAME_LABEL).cloned())
                     .into_iter()
                     .collect()
             }
-            Event::Delete(p) => owner_of(p).into_iter().collect(),
-            Event::InitDone => owners(&store.as_reader()),
-            _ => BTreeSet::new(),
+            Event::Init => {
+                relist = PodSet::default();
+                BTreeSet::new()
+            }
+            Event::InitApply(p) => {
+                relist.insert(SchedulerPod::of(&p));
+                BTreeSet::new()
+            }
+            Event::InitDone => {
+                let fresh = std::mem::take(&mut relist);
+                let mut set = lock(&pods);
+                let mut touched = set.schedulers();
+                touched.extend(fresh.schedulers());
+                *set = fresh;
+                drop(set);
+                let _ = listed.send(true);
+                touched
+            }
         };
-        store.apply_watcher_event(&event);
-        if matches!(event, Event::InitDone) {
-            touched.extend(owners(&store.as_reader()));
-            let _ = listed.send(true);
-        }
         for scheduler in touched {
             let _ = tx.unbounded_send(ObjectRef::new(&scheduler));
         }
@@ -425,7 +474,9 @@ impl Feeds {
         let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let scheduler_pods =
             watcher::watcher(Api::<Pod>::namespaced(client.clone(), workload_namespace), managed.clone());
-        let scheduler_daemonsets = watcher::watcher(Api::<DaemonSet>::namespaced(client, workload_namespace), managed);
+        // Managed fields are read by no one here: dropped, like most of each pod.
+        let scheduler_daemonsets = watcher::watcher(Api::<DaemonSet>::namespaced(client, workload_namespace), managed)
+            .modify(|ds| ds.managed_fields_mut().clear());
         let feed = SchedulerFeed { store: &mut store, memo, metrics };
         futures::join!(
             feed_arbiter(

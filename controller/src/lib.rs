@@ -9,11 +9,13 @@
 //! - [`reconcile`]: the reconcile that applies the DaemonSet and writes status;
 //! - [`manager`]: startup, servers, leadership terms and shutdown;
 //! - [`kernel`] and [`reports`]: the agents' kernel reports and the KernelAttached view;
-//!   [`reviews`]: TokenReview results kept by token hash.
+//!   [`reviews`]: TokenReview results kept by token hash; `connections`: report connections,
+//!   bounded in number and closed when they carry no stream.
 
 pub mod api;
 pub mod arbiter;
 pub mod config;
+mod connections;
 pub mod crd;
 pub mod error;
 pub mod image;

@@ -1,49 +1,221 @@
-//! Facts read off a scheduler pod, shared by the index (what triggers a reconcile) and the
-//! rollout (what a node's pod tells).
+//! What sked reads off a scheduler pod, taken once when the pod is seen: the index keeps these
+//! facts, not the pod (a whole pod, with its managed fields, volumes and environment, is tens of
+//! KiB, and the index holds one per node of the fleet). The reports server (who may report) and
+//! the rollout (what a node's pod tells) read them.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::workload::{REVISION_LABEL, SCHEDULER_CONTAINER};
+use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, REVISION_LABEL, SCHEDULER_CONTAINER};
 
-/// Since when (seconds since the epoch) the pod's Ready condition is True.
-pub(crate) fn ready_since(p: &Pod) -> Option<i64> {
-    let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
-    Some(c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()))
+/// The facts of one scheduler pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SchedulerPod {
+    pub name: String,
+    pub uid: String,
+    /// The Scheduler it belongs to (its `name` label).
+    pub scheduler: Option<String>,
+    /// The DaemonSet that controls it, by name and uid, when the pod looks like one sked manages
+    /// (sked's label, and a controller reference to the DaemonSet its `name` label names).
+    pub daemonset: Option<(String, String)>,
+    /// The node it is bound to.
+    pub node: Option<String>,
+    pub revision: PodRevision,
+    /// Since when (seconds since the epoch) the pod's Ready condition is True.
+    pub ready_since: Option<i64>,
+    /// How often the scheduler container restarted.
+    pub restarts: i32,
+    /// Whether the scheduler container waits in CrashLoopBackOff.
+    pub backing_off: bool,
+    /// When it was created (seconds since the epoch).
+    pub created: Option<i64>,
+    /// Since when it is terminating (seconds since the epoch).
+    pub terminating_since: Option<i64>,
 }
 
-/// How often the scheduler container restarted, and whether it waits in CrashLoopBackOff.
-pub(crate) fn scheduler_restarts(p: &Pod) -> (i32, bool) {
-    let Some(status) = p
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == SCHEDULER_CONTAINER))
-    else {
-        return (0, false);
-    };
-    let backing_off = status
-        .state
-        .as_ref()
-        .and_then(|s| s.waiting.as_ref())
-        .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"));
-    (status.restart_count, backing_off)
+/// What tells a pod's revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum PodRevision {
+    /// Its revision label.
+    Labelled(String),
+    /// No label (a pod made by a sked version before revisions): the scheduler container's
+    /// image and arguments.
+    Unlabelled { image: Option<String>, args: Vec<String> },
 }
 
-/// The node the pod is bound to.
-pub(crate) fn node(p: &Pod) -> Option<&str> {
-    p.spec.as_ref()?.node_name.as_deref()
-}
-
-/// The revision a pod runs: its revision label. A pod made by a sked version before revisions
-/// has none; it counts as `current` (adopted, so upgrading sked restarts nothing) when its
-/// scheduler container runs the same image and arguments as `current` would, else as a revision
-/// of its own.
-pub(crate) fn revision(p: &Pod, current: &str, image: &str, args: &[String]) -> String {
-    if let Some(r) = p.labels().get(REVISION_LABEL) {
-        return r.clone();
+impl SchedulerPod {
+    /// The facts of `pod`.
+    pub(crate) fn of(pod: &Pod) -> Self {
+        let labels = pod.labels();
+        let scheduler = labels.get(NAME_LABEL).cloned();
+        let managed = labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+        let daemonset = pod
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .filter(|o| managed && o.kind == "DaemonSet" && o.api_version == "apps/v1")
+            .filter(|o| scheduler.as_ref() == Some(&o.name))
+            .map(|o| (o.name.clone(), o.uid.clone()));
+        let revision = match labels.get(REVISION_LABEL) {
+            Some(r) => PodRevision::Labelled(r.clone()),
+            None => {
+                let scx = pod.spec.as_ref().and_then(|s| s.containers.iter().find(|c| c.name == SCHEDULER_CONTAINER));
+                PodRevision::Unlabelled {
+                    image: scx.and_then(|c| c.image.clone()),
+                    args: scx.and_then(|c| c.args.clone()).unwrap_or_default(),
+                }
+            }
+        };
+        let status = pod.status.as_ref();
+        let ready_since = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
+            .map(|c| c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()));
+        let scx_status = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == SCHEDULER_CONTAINER));
+        let backing_off = scx_status
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.waiting.as_ref())
+            .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"));
+        Self {
+            name: pod.name_any(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            scheduler,
+            daemonset,
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            revision,
+            ready_since,
+            restarts: scx_status.map_or(0, |c| c.restart_count),
+            backing_off,
+            created: pod.creation_timestamp().map(|t| t.0.as_second()),
+            terminating_since: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+        }
     }
-    let scx = p.spec.as_ref().and_then(|s| s.containers.iter().find(|c| c.name == SCHEDULER_CONTAINER));
-    let same = scx.is_some_and(|c| c.image.as_deref() == Some(image) && c.args.as_deref().unwrap_or_default() == args);
-    if same { current.to_owned() } else { "unlabelled".to_owned() }
+
+    /// The revision the pod runs: its label, or for a pod without one `current` (adopted, so
+    /// upgrading sked restarts nothing) when its scheduler container runs the same image and
+    /// arguments as `current` would, else a revision of its own.
+    pub(crate) fn revision(&self, current: &str, image: &str, args: &[String]) -> String {
+        match &self.revision {
+            PodRevision::Labelled(r) => r.clone(),
+            PodRevision::Unlabelled { image: Some(ran), args: ran_args } if ran == image && ran_args == args => {
+                current.to_owned()
+            }
+            PodRevision::Unlabelled { .. } => "unlabelled".to_owned(),
+        }
+    }
+
+    pub(crate) fn is_terminating(&self) -> bool {
+        self.terminating_since.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheduler pod as the API server returns it.
+    fn pod(labels: serde_json::Value, owner: serde_json::Value) -> Pod {
+        let pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "rusty-x7k2p", "namespace": "sked-system", "uid": "u-1",
+                "creationTimestamp": "2026-12-01T10:00:00Z", "deletionTimestamp": "2026-12-01T11:00:00Z",
+                "labels": labels,
+                "ownerReferences": [owner],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update"}]
+            },
+            "spec": {
+                "nodeName": "node-a",
+                "containers": [
+                    {"name": "scx", "image": "r.example/rusty@sha256:1", "args": ["--slice", "5"]},
+                    {"name": "agent", "image": "r.example/agent:v1", "args": ["--node=$(NODE_NAME)"]}
+                ]
+            },
+            "status": {
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-01T09:59:00Z"},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:01:00Z"}
+                ],
+                "containerStatuses": [
+                    {"name": "agent", "ready": true, "restartCount": 9, "image": "i", "imageID": "id"},
+                    {"name": "scx", "ready": false, "restartCount": 3, "image": "i", "imageID": "id",
+                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}}}
+                ]
+            }
+        }));
+        pod.unwrap_or_default()
+    }
+
+    fn daemonset_owner(name: &str) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": "ds-1", "controller": true})
+    }
+
+    fn managed(extra: &[(&str, &str)]) -> serde_json::Value {
+        let mut labels = serde_json::json!({"name": "rusty", "app.kubernetes.io/managed-by": "sked"});
+        for (k, v) in extra {
+            labels[*k] = (*v).into();
+        }
+        labels
+    }
+
+    #[test]
+    fn the_facts_of_a_scheduler_pod() {
+        let facts = SchedulerPod::of(&pod(managed(&[(REVISION_LABEL, "abc123")]), daemonset_owner("rusty")));
+        let at = |s: &str| s.parse::<jiff::Timestamp>().map(|t| t.as_second()).ok();
+        assert_eq!(
+            facts,
+            SchedulerPod {
+                name: "rusty-x7k2p".into(),
+                uid: "u-1".into(),
+                scheduler: Some("rusty".into()),
+                daemonset: Some(("rusty".into(), "ds-1".into())),
+                node: Some("node-a".into()),
+                revision: PodRevision::Labelled("abc123".into()),
+                ready_since: at("2026-12-01T10:01:00Z"),
+                restarts: 3,
+                backing_off: true,
+                created: at("2026-12-01T10:00:00Z"),
+                terminating_since: at("2026-12-01T11:00:00Z"),
+            }
+        );
+        assert!(facts.is_terminating());
+        assert_eq!(facts.revision("cur", "any", &[]), "abc123", "the label wins");
+    }
+
+    #[test]
+    fn an_unlabelled_pod_is_the_current_revision_only_when_it_runs_what_that_would() {
+        let facts = SchedulerPod::of(&pod(managed(&[]), daemonset_owner("rusty")));
+        let args = ["--slice".to_owned(), "5".to_owned()];
+        assert_eq!(facts.revision("cur", "r.example/rusty@sha256:1", &args), "cur");
+        assert_eq!(facts.revision("cur", "r.example/rusty@sha256:2", &args), "unlabelled");
+        assert_eq!(facts.revision("cur", "r.example/rusty@sha256:1", &args[..1]), "unlabelled");
+    }
+
+    #[test]
+    fn only_a_pod_sked_manages_under_its_schedulers_daemonset_names_one() {
+        let not_managed = serde_json::json!({"name": "rusty"});
+        for (labels, owner) in [
+            (not_managed, daemonset_owner("rusty")),
+            (managed(&[]), daemonset_owner("other")),
+            (
+                managed(&[]),
+                serde_json::json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rusty", "uid": "x", "controller": true}),
+            ),
+            (
+                managed(&[]),
+                serde_json::json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "rusty", "uid": "x"}),
+            ),
+        ] {
+            let facts = SchedulerPod::of(&pod(labels.clone(), owner.clone()));
+            assert_eq!(facts.daemonset, None, "{labels} {owner}");
+        }
+    }
+
+    #[test]
+    fn a_pod_without_status_or_spec_has_no_facts_to_tell() {
+        let facts = SchedulerPod::of(&Pod::default());
+        assert_eq!((facts.node, facts.ready_since, facts.restarts, facts.backing_off), (None, None, 0, false));
+        assert_eq!(facts.revision, PodRevision::Unlabelled { image: None, args: Vec::new() });
+    }
 }

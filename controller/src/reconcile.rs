@@ -28,7 +28,6 @@ use crate::kernel::{self, KernelTable};
 use crate::memo::Memo;
 use crate::metrics::{Metrics, ReportStats};
 use crate::pacing::{TokenBucket, retry_delay};
-use crate::pods;
 use crate::rollout;
 use crate::status::{self, EventKind, EventSpec, Observed};
 use crate::sync::lock;
@@ -450,37 +449,32 @@ fn rollout_step(
             .owned
             .iter()
             .map(|node| {
-                let pod = pods
-                    .iter()
-                    .filter(|p| pods::node(p) == Some(node.as_str()))
-                    .min_by_key(|p| p.metadata.deletion_timestamp.is_some());
+                let pod =
+                    pods.iter().filter(|p| p.node.as_deref() == Some(node.as_str())).min_by_key(|p| p.is_terminating());
                 let report = reports
                     .get(node)
                     .filter(|r| r.scheduler == name && now.saturating_duration_since(r.received) <= stale_after);
                 let exit = report
-                    .filter(|r| pod.is_some_and(|p| p.name_any() == r.pod))
+                    .filter(|r| pod.is_some_and(|p| p.name == r.pod))
                     .and_then(|r| r.last_exit.as_ref())
                     .map(|e| e.describe());
                 let kernel = match report {
                     Some(r) if r.verdict == Verdict::KernelUnsupported => rollout::KernelView::Unsupported,
                     Some(r) if r.verdict == Verdict::ForeignScheduler => rollout::KernelView::Foreign,
-                    Some(r) if pod.is_some_and(|p| p.name_any() == r.pod) => match (r.attached_since, r.ejected) {
+                    Some(r) if pod.is_some_and(|p| p.name == r.pod) => match (r.attached_since, r.ejected) {
                         (Some(since), _) => rollout::KernelView::Attached { since },
                         (None, true) => rollout::KernelView::Ejected,
                         (None, false) => rollout::KernelView::NotAttached,
                     },
                     _ => rollout::KernelView::Unknown,
                 };
-                let pod = pod.map(|p| {
-                    let (restarts, backing_off) = pods::scheduler_restarts(p);
-                    rollout::PodView {
-                        name: p.name_any(),
-                        revision: pods::revision(p, &template_revision, &image, &args),
-                        ready_since: pods::ready_since(p),
-                        created: p.creation_timestamp().map_or(wall, |t| t.0.as_second()),
-                        crash_looping: backing_off || restarts >= rollout::CRASH_LOOP_RESTARTS,
-                        terminating_since: p.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
-                    }
+                let pod = pod.map(|p| rollout::PodView {
+                    name: p.name.clone(),
+                    revision: p.revision(&template_revision, &image, &args),
+                    ready_since: p.ready_since,
+                    created: p.created.unwrap_or(wall),
+                    crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,
+                    terminating_since: p.terminating_since,
                 });
                 rollout::NodeView { node: node.clone(), pod, kernel, exit }
             })
@@ -531,7 +525,7 @@ fn rollout_step(
     let replace = replace
         .into_iter()
         .filter_map(|name| {
-            let uid = pods.iter().find(|p| p.name_any() == name)?.uid()?;
+            let uid = pods.iter().find(|p| p.name == name)?.uid.clone();
             Some((name, uid))
         })
         .collect();

@@ -31,18 +31,15 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::api::{KernelExit, Scheduler};
+use crate::connections::{Connection, Guarded, OpenStream};
 use crate::error::BoxError;
 use crate::index::Index;
 use crate::kernel::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
-use crate::reviews::ReviewCache;
+use crate::pods::SchedulerPod;
+use crate::reviews::{Review, ReviewCache};
 use crate::sync::lock;
 use crate::tls::ReloadingCert;
-use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL};
-
-const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
-const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
-const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 
 /// The reports service (cheap to clone: the state is shared).
 #[derive(Clone)]
@@ -63,6 +60,9 @@ pub struct Inner {
     leader: tokio::sync::watch::Receiver<bool>,
     /// TokenReview results by token hash.
     reviews: ReviewCache,
+    /// TokenReviews in flight: a reconnect storm of a whole fleet queues here rather than
+    /// opening a connection to the API server per agent.
+    reviewing: tokio::sync::Semaphore,
     /// Open streams per node.
     streams: std::sync::Mutex<HashMap<String, usize>>,
     /// The controller's index: pods and DaemonSets are read from its stores, and fetched from
@@ -76,8 +76,19 @@ pub const MAX_STREAMS_PER_NODE: usize = 2;
 pub const MAX_STREAMS: usize = 20_000;
 /// Largest report accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// TokenReviews asked of the API server at once.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 64;
 /// TLS handshakes in progress at once.
 pub const MAX_HANDSHAKES: usize = 256;
+/// Connections held at once (past it, new ones wait in the listen queue); one that carries no
+/// stream for `--report-stale-after` is closed.
+pub const MAX_CONNECTIONS: usize = MAX_STREAMS;
+/// Streams one connection may carry at once (an agent needs one).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 4;
+/// HTTP/2 flow-control windows of a connection and of each stream: what an agent may send ahead
+/// of what the server has read (room for two of the largest reports), so a stream that is not
+/// read costs at most this much buffered.
+const WINDOW_BYTES: u32 = 2 * MAX_MESSAGE_BYTES as u32;
 /// A handshake that takes longer is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -122,6 +133,7 @@ impl ReportsService {
             stats,
             leader,
             reviews: ReviewCache::default(),
+            reviewing: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
             streams: std::sync::Mutex::new(HashMap::new()),
             index: std::sync::OnceLock::new(),
         }))
@@ -227,43 +239,32 @@ impl Caller {
     }
 }
 
-/// The Scheduler whose DaemonSet controls `pod`, and that DaemonSet's uid as the pod names it, if
-/// it looks like a scheduler pod sked manages (the caller checks the DaemonSet itself).
-fn scheduler_of(pod: &Pod) -> Option<(String, String)> {
-    let labels = pod.metadata.labels.as_ref()?;
-    if labels.get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
-        return None;
-    }
-    let owner = pod.metadata.owner_references.as_ref()?.iter().find(|o| o.controller == Some(true))?;
-    let named = labels.get(NAME_LABEL)?;
-    (owner.kind == "DaemonSet" && owner.api_version == "apps/v1" && &owner.name == named)
-        .then(|| (named.clone(), owner.uid.clone()))
-}
-
 impl Inner {
-    /// The object `name` of the agent namespace that `matches`: the index's copy when it holds a
-    /// matching one, else a read from the API server (the store may lag an object just made).
-    async fn lookup<K>(
+    /// What the index knows of the object `name` of the agent namespace (`indexed`) when it
+    /// `matches`, else what a read from the API server tells (`of` the object read): the index
+    /// may lag an object just made.
+    async fn lookup<K, T>(
         &self,
-        indexed: Option<Arc<K>>,
+        indexed: Option<Arc<T>>,
         name: &str,
         kind: &str,
-        matches: impl Fn(&K) -> bool,
-    ) -> Result<Option<Arc<K>>, Status>
+        of: impl Fn(K) -> T,
+        matches: impl Fn(&T) -> bool,
+    ) -> Result<Option<Arc<T>>, Status>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
             + Clone
             + serde::de::DeserializeOwned
             + std::fmt::Debug,
     {
-        if let Some(object) = indexed.filter(|o| matches(o)) {
-            return Ok(Some(object));
+        if let Some(known) = indexed.filter(|o| matches(o)) {
+            return Ok(Some(known));
         }
         let read = Api::<K>::namespaced(self.client.clone(), &self.agent_namespace)
             .get_opt(name)
             .await
             .map_err(|e| Status::unavailable(format!("cannot look up {kind} {name}: {e}")))?;
-        Ok(read.filter(|o| matches(o)).map(Arc::new))
+        Ok(read.map(of).filter(|o| matches(o)).map(Arc::new))
     }
 
     /// Counts a new stream of `node`, unless the node or the server is at its limit.
@@ -294,28 +295,40 @@ impl Inner {
     /// Checks the token: the agent service account's, for the reports audience, bound to a live
     /// pod of a Scheduler's DaemonSet on a node. Returns who that pod is.
     async fn authenticate(&self, token: &str) -> Result<Caller, Status> {
-        let review = TokenReview {
+        if let Some(review) = self.reviews.get(token, Instant::now()) {
+            return self.caller_of(review).await;
+        }
+        let turn = self
+            .reviewing
+            .acquire()
+            .await
+            .map_err(|_| Status::unavailable("the reports server is shutting down; reconnect"))?;
+        // Another stream of the same token may have been reviewed while this one waited.
+        if let Some(review) = self.reviews.get(token, Instant::now()) {
+            return self.caller_of(review).await;
+        }
+        let request = TokenReview {
             metadata: Default::default(),
             spec: TokenReviewSpec { token: token.to_owned(), audiences: Some(vec![REPORTS_AUDIENCE.to_owned()]) },
             status: None,
         };
         let now = Instant::now();
-        let status = match self.reviews.get(token, now) {
-            Some(status) => status,
-            None => {
-                self.stats.token_reviews.inc();
-                let reviewed = Api::<TokenReview>::all(self.client.clone())
-                    .create(&PostParams::default(), &review)
-                    .await
-                    .map_err(|e| Status::unavailable(format!("cannot check the token with the API server: {e}")))?;
-                let status = reviewed.status.unwrap_or_default();
-                self.reviews.put(token, &status, now, jiff::Timestamp::now().as_second());
-                status
-            }
-        };
-        let for_reports = status.audiences.as_ref().is_some_and(|a| a.iter().any(|a| a == REPORTS_AUDIENCE));
-        if !status.authenticated.unwrap_or(false) || !for_reports {
-            let why = status.error.unwrap_or_else(|| format!("not valid for the audience {REPORTS_AUDIENCE}"));
+        self.stats.token_reviews.inc();
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &request)
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot check the token with the API server: {e}")))?;
+        let review = Review::of(reviewed.status.unwrap_or_default(), REPORTS_AUDIENCE);
+        self.reviews.put(token, &review, now, jiff::Timestamp::now().as_second());
+        drop(turn);
+        self.caller_of(review).await
+    }
+
+    /// Who a token's review says is calling: the agent service account's pod of a Scheduler's
+    /// DaemonSet on a node, or a refusal that says why not.
+    async fn caller_of(&self, review: Review) -> Result<Caller, Status> {
+        if !review.authenticated || !review.for_audience {
+            let why = review.error.unwrap_or_else(|| format!("not valid for the audience {REPORTS_AUDIENCE}"));
             return Err(self.refuse(
                 Refusal::TokenRejected,
                 Status::unauthenticated(format!(
@@ -323,43 +336,38 @@ impl Inner {
                 )),
             ));
         }
-        let user = status.user.unwrap_or_default();
-        let username = user.username.unwrap_or_default();
-        if username != self.agent_user {
+        if review.username != self.agent_user {
             return Err(self.refuse(
                 Refusal::NotAgent,
                 Status::permission_denied(format!(
-                    "token belongs to {username}, not to the agent service account {}",
-                    self.agent_user
+                    "token belongs to {}, not to the agent service account {}",
+                    review.username, self.agent_user
                 )),
             ));
         }
-        let extra = user.extra.unwrap_or_default();
-        let first = |k: &str| extra.get(k).and_then(|v| v.first()).cloned();
-        let (Some(pod_name), Some(pod_uid)) = (first(POD_NAME_EXTRA), first(POD_UID_EXTRA)) else {
+        let (Some(pod_name), Some(pod_uid)) = (review.pod_name, review.pod_uid) else {
             return Err(self.refuse(
                 Refusal::NotPodBound,
                 Status::permission_denied("token is not bound to a pod: use the projected token of the scheduler pod"),
             ));
         };
-        let live =
-            |p: &Pod| p.metadata.uid.as_deref() == Some(pod_uid.as_str()) && p.metadata.deletion_timestamp.is_none();
-        let indexed = self.index.get().and_then(|i| i.pod(&pod_name, &self.agent_namespace));
-        let pod = self.lookup(indexed, &pod_name, "pod", live).await?;
+        let live = |p: &SchedulerPod| p.uid == pod_uid && !p.is_terminating();
+        let indexed = self.index.get().and_then(|i| i.pod(&pod_name));
+        let pod = self.lookup(indexed, &pod_name, "pod", |p: Pod| SchedulerPod::of(&p), live).await?;
         let Some(pod) = pod else {
             return Err(self.refuse(
                 Refusal::PodGone,
                 Status::permission_denied(format!("the pod {pod_name} the token is bound to is gone")),
             ));
         };
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        let Some(node) = pod.node.clone() else {
             return Err(self.refuse(
                 Refusal::PodGone,
                 Status::permission_denied(format!("the pod {pod_name} the token is bound to is not on a node")),
             ));
         };
         // A token that also names a node must name the pod's.
-        if first(NODE_NAME_EXTRA).is_some_and(|n| n != node) {
+        if review.node_name.is_some_and(|n| n != node) {
             return Err(self.refuse(
                 Refusal::WrongNode,
                 Status::permission_denied(format!("the token names another node than pod {pod_name}'s ({node})")),
@@ -373,13 +381,13 @@ impl Inner {
                 )),
             )
         };
-        let Some((scheduler, owner_uid)) = scheduler_of(&pod) else {
+        let Some((scheduler, owner_uid)) = pod.daemonset.clone() else {
             return Err(not_scheduler_pod());
         };
         // The owner reference must be the DaemonSet sked runs for that Scheduler, not a name.
         let owner = |ds: &DaemonSet| ds.metadata.uid.as_deref() == Some(owner_uid.as_str());
         let indexed = self.index.get().and_then(|i| i.daemonset(&scheduler, &self.agent_namespace));
-        let daemonset = self.lookup(indexed, &scheduler, "DaemonSet", owner).await?;
+        let daemonset = self.lookup(indexed, &scheduler, "DaemonSet", |ds: DaemonSet| ds, owner).await?;
         let ours = daemonset.is_some_and(|ds| {
             ds.metadata.uid.as_deref() == Some(owner_uid.as_str())
                 && ds
@@ -413,79 +421,81 @@ impl Reports for ReportsService {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::to_owned)
             .ok_or_else(|| self.0.refuse(Refusal::MissingToken, Status::unauthenticated("missing bearer token")))?;
+        // Counted on its connection while it lives: a connection without streams is closed.
+        let on_connection = request.extensions().get::<Connection>().map(Connection::stream);
         let caller = self.0.authenticate(&token).await?;
         let slot = self.0.open_slot(&caller.node)?;
         self.0.stats.accepted_streams.inc();
         info!(node = %caller.node, pod = %caller.pod, scheduler = %caller.scheduler, "report stream accepted");
-        let node = caller.node.clone();
-
-        let mut inbound = request.into_inner();
-        // Acks, then (when the controller ends the stream) the status that says why: apart, so
-        // each stream's channel holds small acks rather than room for statuses.
-        let (acks_tx, acks_rx) = mpsc::channel::<Ack>(16);
-        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<Status>();
-        let service = Arc::clone(&self.0);
-        let idle = self.0.stale_after;
-        tokio::spawn(async move {
-            let _slot = slot;
-            let lost = crate::leader::lost(service.leader.clone());
-            tokio::pin!(lost);
-            let ending = loop {
-                let next = tokio::select! {
-                    next = tokio::time::timeout(idle, inbound.message()) => match next {
-                        Ok(next) => next,
-                        Err(_) => {
-                            info!(node = %node, ?idle, "no report within the stale limit: closing the report stream");
-                            break Some(Status::deadline_exceeded("no report within the stale limit; reconnect"));
-                        }
-                    },
-                    () = &mut lost => {
-                        info!(node = %node, "lost leadership: closing the report stream");
-                        break Some(Status::unavailable("leadership moved to another replica; reconnect"));
-                    }
-                };
-                let report = match next {
-                    Ok(Some(r)) => r,
-                    Ok(None) => break None,
-                    Err(e) => {
-                        // A broken connection, or a report past the size limit: say why.
-                        debug!(node = %node, code = ?e.code(), err = %e.message(), "report stream ended");
-                        break Some(e);
-                    }
-                };
-                if let Err((refusal, why)) = caller.check(&report) {
-                    break Some(service.refuse(refusal, Status::permission_denied(why)));
-                }
-                service.stats.reports.inc();
-                let sequence = report.sequence;
-                let entry = node_report(&report, Instant::now());
-                for scheduler in service.table.record(&node, entry, service.stale_after) {
-                    debug!(node = %node, scheduler = %scheduler, verdict = Verdict::from_wire(report.verdict).as_str(), "kernel view changed");
-                    let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
-                }
-                // An agent that stops reading acks must not keep the stream past leadership.
-                let acked = tokio::select! {
-                    sent = acks_tx.send(Ack { sequence }) => sent.is_ok(),
-                    () = &mut lost => false,
-                };
-                if !acked {
-                    break None;
-                }
-            };
-            // The status first: the response ends when the acks channel closes, and then says why.
-            if let Some(status) = ending {
-                let _ = end_tx.send(status);
+        // The stream is read as its acks are asked for, in the task that serves it: one task
+        // per stream, not two tasks and a channel between them.
+        let session = Session {
+            inbound: request.into_inner(),
+            caller,
+            service: Arc::clone(&self.0),
+            _slot: slot,
+            _on_connection: on_connection,
+        };
+        let acks = futures::stream::unfold(Some(session), |session| async move {
+            let mut session = session?;
+            match session.next_ack().await {
+                Ok(ack) => Some((Ok(ack), Some(session))),
+                Err(Some(status)) => Some((Err(status), None)),
+                Err(None) => None,
             }
-            drop(acks_tx);
-        });
-        let acks = futures::stream::unfold((acks_rx, Some(end_rx)), |(mut acks, end)| async move {
-            if let Some(ack) = acks.recv().await {
-                return Some((Ok(ack), (acks, end)));
-            }
-            let status = end?.await.ok()?;
-            Some((Err(status), (acks, None)))
         });
         Ok(Response::new(Box::pin(acks)))
+    }
+}
+
+/// One accepted report stream, read report by report as its acks are sent.
+struct Session {
+    inbound: Streaming<Report>,
+    caller: Caller,
+    service: Arc<Inner>,
+    _slot: StreamSlot,
+    _on_connection: Option<OpenStream>,
+}
+
+impl Session {
+    /// Reads and records the next report, and returns its ack; or ends the stream: `Err(None)`
+    /// when the agent closed it, else with the status that says why.
+    async fn next_ack(&mut self) -> Result<Ack, Option<Status>> {
+        let (service, node) = (&self.service, &self.caller.node);
+        let idle = service.stale_after;
+        let mut leader = service.leader.clone();
+        let next = tokio::select! {
+            next = tokio::time::timeout(idle, self.inbound.message()) => match next {
+                Ok(next) => next,
+                Err(_) => {
+                    info!(node = %node, ?idle, "no report within the stale limit: closing the report stream");
+                    return Err(Some(Status::deadline_exceeded("no report within the stale limit; reconnect")));
+                }
+            },
+            _ = leader.wait_for(|leading| !*leading) => {
+                info!(node = %node, "lost leadership: closing the report stream");
+                return Err(Some(Status::unavailable("leadership moved to another replica; reconnect")));
+            }
+        };
+        let report = match next {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err(None),
+            Err(e) => {
+                // A broken connection, or a report past the size limit: say why.
+                debug!(node = %node, code = ?e.code(), err = %e.message(), "report stream ended");
+                return Err(Some(e));
+            }
+        };
+        if let Err((refusal, why)) = self.caller.check(&report) {
+            return Err(Some(service.refuse(refusal, Status::permission_denied(why))));
+        }
+        service.stats.reports.inc();
+        let entry = node_report(&report, Instant::now());
+        for scheduler in service.table.record(node, entry, service.stale_after) {
+            debug!(node = %node, scheduler = %scheduler, verdict = Verdict::from_wire(report.verdict).as_str(), "kernel view changed");
+            let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
+        }
+        Ok(Ack { sequence: report.sequence })
     }
 }
 
@@ -561,12 +571,18 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|e| format!("binding the reports server to {address} (--reports-bind-address): {e}"))?;
+    let idle_after = service.0.stale_after;
     // Handshakes run concurrently, so a slow or silent client does not hold up the others; the
     // certificate is whatever `tls` holds at the time of each handshake.
-    let (tx, rx) = mpsc::channel::<std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>(64);
+    type Incoming = Guarded<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>;
+    let (tx, rx) = mpsc::channel::<std::io::Result<Incoming>>(64);
+    let places = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let accept = tokio::spawn(async move {
         loop {
+            // Bounded connections and handshakes: past either limit, new connections wait in
+            // the accept queue.
+            let Ok(place) = places.clone().acquire_owned().await else { return };
             let tcp = match listener.accept().await {
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
@@ -575,14 +591,13 @@ pub async fn serve(
                     continue;
                 }
             };
-            // Bounded handshakes: past the limit, new connections wait in the accept queue.
             let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 let _permit = permit;
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+                        let _ = tx.send(Ok(Guarded::new(stream, idle_after, place))).await;
                     }
                     Ok(Err(e)) => debug!(err = %e, "reports TLS handshake failed"),
                     Err(_) => debug!("reports TLS handshake timed out"),
@@ -593,6 +608,9 @@ pub async fn serve(
     let incoming = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
     let served = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+        .initial_stream_window_size(Some(WINDOW_BYTES))
+        .initial_connection_window_size(Some(WINDOW_BYTES))
         .add_service(ReportsServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;

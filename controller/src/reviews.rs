@@ -18,50 +18,103 @@ use crate::sync::lock;
 pub const MAX_KEEP_ACCEPTED: Duration = Duration::from_secs(600);
 /// Stay of a refused review.
 pub const KEEP_REFUSED: Duration = Duration::from_secs(60);
-/// Reviews kept at most; the cache is emptied when full.
-const CAPACITY: usize = 20_000;
+/// Accepted reviews kept at most (one per agent, with room); the accepted ones are emptied when
+/// full.
+const ACCEPTED_CAPACITY: usize = 20_000;
+/// Refused reviews kept at most, apart from the accepted ones: junk tokens never push out an
+/// agent's review, and a flood of them costs at most this many entries.
+const REFUSED_CAPACITY: usize = 4_096;
+
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 
 type TokenHash = [u8; 32];
 
-/// TokenReview statuses by token hash.
+/// What a TokenReview said of a token, as far as the reports server reads it (a whole
+/// `TokenReviewStatus`, with its groups and extras, is several times this).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Review {
+    pub authenticated: bool,
+    /// Whether the token is valid for the audience it was reviewed for.
+    pub for_audience: bool,
+    /// Why the API server refused it, as it says.
+    pub error: Option<String>,
+    pub username: String,
+    /// The pod the token is bound to, by name and uid.
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+    /// The node the token names, if any.
+    pub node_name: Option<String>,
+}
+
+impl Review {
+    /// What `status` says of a token reviewed for `audience`.
+    pub fn of(status: TokenReviewStatus, audience: &str) -> Self {
+        let user = status.user.unwrap_or_default();
+        let extra = user.extra.unwrap_or_default();
+        let first = |k: &str| extra.get(k).and_then(|v| v.first()).cloned();
+        Self {
+            authenticated: status.authenticated.unwrap_or(false),
+            for_audience: status.audiences.as_ref().is_some_and(|a| a.iter().any(|a| a == audience)),
+            error: status.error,
+            username: user.username.unwrap_or_default(),
+            pod_name: first(POD_NAME_EXTRA),
+            pod_uid: first(POD_UID_EXTRA),
+            node_name: first(NODE_NAME_EXTRA),
+        }
+    }
+
+    fn accepted(&self) -> bool {
+        self.authenticated && self.for_audience
+    }
+}
+
+/// Reviews by token hash, accepted and refused apart.
 #[derive(Default)]
 pub struct ReviewCache {
-    entries: Mutex<HashMap<TokenHash, (Instant, TokenReviewStatus)>>,
+    accepted: Mutex<HashMap<TokenHash, (Instant, Review)>>,
+    refused: Mutex<HashMap<TokenHash, (Instant, Review)>>,
 }
 
 impl ReviewCache {
     /// The kept review of `token`, if still valid at `now`.
-    pub fn get(&self, token: &str, now: Instant) -> Option<TokenReviewStatus> {
+    pub fn get(&self, token: &str, now: Instant) -> Option<Review> {
         let key = hash(token);
-        let mut entries = lock(&self.entries);
-        match entries.get(&key) {
-            Some((until, status)) if *until > now => Some(status.clone()),
-            Some(_) => {
-                entries.remove(&key);
-                None
+        [&self.accepted, &self.refused].into_iter().find_map(|entries| {
+            let mut entries = lock(entries);
+            match entries.get(&key) {
+                Some((until, review)) if *until > now => Some(review.clone()),
+                Some(_) => {
+                    entries.remove(&key);
+                    None
+                }
+                None => None,
             }
-            None => None,
-        }
+        })
     }
 
     /// Keeps the review of `token` made at `now` (`unix_now` in seconds, for the token's expiry).
-    pub fn put(&self, token: &str, status: &TokenReviewStatus, now: Instant, unix_now: i64) {
-        let keep = if status.authenticated.unwrap_or(false) {
+    pub fn put(&self, token: &str, review: &Review, now: Instant, unix_now: i64) {
+        let (entries, capacity, keep) = if review.accepted() {
             let left = expires_at(token).map_or(MAX_KEEP_ACCEPTED, |exp| {
                 Duration::from_secs(u64::try_from(exp.saturating_sub(unix_now)).unwrap_or(0))
             });
-            left.min(MAX_KEEP_ACCEPTED)
+            (&self.accepted, ACCEPTED_CAPACITY, left.min(MAX_KEEP_ACCEPTED))
         } else {
-            KEEP_REFUSED
+            (&self.refused, REFUSED_CAPACITY, KEEP_REFUSED)
         };
         if keep.is_zero() {
             return;
         }
-        let mut entries = lock(&self.entries);
-        if entries.len() >= CAPACITY {
-            entries.clear();
+        let mut entries = lock(entries);
+        if entries.len() >= capacity {
+            entries.retain(|_, (until, _)| *until > now);
+            if entries.len() >= capacity {
+                entries.clear();
+            }
         }
-        entries.insert(hash(token), (now + keep, status.clone()));
+        entries.insert(hash(token), (now + keep, review.clone()));
     }
 }
 
@@ -88,8 +141,8 @@ mod tests {
         format!("eyJhbGciOiJFUzI1NiJ9.{payload}.c2ln")
     }
 
-    fn status(ok: bool) -> TokenReviewStatus {
-        TokenReviewStatus { authenticated: Some(ok), ..Default::default() }
+    fn status(ok: bool) -> Review {
+        Review { authenticated: ok, for_audience: ok, ..Default::default() }
     }
 
     #[test]
@@ -114,8 +167,59 @@ mod tests {
         let cache = ReviewCache::default();
         let now = Instant::now();
         cache.put("not-a-token", &status(false), now, 1_000);
-        assert_eq!(cache.get("not-a-token", now + Duration::from_secs(59)).and_then(|s| s.authenticated), Some(false));
+        assert_eq!(cache.get("not-a-token", now + Duration::from_secs(59)).map(|r| r.authenticated), Some(false));
         assert!(cache.get("not-a-token", now + KEEP_REFUSED + Duration::from_secs(1)).is_none());
         assert!(cache.get("another", now).is_none());
+    }
+
+    #[test]
+    fn a_flood_of_junk_tokens_never_pushes_out_an_agents_review() {
+        let cache = ReviewCache::default();
+        let now = Instant::now();
+        let agent = jwt(1_000 + 3_600);
+        cache.put(&agent, &status(true), now, 1_000);
+        for i in 0..(REFUSED_CAPACITY * 2 + 1) {
+            cache.put(&format!("junk-{i}"), &status(false), now, 1_000);
+        }
+        assert!(cache.get(&agent, now).is_some_and(|r| r.authenticated));
+        assert!(lock(&cache.refused).len() <= REFUSED_CAPACITY, "the refused ones are bounded");
+    }
+
+    #[test]
+    fn a_review_keeps_what_the_reports_server_reads() {
+        use k8s_openapi::api::authentication::v1::UserInfo;
+        let extra = [
+            (POD_NAME_EXTRA, "rusty-x7k2p"),
+            (POD_UID_EXTRA, "u-1"),
+            (NODE_NAME_EXTRA, "node-a"),
+            ("authentication.kubernetes.io/credential-id", "JTI=1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), vec![v.to_owned()]))
+        .collect();
+        let status = TokenReviewStatus {
+            authenticated: Some(true),
+            audiences: Some(vec!["other".into(), "sked-reports".into()]),
+            user: Some(UserInfo {
+                username: Some("system:serviceaccount:sked-system:sked-agent".into()),
+                groups: Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]),
+                extra: Some(extra),
+                uid: Some("sa-uid".into()),
+            }),
+            error: None,
+        };
+        let review = Review::of(status.clone(), "sked-reports");
+        assert!(review.accepted());
+        assert_eq!(review.username, "system:serviceaccount:sked-system:sked-agent");
+        assert_eq!(review.pod_name.as_deref(), Some("rusty-x7k2p"));
+        assert_eq!(review.pod_uid.as_deref(), Some("u-1"));
+        assert_eq!(review.node_name.as_deref(), Some("node-a"));
+        assert!(!Review::of(status, "another-audience").accepted(), "the audience must be the one reviewed for");
+        let refused = Review::of(
+            TokenReviewStatus { authenticated: Some(false), error: Some("token expired".into()), ..Default::default() },
+            "sked-reports",
+        );
+        assert!(!refused.accepted());
+        assert_eq!(refused.error.as_deref(), Some("token expired"));
     }
 }

@@ -67,6 +67,18 @@ pub async fn tls_handshake(address: SocketAddr, ca_pem: &str) -> Result<()> {
 /// The leaf certificate `address` presents for `name` (offering `alpn`), verified against
 /// `ca_pem` alone.
 pub async fn served_certificate(address: SocketAddr, ca_pem: &str, name: &str, alpn: &[&[u8]]) -> Result<Vec<u8>> {
+    let tls = tls_connect(address, ca_pem, name, alpn).await?;
+    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate")?;
+    Ok(leaf.as_ref().to_vec())
+}
+
+/// A TLS connection to `address` as `name` (offering `alpn`), trusting `ca_pem` alone.
+pub async fn tls_connect(
+    address: SocketAddr,
+    ca_pem: &str,
+    name: &str,
+    alpn: &[&[u8]],
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -80,9 +92,7 @@ pub async fn served_certificate(address: SocketAddr, ca_pem: &str, name: &str, a
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(address).await?;
-    let tls = connector.connect(rustls::pki_types::ServerName::try_from(name.to_owned())?, tcp).await?;
-    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no certificate")?;
-    Ok(leaf.as_ref().to_vec())
+    Ok(connector.connect(rustls::pki_types::ServerName::try_from(name.to_owned())?, tcp).await?)
 }
 
 /// The `sked-agent` binary of this workspace (see [`workspace_binary`]).

@@ -514,6 +514,31 @@ async fn the_reports_server_bounds_streams_messages_and_token_reviews() -> Resul
 }
 
 #[tokio::test]
+async fn a_connection_that_opens_no_stream_is_closed_after_the_stale_limit() -> Result<()> {
+    use tokio::io::AsyncReadExt;
+    let s = setup("idle-connection").await?;
+    let port: u16 = s.controller.rsplit(':').next().and_then(|p| p.parse().ok()).context("the reports port")?;
+    let ca = std::fs::read_to_string(&s.tls.ca)?;
+    let mut idle = sked_tests::agents::tls_connect(([127, 0, 0, 1], port).into(), &ca, "localhost", &[b"h2"]).await?;
+    let opened = std::time::Instant::now();
+    // It never sends the HTTP/2 preface, let alone a stream: the server hangs up on it.
+    let mut buf = [0u8; 64];
+    let read_until_closed = async {
+        loop {
+            match idle.read(&mut buf).await {
+                Ok(0) | Err(_) => return opened.elapsed(),
+                Ok(_) => {} // the server's HTTP/2 preface
+            }
+        }
+    };
+    let closed = tokio::time::timeout(STALE_AFTER * 10, read_until_closed)
+        .await
+        .map_err(|_| anyhow::anyhow!("the server kept a connection without a stream for {:?}", STALE_AFTER * 10))?;
+    eprintln!("measured: a connection without a stream closed after {closed:?} (limit {STALE_AFTER:?})");
+    Ok(())
+}
+
+#[tokio::test]
 async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() -> Result<()> {
     use sked_controller::kernel::KernelTable;
     use sked_controller::metrics::ReportStats;
