@@ -102,7 +102,9 @@ pub struct ControllerFlags {
 
     /// A node whose agent has not reported for this long counts as ReportStale. A new leader
     /// keeps each Scheduler's KernelAttached condition as it found it while nodes without a
-    /// report are all it lacks, for this long (at least one heartbeat) or until every node reported.
+    /// report are all it lacks, for this long (at least one heartbeat; up to twice as long while
+    /// agents are still reconnecting) or until every node reported. A reports connection that
+    /// carries no stream this long is closed.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub report_stale_after: Duration,
 

@@ -45,6 +45,9 @@ pub struct KernelTable {
     /// labels follow verdicts), and a wake-up for whoever takes them.
     changed_nodes: Mutex<BTreeSet<String>>,
     verdicts: tokio::sync::Notify,
+    /// When a node was last heard from for the first time since the table was cleared: agents
+    /// coming back to a new leader.
+    last_arrival: Mutex<Option<Instant>>,
 }
 
 impl KernelTable {
@@ -66,6 +69,9 @@ impl KernelTable {
             .get(node)
             .is_some_and(|p| p.exit_recorded && same_exit(p.last_exit.as_ref(), report.last_exit.as_ref()));
         let previous = nodes.insert(node.to_owned(), report.clone());
+        if previous.is_none() {
+            *lock(&self.last_arrival) = Some(report.received);
+        }
         if previous.as_ref().is_none_or(|p| p.verdict != report.verdict || p.stale) {
             lock(&self.changed_nodes).insert(node.to_owned());
             self.verdicts.notify_one();
@@ -73,6 +79,7 @@ impl KernelTable {
         match previous {
             Some(p)
                 if p.scheduler == report.scheduler
+                    && p.pod == report.pod
                     && p.verdict == report.verdict
                     && p.reason == report.reason
                     && p.last_exit == report.last_exit
@@ -121,6 +128,19 @@ impl KernelTable {
         }
     }
 
+    /// Forgets every report: a new leadership term hears the agents afresh (what this replica
+    /// heard in an earlier term is old, and would read as stale reports of every node).
+    pub fn clear(&self) {
+        lock(&self.nodes).clear();
+        lock(&self.changed_nodes).clear();
+        *lock(&self.last_arrival) = None;
+    }
+
+    /// When a node was last heard from for the first time since the table was cleared.
+    pub fn last_arrival(&self) -> Option<Instant> {
+        *lock(&self.last_arrival)
+    }
+
     /// Drops a node's report: what it said is about a kernel the node no longer runs.
     pub fn forget(&self, node: &str) {
         lock(&self.nodes).remove(node);
@@ -165,6 +185,25 @@ pub struct KernelSummary {
     pub last_exit: Option<KernelExit>,
     /// Ejections whose event this controller has not recorded yet, oldest first.
     pub ejections: Vec<KernelExit>,
+}
+
+/// How much longer a new leader gives agents to report before it judges a node that has not:
+/// `grace` from the start of its term (`term_age` ago), and while agents are still coming back
+/// (a node was first heard from less than a `heartbeat` ago, `since_arrival`), one heartbeat
+/// more at a time, up to twice `grace`. A reconnect storm that outlasts the grace (a slow API
+/// server reviewing thousands of tokens) does not turn the nodes still queued into changes.
+pub fn grace_left(
+    term_age: Duration,
+    grace: Duration,
+    heartbeat: Duration,
+    since_arrival: Option<Duration>,
+) -> Duration {
+    if term_age < grace {
+        return grace - term_age;
+    }
+    let arriving = since_arrival.is_some_and(|since| since < heartbeat);
+    let limit = grace.saturating_mul(2);
+    if arriving && term_age < limit { heartbeat.min(limit - term_age) } else { Duration::ZERO }
 }
 
 impl KernelSummary {
@@ -375,6 +414,38 @@ mod tests {
         let later = now + STALE + Duration::from_secs(1);
         assert_eq!(t.record("a", report("s2", Verdict::Attached, later), STALE), vec!["s2"]);
         assert_eq!(t.read(|nodes| nodes["a"].scheduler.clone()), "s2");
+        // A new pod of the same Scheduler reporting the same: its rollout waits for that pod.
+        let replaced = NodeReport { pod: "p2".into(), ..report("s2", Verdict::Attached, later) };
+        assert_eq!(t.record("a", replaced.clone(), STALE), vec!["s2"]);
+        assert!(t.record("a", replaced, STALE).is_empty());
+    }
+
+    #[test]
+    fn a_new_leader_waits_its_grace_and_longer_while_agents_still_arrive() {
+        let (grace, beat) = (Duration::from_secs(30), Duration::from_secs(10));
+        let s = Duration::from_secs;
+        assert_eq!(grace_left(s(0), grace, beat, None), s(30));
+        assert_eq!(grace_left(s(12), grace, beat, Some(s(1))), s(18), "the grace first");
+        assert_eq!(grace_left(s(30), grace, beat, None), Duration::ZERO, "nobody came back: judged");
+        assert_eq!(grace_left(s(31), grace, beat, Some(s(11))), Duration::ZERO, "arrivals stopped");
+        assert_eq!(grace_left(s(31), grace, beat, Some(s(2))), s(10), "still arriving: a heartbeat more");
+        assert_eq!(grace_left(s(55), grace, beat, Some(s(0))), s(5), "never past twice the grace");
+        assert_eq!(grace_left(s(60), grace, beat, Some(s(0))), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_cleared_table_knows_no_node() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        assert_eq!(t.last_arrival(), Some(now), "a node new to the table arrived");
+        t.record("a", report("s", Verdict::Attached, now + STALE), STALE);
+        assert_eq!(t.last_arrival(), Some(now), "a known node's report is no arrival");
+        t.clear();
+        assert_eq!(t.last_arrival(), None);
+        assert!(t.read(|nodes| nodes.is_empty()));
+        assert!(t.take_changed().is_empty());
+        assert!(t.expire(now + STALE * 2, STALE).is_empty(), "nothing left to go stale");
     }
 
     #[test]

@@ -33,13 +33,17 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Leader from the start (no election: a single replica, or tests).
-    pub fn always() -> Self {
+    /// Leader from the start (no election: a single replica, or tests). `on_gain` runs once,
+    /// before any reader sees `true`.
+    pub fn always(on_gain: impl Fn()) -> Self {
+        on_gain();
         let (tx, rx) = watch::channel(true);
         Self { rx, tx, forward: Mutex::new(None), task: Mutex::new(None) }
     }
 
-    /// Campaigns for the Lease `name` in `namespace` as `identity`.
+    /// Campaigns for the Lease `name` in `namespace` as `identity`. `on_gain` runs each time
+    /// leadership is gained, before any reader sees `true`: what a term starts from is in place
+    /// before the first reconcile or report stream of that term.
     pub async fn elect(
         client: Client,
         namespace: &str,
@@ -47,6 +51,7 @@ impl Leadership {
         identity: &str,
         lease_duration: Duration,
         renew_grace: Duration,
+        on_gain: impl Fn() + Send + 'static,
     ) -> kube_lease_manager::Result<Self> {
         let manager = LeaseManagerBuilder::new(client, name)
             .with_namespace(namespace)
@@ -57,11 +62,20 @@ impl Leadership {
             .build()
             .await?;
         let (mut manager_rx, task) = manager.watch().await;
-        let (tx, rx) = watch::channel(*manager_rx.borrow_and_update());
+        let leading = *manager_rx.borrow_and_update();
+        if leading {
+            on_gain();
+        }
+        let (tx, rx) = watch::channel(leading);
         let forward_tx = tx.clone();
         let forward = tokio::spawn(async move {
+            let mut was = leading;
             while manager_rx.changed().await.is_ok() {
                 let leading = *manager_rx.borrow_and_update();
+                if leading && !was {
+                    on_gain();
+                }
+                was = leading;
                 forward_tx.send_replace(leading);
             }
             forward_tx.send_replace(false);

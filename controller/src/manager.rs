@@ -229,8 +229,17 @@ async fn control(
         info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
         let _ = ready.send(true);
 
-        let leadership = elect(client, flags, &instance).await?;
         let kernel = Arc::new(KernelTable::default());
+        // A term starts from what the API server says and what agents report to it, not from
+        // what an earlier term of this replica wrote or heard.
+        let term = {
+            let (memo, kernel) = (memo.clone(), kernel.clone());
+            move || {
+                memo.new_term();
+                kernel.clear();
+            }
+        };
+        let leadership = elect(client, flags, &instance, term).await?;
         let ctx = Arc::new(Context {
             limiter: TokenBucket::new(
                 flags.reconcile_rate_limit_qps,
@@ -308,9 +317,14 @@ async fn until(stop: Stop, part: impl Future<Output = ()>) -> Result<(), BoxErro
 }
 
 /// Campaigns for the leader Lease, or leads from the start without election.
-async fn elect(client: &Client, flags: &ControllerFlags, instance: &str) -> Result<Leadership, BoxError> {
+async fn elect(
+    client: &Client,
+    flags: &ControllerFlags,
+    instance: &str,
+    on_gain: impl Fn() + Send + 'static,
+) -> Result<Leadership, BoxError> {
     if !flags.leader_elect {
-        return Ok(Leadership::always());
+        return Ok(Leadership::always(on_gain));
     }
     let identity = format!("{}_{:x}", instance, jiff::Timestamp::now().as_nanosecond() as u64);
     Leadership::elect(
@@ -320,6 +334,7 @@ async fn elect(client: &Client, flags: &ControllerFlags, instance: &str) -> Resu
         &identity,
         flags.leader_election_lease_duration,
         flags.leader_election_renew_grace,
+        on_gain,
     )
     .await
     .map_err(|e| {
@@ -437,13 +452,10 @@ async fn reconcile_loop(
     leader: watch::Receiver<bool>,
     stop: Stop,
 ) -> Result<(), BoxError> {
-    // A new term starts from what the API server says, not from what an earlier term wrote.
-    // (The leader metric is set here too, so no reconcile of the new term runs before it says so.)
-    let (memo, metrics) = (ctx.memo.clone(), ctx.metrics.clone());
-    let gained = leadership_gained(leader).map(move |()| {
-        memo.new_term();
-        metrics.set_leader(true);
-    });
+    // The leader metric is set here, so no reconcile of the new term runs before it says so (the
+    // term itself started before leadership was published: see `elect`).
+    let metrics = ctx.metrics.clone();
+    let gained = leadership_gained(leader).map(move |()| metrics.set_leader(true));
     // The index feeds trigger every change of a Scheduler itself (after the arbiter saw it), of
     // its DaemonSet and of its pods, so the Controller's own trigger stream stays empty.
     Controller::for_shared_stream(futures::stream::pending(), index.store())

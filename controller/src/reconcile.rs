@@ -257,9 +257,12 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     // Early in a leadership term the table holds only the agents that reconnected so far. While
     // nodes without a report are the only thing short of the condition found, keep it as it was:
     // until every node reported, or until a silent node would be stale anyway
-    // (`--report-stale-after`, at least one heartbeat). A reported problem is news at once.
-    let grace = ctx.flags.report_stale_after.max(ctx.flags.agent_heartbeat_interval);
-    let grace_left = grace.saturating_sub(ctx.memo.term_age());
+    // (`--report-stale-after`, at least one heartbeat), longer while agents are still coming
+    // back. A reported problem is news at once.
+    let heartbeat = ctx.flags.agent_heartbeat_interval;
+    let grace = ctx.flags.report_stale_after.max(heartbeat);
+    let since_arrival = ctx.kernel.last_arrival().map(|t| now.saturating_duration_since(t));
+    let grace_left = kernel::grace_left(ctx.memo.term_age(), grace, heartbeat, since_arrival);
     kernel.settled = !kernel.awaits_reports(scheduled.len(), grace_left);
     // Each ejection is recorded once. A new leader hears every node's last exit again: one from
     // before its term may have been recorded by the previous leader, which its events say.

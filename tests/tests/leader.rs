@@ -212,6 +212,140 @@ fn webhook_cert(dir: &Path) -> Result<sked_tests::pki::TestCa> {
     Ok(ca)
 }
 
+/// Stands in for the reports Service, which selects the leader's pod: each connection goes to
+/// the reports port of the controller that holds the lease when it arrives (`replicas`: name
+/// and reports port). Returns the port agents dial.
+async fn leader_service(fx: &Fixture, replicas: Vec<(&'static str, u16)>) -> Result<u16> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let port = listener.local_addr()?.port();
+    let client = fx.client.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let (client, replicas) = (client.clone(), replicas.clone());
+            tokio::spawn(async move {
+                let leases: Api<Lease> = Api::namespaced(client, "sked-system");
+                let holder = leases.get_opt(LEASE).await.ok().flatten().and_then(|l| l.spec?.holder_identity);
+                let Some((_, port)) =
+                    replicas.iter().find(|(name, _)| holder.as_deref().is_some_and(|h| h.starts_with(name)))
+                else {
+                    return; // no leader: the connection closes, as with a Service without endpoints
+                };
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", *port)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// A Scheduler's conditions as they read: type, status, reason, message, last transition.
+fn conditions(s: &sked_controller::Scheduler) -> Vec<(String, String, String, String, String)> {
+    let conditions = s.status.as_ref().map(|st| st.conditions.clone()).unwrap_or_default();
+    conditions
+        .into_iter()
+        .map(|c| (c.type_, c.status, c.reason, c.message, format!("{:?}", c.last_transition_time)))
+        .collect()
+}
+
+#[tokio::test]
+async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_records_no_event() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    let dir = tempfile::tempdir()?;
+    webhook_cert(dir.path())?;
+    let tls = ReportsTls::generate(dir.path())?;
+    let (port_a, port_b) = (free_port()?, free_port()?);
+    let flags = |port: u16| {
+        vec![
+            format!("--reports-bind-address=127.0.0.1:{port}"),
+            format!("--reports-cert-file={}", tls.cert.display()),
+            format!("--reports-key-file={}", tls.key.display()),
+            "--agent-heartbeat-interval=1s".to_owned(),
+            // Room for the lease to run out and every agent to come back, then judged.
+            "--report-stale-after=20s".to_owned(),
+        ]
+    };
+    let mut first = ControllerProcess::start_with(&fx, dir.path(), "steady-a", &flags(port_a))?;
+    wait_for("steady-a to hold the lease", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("steady-a"))) })
+        .await?;
+    let second = ControllerProcess::start_with(&fx, dir.path(), "steady-b", &flags(port_b))?;
+    let service = leader_service(&fx, vec![("steady-a", port_a), ("steady-b", port_b)]).await?;
+
+    let nodes = ["k-1", "k-2", "k-3"];
+    for node in nodes {
+        fx.create_node(node, &[("pool", "k")]).await?;
+    }
+    fx.create_scheduler("kept", spec_on("ghcr.io/schedkit/scx_rusty:v1", &[("pool", "k")])).await?;
+    let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "kept", nodes.len()).await?;
+    let endpoint = format!("https://localhost:{service}");
+    let mut agents = Vec::new();
+    for (node, pod) in &pods {
+        AgentProcess::preset_kernel(dir.path(), node, "enabled", Some("rusty"), 1)?;
+        let reports = sked_tests::agents::ReportsEndpoint { address: &endpoint, ca: &tls.ca, server_name: None };
+        agents.push(AgentProcess::for_pod(&fx.client, &fx.namespace, dir.path(), pod, "kept", &reports).await?);
+    }
+    let attached = |s: &sked_controller::Scheduler| {
+        sked_tests::has_condition(s, "KernelAttached", "True", "KernelAttached")
+            && s.status.as_ref().is_some_and(|st| st.kernel_attached == 3)
+    };
+    let before = fx.wait_scheduler("kept", "every node attached", attached).await?;
+    let conditions_before = conditions(&before);
+    let events_before = fx.scheduler_events("kept").await?;
+
+    // SIGKILL: the lease is left to run out, every agent's stream breaks.
+    first.child.kill()?;
+    let _ = first.child.wait();
+    let killed = Instant::now();
+    let accepted = |c: &ControllerProcess| -> Result<f64> {
+        Ok(c.scrape()?
+            .lines()
+            .filter_map(|l| l.strip_prefix("sked_report_streams_accepted_total "))
+            .filter_map(|v| v.parse::<f64>().ok())
+            .sum())
+    };
+    wait_for("every agent accepted by steady-b", || async { Ok((accepted(&second)? >= 3.0).then_some(())) }).await?;
+    eprintln!("measured: leader killed -> every agent accepted by the new leader: {:?}", killed.elapsed());
+
+    // Judged after the new leader's grace: a reconcile of the Scheduler that starts once the
+    // grace is over (an annotation poke) sees every node reported.
+    let b_lines = second.lines()?;
+    let leading = b_lines
+        .iter()
+        .find(|l| l["msg"] == "leading: reconciling Schedulers")
+        .and_then(|l| l["time"].as_str()?.parse::<jiff::Timestamp>().ok())
+        .context("steady-b says when it started leading")?;
+    let grace_over = leading + jiff::SignedDuration::from_secs(20);
+    wait_for("steady-b's grace for the agents to be over", || async {
+        Ok((jiff::Timestamp::now() > grace_over).then_some(()))
+    })
+    .await?;
+    let reconciles = |c: &ControllerProcess| -> Result<f64> {
+        Ok(c.scrape()?
+            .lines()
+            .filter(|l| l.starts_with("sked_reconciles_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum())
+    };
+    let reconciled = reconciles(&second)?;
+    let poke = serde_json::json!({"metadata": {"annotations": {"test.sked/poke": "1"}}});
+    fx.schedulers().patch("kept", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&poke)).await?;
+    wait_for("steady-b to reconcile the poked Scheduler", || async {
+        Ok((reconciles(&second)? > reconciled).then_some(()))
+    })
+    .await?;
+
+    let after = fx.schedulers().get("kept").await?;
+    assert_eq!(conditions(&after), conditions_before, "no condition moved");
+    assert_eq!(fx.scheduler_events("kept").await?, events_before, "no event recorded");
+    assert!(
+        !second.writes()?.iter().any(|l| l["msg"] == "state changed"),
+        "the new leader saw no change of state: {:?}",
+        second.writes()?
+    );
+    drop(agents);
+    Ok(())
+}
+
 #[tokio::test]
 async fn sigterm_releases_the_lease_at_once_and_exits_with_streams_open() -> Result<()> {
     let fx = Fixture::without_controller().await?;
