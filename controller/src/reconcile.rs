@@ -182,7 +182,10 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     let mut requeue: Option<Duration> = None;
     let daemonset = match (&wanted, placement.wants_daemonset()) {
         (Some((_, image)), true) if failed.is_none() => {
-            let desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
+            let mut desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
+            if let Some(key) = ctx.trust.admission_key(&scheduler.spec.sched, &scheduler.spec.pull_secret_names()) {
+                desired.annotations_mut().insert(workload::ADMITTED_ANNOTATION.to_owned(), key);
+            }
             let hash = object_hash(&desired);
             let live = ctx.index.daemonset(&name, namespace);
             // Applied before, unchanged since (nobody edited its spec): nothing to write.
@@ -351,7 +354,9 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
 /// secrets, trust policy) are the same and, for a tag, until `--image-recheck-interval` says to
 /// resolve it again: an idle Scheduler costs no registry request. When that recheck cannot
 /// reach the registry (or the trust root), the digest verified before stays admitted and the
-/// recheck is tried again within a minute. Returns when to recheck.
+/// recheck is tried again within a minute; so does the digest a DaemonSet runs for the same
+/// inputs (its admission annotation), which a new leader finds without having verified it
+/// itself. Returns when to recheck.
 async fn admit(
     ctx: &Context,
     scheduler: &Scheduler,
@@ -367,17 +372,26 @@ async fn admit(
         return (Ok(kept.admitted.clone()), kept.recheck_at);
     }
     let result = ctx.trust.admit(&ctx.client, &scheduler.spec.sched, &secrets).await;
-    ctx.metrics.verified("reconcile", crate::trust::outcome_label(&result));
     let interval = ctx.flags.image_recheck_interval;
+    let kept = match (&result, kept) {
+        (Err(e), kept) if e.is_transient() => kept.or_else(|| {
+            let admitted = deployed_admission(ctx, scheduler, &secrets)?;
+            Some(crate::memo::Admission { inputs: inputs.clone(), admitted, recheck_at: None })
+        }),
+        _ => None,
+    };
     let mut admissions = lock(&ctx.memo.admissions);
     match (result, kept) {
         (Ok(admitted), _) => {
+            ctx.metrics.verified("reconcile", admitted.outcome.metric_label());
             let recheck_at = admitted.from_tag.then(|| now + interval);
             let admission = crate::memo::Admission { inputs, admitted: admitted.clone(), recheck_at };
             admissions.insert(uid.to_owned(), admission);
             (Ok(admitted), recheck_at)
         }
-        (Err(e), Some(mut kept)) if e.is_transient() => {
+        (Err(e), Some(mut kept)) => {
+            // Not a refusal: said apart, so an outage is not counted as a failed verification.
+            ctx.metrics.verified("reconcile", KEPT_UNREACHABLE);
             warn!(image = %scheduler.spec.sched, err = %e, kept = %kept.admitted.image,
                 "could not resolve the image again; the digest verified before stays deployed");
             let recheck_at = Some(now + interval.min(Duration::from_secs(60)));
@@ -386,11 +400,31 @@ async fn admit(
             admissions.insert(uid.to_owned(), kept);
             (Ok(admitted), recheck_at)
         }
-        (Err(e), _) => {
+        (Err(e), None) => {
+            ctx.metrics.verified("reconcile", e.metric_label());
             admissions.remove(uid);
             (Err(e), None)
         }
     }
+}
+
+/// The metric outcome of a recheck that could not reach the registry (or the trust root) while
+/// a digest admitted before stays deployed.
+const KEPT_UNREACHABLE: &str = "kept_registry_unreachable";
+
+/// The digest the Scheduler's DaemonSet runs, when the DaemonSet says it was admitted for the
+/// inputs the Scheduler has now (its image reference and pull secrets, and the policy rule).
+fn deployed_admission(ctx: &Context, scheduler: &Scheduler, secrets: &[String]) -> Option<crate::trust::Admitted> {
+    let key = ctx.trust.admission_key(&scheduler.spec.sched, secrets)?;
+    let ds = ctx.index.daemonset(&scheduler.name_any(), &ctx.settings.namespace)?;
+    (ds.annotations().get(workload::ADMITTED_ANNOTATION) == Some(&key)).then_some(())?;
+    let scx = ds.spec.template.spec.as_ref()?.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER)?;
+    let image = scx.image.clone().filter(|i| i.contains("@sha256:"))?;
+    Some(crate::trust::Admitted {
+        image,
+        outcome: crate::trust::Outcome::Cached,
+        from_tag: !scheduler.spec.sched.contains("@sha256:"),
+    })
 }
 
 /// A hash of an object as it would be sent.

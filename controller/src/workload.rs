@@ -72,6 +72,11 @@ pub struct AgentSettings {
 pub const OWNER_LABEL: &str = "sked.schedkit.io/scheduler";
 /// The pod label naming the revision a pod runs (see [`revision`]).
 pub const REVISION_LABEL: &str = "sked.schedkit.io/revision";
+/// The DaemonSet annotation holding the admission key (`Trust::admission_key`) of the image its
+/// template runs: a leader that cannot reach the registry keeps a digest admitted for the same
+/// inputs instead of calling the Scheduler degraded. On the DaemonSet, not its pods: writing it
+/// restarts nothing.
+pub const ADMITTED_ANNOTATION: &str = "sked.schedkit.io/admitted";
 
 /// The revision of a Scheduler's pods: a short hash of what the Scheduler's spec puts into them
 /// (image, args, env, resources, expected ops, priority class, pull secrets, tolerations).

@@ -373,7 +373,7 @@ async fn a_tag_moved_to_an_unsigned_image_keeps_the_old_daemonset() -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_registry_keeps_the_verified_digest_without_degrading() -> Result<()> {
-    let (fx, world, _dir, _) = start(true).await?;
+    let (mut fx, world, _dir, flags) = start(true).await?;
     let image = world.push("keyed/steady", "v1", "steady")?;
     world.sign_with_key(&image)?;
     apply_ok(&fx, &scheduler_yaml("steady", &format!("{}/keyed/steady:v1", world.host)))?;
@@ -385,7 +385,7 @@ async fn a_stopped_registry_keeps_the_verified_digest_without_degrading() -> Res
     fx.schedulers().patch("steady", &PatchParams::default(), &Patch::Merge(&patch)).await?;
     // ...and the reconciler, which cannot resolve the tag again, keeps the digest it verified
     // (the edit goes out with it) and does not call the Scheduler degraded. The failed recheck
-    // is counted.
+    // is counted apart from refusals.
     wait_for("the edit deployed with the verified digest", || async {
         let ds = fx.daemonsets().get("steady").await?;
         let scx = ds.spec.template.spec.and_then(|p| p.containers.into_iter().find(|c| c.name == "scx"));
@@ -394,14 +394,27 @@ async fn a_stopped_registry_keeps_the_verified_digest_without_degrading() -> Res
         Ok((args == ["--slice-us=5000"] && deployed.as_deref() == Some(image.as_str())).then_some(()))
     })
     .await?;
-    wait_for("a failed recheck counted", || async {
-        let metrics = fx.scrape_metrics().await?;
-        let line = "sked_image_verifications_total{caller=\"reconcile\",outcome=\"registry_unreachable\"}";
-        Ok(metrics.lines().any(|l| l.starts_with(line)).then_some(()))
+    let kept = "sked_image_verifications_total{caller=\"reconcile\",outcome=\"kept_registry_unreachable\"}";
+    let counted = |metrics: &str| metrics.lines().any(|l| l.starts_with(kept) && !l.ends_with(" 0"));
+    wait_for("a failed recheck counted", || async { Ok(counted(&fx.scrape_metrics().await?).then_some(())) }).await?;
+    let s = fx.schedulers().get("steady").await?;
+    assert!(has_condition(&s, "Degraded", "False", "AsExpected"), "{:?}", s.status);
+
+    // A new leader (a restarted controller) has verified nothing itself, and the registry is
+    // still down: the DaemonSet says its digest was admitted for this image, these pull secrets
+    // and this policy rule, so that digest stays and the Scheduler is not degraded either.
+    let generation = fx.daemonsets().get("steady").await?.metadata.generation;
+    fx.stop_controller().await;
+    fx.start_controller(flags)?;
+    wait_for("the new controller's recheck kept the digest", || async {
+        Ok(counted(&fx.scrape_metrics().await?).then_some(()))
     })
     .await?;
     let s = fx.schedulers().get("steady").await?;
     assert!(has_condition(&s, "Degraded", "False", "AsExpected"), "{:?}", s.status);
+    assert_eq!(s.status.as_ref().and_then(|st| st.resolved_image.clone()), Some(image.clone()));
+    assert_eq!(fx.daemonsets().get("steady").await?.metadata.generation, generation, "the DaemonSet is unchanged");
+    assert_eq!(daemonset_image(&fx, "steady").await?, Some(image.clone()));
     // A new Scheduler is refused with the registry named, not called unsigned.
     let err = apply_refused(&fx, &scheduler_yaml("newcomer", &format!("{}/keyed/steady:v1", world.host)))?;
     assert!(err.contains("cannot reach the registry") && !err.contains("signature"), "{err}");

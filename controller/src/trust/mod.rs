@@ -167,6 +167,25 @@ impl Trust {
         Self { policy, settings, root: tokio::sync::Mutex::new(None), verified: Mutex::new(HashSet::new()) }
     }
 
+    /// A short hash of what an admission of `image` depends on: the reference as written, the
+    /// pull secrets' names, and the policy rule that governs its repository (its pattern and
+    /// requirement, not its place in the file). `None` when no rule allows the repository.
+    /// Recorded with what was deployed, it tells a later leader that cannot reach the registry
+    /// whether the digest it finds was admitted for the same inputs.
+    pub fn admission_key(&self, image: &str, pull_secrets: &[String]) -> Option<String> {
+        let loaded = self.policy();
+        let parsed = ImageRef::parse(image).ok()?;
+        let rule = loaded.policy.rule_for(&parsed.repository)?;
+        let requirement = match &rule.requirement {
+            Requirement::Keyless { issuer, identity } => format!("keyless {issuer} {identity}"),
+            Requirement::PublicKey { pem } => format!("key {}", pem.trim()),
+            Requirement::Unsigned => "unsigned".to_owned(),
+        };
+        let inputs = [image, &pull_secrets.join(","), &rule.repository, &requirement].join("\n");
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, inputs.as_bytes());
+        Some(digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect())
+    }
+
     /// The policy currently in force.
     pub fn policy(&self) -> Arc<LoadedPolicy> {
         self.policy.borrow().clone()
