@@ -236,14 +236,20 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
             if !ctx.leading() {
                 return Ok(Action::await_change());
             }
-            match daemonsets.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => {
-                    info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
+            // Nothing to delete (none seen, none applied in this term): no write, so a Scheduler
+            // that owns no node costs nothing when it is reconciled again.
+            let present =
+                ctx.index.daemonset(&name, namespace).is_some() || lock(&ctx.memo.applied).contains_key(&name);
+            if present {
+                match daemonsets.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => {
+                        info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(source) => return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name, source }),
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name, source }),
+                lock(&ctx.memo.applied).remove(&name);
             }
-            lock(&ctx.memo.applied).remove(&name);
             None
         }
     };

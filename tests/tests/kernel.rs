@@ -670,6 +670,13 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
     })
     .await?;
 
+    // And a younger one on the same nodes: it owns none of them, so it has no DaemonSet.
+    s.fx.create_scheduler("zz-outranked", spec_on(IMAGE, &[("pool", "k")])).await?;
+    s.fx.wait_scheduler("zz-outranked", "its status written", |sch| {
+        sch.status.as_ref().is_some_and(|st| st.observed_generation.is_some())
+    })
+    .await?;
+
     // Idle: the agents keep reporting (a heartbeat a second each) and nothing changes.
     let writes = s.fx.apiserver_writes()?;
     let checks = s.fx.metric_total("sked_image_verifications_total").await?;
@@ -685,13 +692,29 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
         "no reconcile while idle (the tainted one neither)"
     );
 
+    // Reconciled again (as a tag recheck does), the Scheduler without a DaemonSet deletes none:
+    // there is nothing to delete, so nothing is written.
+    let poke = serde_json::json!({"metadata": {"annotations": {"test.sked/poke": "1"}}});
+    s.fx.schedulers()
+        .patch("zz-outranked", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&poke))
+        .await?;
+    wait_for("zz-outranked reconciled again", || async {
+        Ok((s.fx.metric_total("sked_reconciles_total").await? > reconciles).then_some(()))
+    })
+    .await?;
+    let poked = s.fx.apiserver_writes()?;
+    let daemonset_writes = |w: &std::collections::BTreeMap<(String, String, String), u64>| -> u64 {
+        w.iter().filter(|((resource, _, _), _)| resource == "daemonsets").map(|(_, n)| n).sum()
+    };
+    assert_eq!(daemonset_writes(&poked), daemonset_writes(&writes), "no DaemonSet write for a Scheduler without one");
+
     // A kernel report that changes something changes the status, and nothing else.
     a1.set_kernel("disabled", None, 1)?;
     s.wait_kernel("k-1 detached", 1, "NotAttached").await?;
     a1.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 2)?;
     s.wait_kernel("k-1 back", 2, "KernelAttached").await?;
     let after = s.fx.apiserver_writes()?;
-    let changed: Vec<_> = after.iter().filter(|(k, v)| writes.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
+    let changed: Vec<_> = after.iter().filter(|(k, v)| poked.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
     assert!(
         changed
             .iter()
