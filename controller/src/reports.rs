@@ -560,6 +560,18 @@ pub(crate) async fn expire_stale_reports(
     }
 }
 
+/// Connections the kernel queues for the reports server before it accepts them (capped by
+/// `net.core.somaxconn`): room for a fleet's reconnect burst.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket on `address` with a listen queue of `LISTEN_BACKLOG`.
+fn listen(address: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serves the reports service over TLS until `shutdown` resolves.
 pub async fn serve(
     service: ReportsService,
@@ -568,8 +580,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), BoxError> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config(&[b"h2"])?);
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
+    let listener = listen(address)
         .map_err(|e| format!("binding the reports server to {address} (--reports-bind-address): {e}"))?;
     let idle_after = service.0.stale_after;
     // Handshakes run concurrently, so a slow or silent client does not hold up the others; the
@@ -580,8 +591,10 @@ pub async fn serve(
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let accept = tokio::spawn(async move {
         loop {
-            // Bounded connections and handshakes: past either limit, new connections wait in
-            // the accept queue.
+            // Bounded connections: past the limit, new ones wait in the listen queue. Below it a
+            // connection is taken at once and waits for its handshake turn here, in order: a
+            // whole fleet reconnecting after a failover does not overflow the listen queue,
+            // where a dropped SYN is retried only after seconds.
             let Ok(place) = places.clone().acquire_owned().await else { return };
             let tcp = match listener.accept().await {
                 Ok((tcp, _)) => tcp,
@@ -591,10 +604,9 @@ pub async fn serve(
                     continue;
                 }
             };
-            let Ok(permit) = handshakes.clone().acquire_owned().await else { return };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            let (acceptor, tx, handshakes) = (acceptor.clone(), tx.clone(), handshakes.clone());
             tokio::spawn(async move {
-                let _permit = permit;
+                let Ok(_permit) = handshakes.acquire_owned().await else { return };
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(Guarded::new(stream, idle_after, place))).await;
