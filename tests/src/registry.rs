@@ -156,6 +156,13 @@ impl TestRegistry {
         log.lines().filter(|l| l.contains("response completed")).count()
     }
 
+    /// Requests answered so far for the registry path `path` (e.g. `/v2/<repository>/manifests/<tag>`).
+    pub fn requests_to(&self, path: &str) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
+        let uri = format!("http.request.uri=\"{path}\"");
+        log.lines().filter(|l| l.contains("response completed") && l.contains(&uri)).count()
+    }
+
     /// Tags of a repository.
     pub fn tags(&self, repository: &str) -> Result<Vec<String>> {
         let out = run(Command::new(tool("crane")).args(["ls", "--insecure", &format!("{}/{repository}", self.host)]))?;
