@@ -159,7 +159,8 @@ impl TestRegistry {
     /// Requests answered so far for the registry path `path` (e.g. `/v2/<repository>/manifests/<tag>`).
     pub fn requests_to(&self, path: &str) -> usize {
         let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
-        let uri = format!("http.request.uri=\"{path}\"");
+        // The registry logs the path unquoted: `http.request.uri=/v2/... http.request.useragent=...`.
+        let uri = format!("http.request.uri={path} ");
         log.lines().filter(|l| l.contains("response completed") && l.contains(&uri)).count()
     }
 
