@@ -10,7 +10,8 @@
 //! - [`manager`]: startup, servers, leadership terms and shutdown;
 //! - [`kernel`] and [`reports`]: the agents' kernel reports and the KernelAttached view;
 //!   [`reviews`]: TokenReview results kept by token hash; `connections`: report connections,
-//!   bounded in number and closed when they carry no stream.
+//!   bounded in number and closed when they carry no stream;
+//! - `hashing`: SHA-256 digests as hex, for revisions, admission keys and layer checks.
 
 pub mod api;
 pub mod arbiter;
@@ -18,6 +19,7 @@ pub mod config;
 mod connections;
 pub mod crd;
 pub mod error;
+mod hashing;
 pub mod image;
 pub mod index;
 pub mod kernel;

@@ -421,16 +421,11 @@ const KEPT_UNREACHABLE: &str = "kept_registry_unreachable";
 /// The digest the Scheduler's DaemonSet runs, when the DaemonSet says it was admitted for the
 /// inputs the Scheduler has now (its image reference and pull secrets, and the policy rule).
 fn deployed_admission(ctx: &Context, scheduler: &Scheduler, secrets: &[String]) -> Option<crate::trust::Admitted> {
-    let key = ctx.trust.admission_key(&scheduler.spec.sched, secrets)?;
     let ds = ctx.index.daemonset(&scheduler.name_any(), &ctx.settings.namespace)?;
-    (ds.annotations().get(workload::ADMITTED_ANNOTATION) == Some(&key)).then_some(())?;
-    let scx = ds.spec.template.spec.as_ref()?.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER)?;
-    let image = scx.image.clone().filter(|i| i.contains("@sha256:"))?;
-    Some(crate::trust::Admitted {
-        image,
-        outcome: crate::trust::Outcome::Cached,
-        from_tag: !scheduler.spec.sched.contains("@sha256:"),
-    })
+    let recorded = ds.annotations().get(workload::ADMITTED_ANNOTATION).map(String::as_str);
+    let pod = ds.spec.template.spec.as_ref()?;
+    let running = pod.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER)?.image.as_deref();
+    ctx.trust.recorded_admission(&scheduler.spec.sched, secrets, recorded, running)
 }
 
 /// A hash of an object as it would be sent.

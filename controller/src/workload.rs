@@ -94,8 +94,7 @@ pub fn revision(scheduler: &Scheduler, image: &str) -> String {
         "imagePullSecrets": spec.image_pull_secrets,
         "tolerations": spec.tolerations,
     });
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, inputs.to_string().as_bytes());
-    digest.as_ref().iter().take(5).map(|b| format!("{b:02x}")).collect()
+    crate::hashing::short_sha256_hex(inputs.to_string().as_bytes(), 5)
 }
 
 /// Builds the DaemonSet for `scheduler`, running `image`: a pure function of the Scheduler's

@@ -182,8 +182,25 @@ impl Trust {
             Requirement::Unsigned => "unsigned".to_owned(),
         };
         let inputs = [image, &pull_secrets.join(","), &rule.repository, &requirement].join("\n");
-        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, inputs.as_bytes());
-        Some(digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect())
+        Some(crate::hashing::short_sha256_hex(inputs.as_bytes(), 8))
+    }
+
+    /// The admission a DaemonSet records: the digest it runs (`running`) when its admission
+    /// annotation (`recorded`) is the key of `image` and `pull_secrets` under the policy now in
+    /// force, and that digest is pinned. A replica that did not verify the image itself and
+    /// cannot reach the registry keeps it.
+    pub fn recorded_admission(
+        &self,
+        image: &str,
+        pull_secrets: &[String],
+        recorded: Option<&str>,
+        running: Option<&str>,
+    ) -> Option<Admitted> {
+        let key = self.admission_key(image, pull_secrets)?;
+        (recorded == Some(key.as_str())).then_some(())?;
+        let running = running.filter(|r| ImageRef::parse(r).is_ok_and(|r| r.is_pinned()))?;
+        let from_tag = !ImageRef::parse(image).ok()?.is_pinned();
+        Some(Admitted { image: running.to_owned(), outcome: Outcome::Cached, from_tag })
     }
 
     /// The policy currently in force.

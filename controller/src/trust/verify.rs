@@ -10,6 +10,7 @@ use sigstore::cosign::signature_layers::CertificateSubject;
 use sigstore::crypto::{CosignVerificationKey, Signature};
 
 use super::policy::Requirement;
+use crate::hashing::sha256_hex;
 
 /// Why no signature satisfied the rule, for messages: what was wanted and what was found.
 #[derive(Debug, PartialEq, Eq)]
@@ -98,11 +99,6 @@ fn tlog_entry_covers(layer: &SignatureLayer) -> bool {
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// One signature, as a user would want it described.
 fn describe(layer: &SignatureLayer) -> String {
     match &layer.certificate_signature {
@@ -135,10 +131,5 @@ mod tests {
             err.to_string(),
             "no trusted signature found; wanted a certificate for identity \"me\" issued by \"https://issuer\""
         );
-    }
-
-    #[test]
-    fn sha256_is_hex() {
-        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 }
