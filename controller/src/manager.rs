@@ -46,6 +46,7 @@ fn trust_settings(flags: &ControllerFlags) -> TrustSettings {
             timeout: flags.registry_timeout,
         },
         secrets_namespace: flags.workload_namespace.clone(),
+        tags_fresh_for: flags.image_recheck_interval,
     }
 }
 

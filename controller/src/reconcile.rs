@@ -390,7 +390,9 @@ async fn admit(
     match (result, kept) {
         (Ok(admitted), _) => {
             ctx.metrics.verified("reconcile", admitted.outcome.metric_label());
-            let recheck_at = admitted.from_tag.then(|| now + interval);
+            // Counted from when the registry was asked, perhaps for another Scheduler on the same
+            // tag: the Schedulers sharing a tag recheck it together, with one request.
+            let recheck_at = admitted.from_tag.then(|| admitted.resolved_at.unwrap_or(now) + interval);
             let admission = crate::memo::Admission { inputs, admitted: admitted.clone(), recheck_at };
             admissions.insert(uid.to_owned(), admission);
             (Ok(admitted), recheck_at)

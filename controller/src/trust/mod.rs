@@ -12,7 +12,7 @@ pub mod verify;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -113,6 +113,9 @@ pub struct Admitted {
     pub outcome: Outcome,
     /// The digest came from a tag, which may move: resolve it again from time to time.
     pub from_tag: bool,
+    /// When the registry was asked for the digest (perhaps for another Scheduler with the same
+    /// credentials); `None` when it was not asked.
+    pub resolved_at: Option<Instant>,
 }
 
 /// The metric label of an admission decision, admitted or not.
@@ -148,6 +151,9 @@ pub struct TrustSettings {
     pub registry: registry::RegistrySettings,
     /// Where image pull secrets live (the workload namespace).
     pub secrets_namespace: String,
+    /// How long a tag's resolution serves every Scheduler with the same credentials
+    /// (`--image-recheck-interval`).
+    pub tags_fresh_for: Duration,
 }
 
 /// Cached verification results are bounded; the whole cache is dropped when full.
@@ -160,11 +166,20 @@ pub struct Trust {
     root: tokio::sync::Mutex<Option<Arc<SigstoreTrustRoot>>>,
     /// (digest, policy generation, rule line) that verified.
     verified: Mutex<HashSet<(String, u64, u64)>>,
+    /// Tags resolved recently, by reference and credentials.
+    resolutions: Mutex<registry::Resolutions>,
 }
 
 impl Trust {
     pub fn new(settings: TrustSettings, policy: watch::Receiver<Arc<LoadedPolicy>>) -> Self {
-        Self { policy, settings, root: tokio::sync::Mutex::new(None), verified: Mutex::new(HashSet::new()) }
+        let resolutions = Mutex::new(registry::Resolutions::new(settings.tags_fresh_for));
+        Self {
+            policy,
+            settings,
+            root: tokio::sync::Mutex::new(None),
+            verified: Mutex::new(HashSet::new()),
+            resolutions,
+        }
     }
 
     /// A short hash of what an admission of `image` depends on: the reference as written, the
@@ -200,7 +215,7 @@ impl Trust {
         (recorded == Some(key.as_str())).then_some(())?;
         let running = running.filter(|r| ImageRef::parse(r).is_ok_and(|r| r.is_pinned()))?;
         let from_tag = !ImageRef::parse(image).ok()?.is_pinned();
-        Some(Admitted { image: running.to_owned(), outcome: Outcome::Cached, from_tag })
+        Some(Admitted { image: running.to_owned(), outcome: Outcome::Cached, from_tag, resolved_at: None })
     }
 
     /// The policy currently in force.
@@ -222,7 +237,12 @@ impl Trust {
             repository: policy::full_repository(&parsed.repository),
         })?;
         if matches!(rule.requirement, Requirement::Unsigned) {
-            return Ok(Admitted { image: image.to_owned(), outcome: Outcome::UnsignedAllowed, from_tag: false });
+            return Ok(Admitted {
+                image: image.to_owned(),
+                outcome: Outcome::UnsignedAllowed,
+                from_tag: false,
+                resolved_at: None,
+            });
         }
 
         let reference = Reference::try_from(image)
@@ -235,12 +255,7 @@ impl Trust {
                 name: pull_secrets.join(","),
                 detail: e.to_string(),
             })?;
-        // A client of its own for every admission: an OCI client keeps the first credentials
-        // (and tokens) it saw per registry, which must never serve another Scheduler, nor
-        // outlive a rotated secret. The registry sees exactly this Scheduler's credentials.
-        let oci = oci_client::Client::new(self.settings.registry.oci_config());
-        let digest =
-            self.bounded(image, &reference, registry::resolve_digest(&oci, &reference, &auth, image)).await??;
+        let (digest, resolved_at) = self.resolve(image, &reference, &auth).await?;
         if let Some(pinned) = &parsed.digest
             && pinned != &digest
         {
@@ -253,8 +268,9 @@ impl Trust {
         let deployed = format!("{}@{digest}", parsed.repository);
         let from_tag = parsed.digest.is_none();
         let key = (digest.clone(), loaded.generation, rule.line);
+        let resolved_at = Some(resolved_at);
         if lock(&self.verified).contains(&key) {
-            return Ok(Admitted { image: deployed, outcome: Outcome::Cached, from_tag });
+            return Ok(Admitted { image: deployed, outcome: Outcome::Cached, from_tag, resolved_at });
         }
 
         let root = match rule.requirement {
@@ -296,7 +312,30 @@ impl Trust {
             verified.clear();
         }
         verified.insert(key);
-        Ok(Admitted { image: deployed, outcome: Outcome::Verified, from_tag })
+        Ok(Admitted { image: deployed, outcome: Outcome::Verified, from_tag, resolved_at })
+    }
+
+    /// The digest `image` names in its registry, and when the registry was asked: a resolution
+    /// made for the same reference with the same credentials within `tags_fresh_for` serves
+    /// again, so Schedulers sharing a tag share its rechecks.
+    async fn resolve(
+        &self,
+        image: &str,
+        reference: &Reference,
+        auth: &oci_client::secrets::RegistryAuth,
+    ) -> Result<(String, Instant), TrustError> {
+        let credentials = registry::credentials_key(auth);
+        if let Some(known) = lock(&self.resolutions).fresh(image, &credentials, Instant::now()) {
+            return Ok(known);
+        }
+        // A client of its own for every resolution: an OCI client keeps the first credentials
+        // (and tokens) it saw per registry, which must never serve another Scheduler, nor
+        // outlive a rotated secret. The registry sees exactly this Scheduler's credentials.
+        let oci = oci_client::Client::new(self.settings.registry.oci_config());
+        let asked = Instant::now();
+        let digest = self.bounded(image, reference, registry::resolve_digest(&oci, reference, auth, image)).await??;
+        lock(&self.resolutions).put(image, credentials, digest.clone(), asked);
+        Ok((digest, asked))
     }
 
     /// Runs one registry exchange under the registry timeout.

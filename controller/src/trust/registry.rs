@@ -1,7 +1,8 @@
-//! Talking to OCI registries: credentials from image pull secrets, and tag -> digest resolution.
+//! Talking to OCI registries: credentials from image pull secrets, and tag -> digest resolution,
+//! shared by the Schedulers that reach a registry with the same credentials.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use oci_client::errors::OciDistributionError;
@@ -125,6 +126,54 @@ pub async fn resolve_digest(
     client.fetch_manifest_digest(reference, auth).await.map_err(|e| classify(e, reference, image))
 }
 
+/// Tags resolved recently, shared by every Scheduler that asks for the same reference with the same
+/// credentials: 200 Schedulers on one tag cost the registry one request per
+/// `--image-recheck-interval`, not 200. Keyed by a hash of the credentials as well, so no
+/// Scheduler learns a digest through credentials that are not its own; only answers are kept,
+/// never failures.
+#[derive(Debug)]
+pub struct Resolutions {
+    fresh_for: Duration,
+    /// (reference as written, credentials' hash) -> (digest, when it was asked for).
+    entries: HashMap<(String, String), (String, Instant)>,
+}
+
+/// Resolutions kept at once; all are forgotten when there would be more.
+const RESOLUTIONS_CAPACITY: usize = 4096;
+
+impl Resolutions {
+    /// Answers are used for `fresh_for` after they were asked for.
+    pub fn new(fresh_for: Duration) -> Self {
+        Self { fresh_for, entries: HashMap::new() }
+    }
+
+    /// The digest `image` resolved to with `credentials` (see [`credentials_key`]) and when it
+    /// was asked for, while that is less than `fresh_for` before `now`.
+    pub fn fresh(&self, image: &str, credentials: &str, now: Instant) -> Option<(String, Instant)> {
+        let (digest, asked) = self.entries.get(&(image.to_owned(), credentials.to_owned()))?;
+        (now.saturating_duration_since(*asked) < self.fresh_for).then(|| (digest.clone(), *asked))
+    }
+
+    /// Keeps what `image` resolved to with `credentials`, asked for at `asked`.
+    pub fn put(&mut self, image: &str, credentials: String, digest: String, asked: Instant) {
+        if self.entries.len() >= RESOLUTIONS_CAPACITY {
+            self.entries.clear();
+        }
+        self.entries.insert((image.to_owned(), credentials), (digest, asked));
+    }
+}
+
+/// What identifies `auth` among credentials without holding it: a hash of the user and
+/// password, of the token, or of nothing for anonymous access.
+pub fn credentials_key(auth: &RegistryAuth) -> String {
+    let what = match auth {
+        RegistryAuth::Anonymous => "anonymous".to_owned(),
+        RegistryAuth::Basic(user, password) => format!("basic\n{user}\n{password}"),
+        RegistryAuth::Bearer(token) => format!("bearer\n{token}"),
+    };
+    crate::hashing::sha256_hex(what.as_bytes())
+}
+
 /// Maps a registry failure to what the user must fix.
 pub fn classify(e: OciDistributionError, reference: &Reference, image: &str) -> TrustError {
     let registry = reference.resolve_registry().to_owned();
@@ -203,6 +252,26 @@ mod tests {
         assert!(err.to_string().starts_with("cannot reach the registry r.example:5000 for image"), "{err}");
         assert!(err.is_transient());
         assert_eq!(registry_host("r.example:5000/team/sched:v1"), "r.example:5000");
+    }
+
+    #[test]
+    fn a_resolution_serves_the_same_reference_and_credentials_while_fresh() {
+        let start = Instant::now();
+        let team = credentials_key(&RegistryAuth::Basic("team".into(), "s3cret".into()));
+        let rotated = credentials_key(&RegistryAuth::Basic("team".into(), "wrong".into()));
+        let anonymous = credentials_key(&RegistryAuth::Anonymous);
+        assert!(!team.contains("s3cret"), "the key holds no password");
+        assert_ne!(team, rotated);
+        assert_ne!(team, anonymous);
+
+        let mut resolved = Resolutions::new(Duration::from_secs(300));
+        resolved.put("r/a:v1", team.clone(), "sha256:1".into(), start);
+        let later = start + Duration::from_secs(299);
+        assert_eq!(resolved.fresh("r/a:v1", &team, later), Some(("sha256:1".into(), start)));
+        assert_eq!(resolved.fresh("r/a:v1", &rotated, later), None, "other credentials ask themselves");
+        assert_eq!(resolved.fresh("r/a:v1", &anonymous, later), None);
+        assert_eq!(resolved.fresh("r/a:v2", &team, later), None, "another tag");
+        assert_eq!(resolved.fresh("r/a:v1", &team, start + Duration::from_secs(300)), None, "stale");
     }
 
     #[test]
