@@ -4,6 +4,13 @@ use clap::Parser;
 use sked_controller::config::{Cli, Command, refuse_legacy_flags};
 use sked_controller::{crd, manager, telemetry};
 
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod allocator;
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[global_allocator]
+static ALLOCATOR: allocator::Allocator = allocator::Allocator;
+
 /// Flags are parsed (and `--version`, `--help`, `crd` answered) before the async runtime
 /// starts: they need no threads, so they also answer under qemu-user, where the cross-build
 /// smoke test runs them.
@@ -27,7 +34,6 @@ fn main() -> ExitCode {
         };
     }
 
-    tune_allocator();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -35,27 +41,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli))
-}
-
-/// Blocks of at least this many bytes are mapped from the system on their own (glibc's default
-/// starts at 128 KiB and grows).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const MMAP_THRESHOLD: libc::c_int = 8 * 1024;
-
-/// Every report stream holds a few small buffers for as long as it lives, and its TLS handshake
-/// allocates and frees larger ones. With glibc's default thresholds those transients end up
-/// between the long-lived buffers and the heap cannot give them back: at 5,000 streams that is
-/// tens of MiB. Mapping larger blocks on their own returns them when freed. `GLIBC_TUNABLES`,
-/// when set, is the operator's choice and is left alone.
-fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("GLIBC_TUNABLES").is_none() {
-        // SAFETY: mallopt only sets a parameter of the allocator, and no other thread exists yet.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-        }
-    }
+    runtime.spawn(allocator::give_back_free_pages());
+    runtime.block_on(run(cli))
 }
 
 async fn run(cli: Cli) -> ExitCode {

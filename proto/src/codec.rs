@@ -1,13 +1,14 @@
 //! The codec of the report stream: prost, with small buffers. A report is a few hundred bytes and
 //! an ack a few; tonic's default buffers (8 KiB to encode and 8 KiB to decode, per stream) would
-//! cost a controller with one stream per node 80 MiB at 5,000 nodes for nothing. Buffers still
-//! grow for a larger message (up to the server's message size limit).
+//! cost a controller with one stream per node 80 MiB at 5,000 nodes for nothing. A buffer grows
+//! to the largest message it has carried (up to the server's message size limit) and stays so:
+//! a report's once, an ack's never.
 
 use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// Initial buffer of each direction of a stream.
-pub const BUFFER_BYTES: usize = 1024;
+pub const BUFFER_BYTES: usize = 256;
 /// Encoded bytes after which a stream yields to flush (tonic's default).
 const YIELD_THRESHOLD: usize = 32 * 1024;
 
