@@ -226,8 +226,9 @@ impl Trust {
     /// Decides whether `image` may run, and what to deploy. `pull_secrets` are names of Secrets
     /// in the workload namespace, read only when the registry must be contacted, and read again
     /// every time (a rotated secret counts at once). A digest verified before is admitted from
-    /// the cache only after this Scheduler's own credentials resolved it: the cache never lets
-    /// a Scheduler run an image it cannot read.
+    /// the cache only after this Scheduler's own credentials resolved it (or the same
+    /// credentials did, for another Scheduler, within `tags_fresh_for`): the cache never lets a
+    /// Scheduler run an image it cannot read.
     pub async fn admit(&self, client: &Client, image: &str, pull_secrets: &[String]) -> Result<Admitted, TrustError> {
         let loaded = self.policy();
         let parsed = ImageRef::parse(image)
