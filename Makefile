@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench cross coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
+.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -21,11 +21,21 @@ build:
 setup:
 	@hack/setup.sh
 
-## tools: build (once, cached per user) the pinned etcd, kube-apiserver,
-## kube-controller-manager, kube-scheduler, kubectl, kubelet and pause, helm, actionlint, cosign,
-## crane, kstatus, promtool and cert-manager the tests run.
+# The pinned upstream tool sets each target runs (hack/build-tools.sh builds a set once, cached
+# per user, and links it into .tools/bin): a target builds only the sets its own steps use.
+TOOLS_DEMO := kubernetes etcd
+TOOLS_TEST := kubernetes etcd helm cosign crane kstatus promtool cert-manager
+TOOLS_KERNEL := kubernetes etcd
+TOOLS_NODE := kubernetes etcd kubelet helm cosign crane cert-manager
+TOOLS_BENCH := kubernetes etcd cosign crane
+TOOLS_LINT := actionlint
+build_tools = @hack/build-tools.sh $(TOOLS_BIN) $(1) >/dev/null
+
+## tools: build every pinned tool set (etcd; kube-apiserver, kube-controller-manager,
+## kube-scheduler, kubectl; kubelet and pause; helm, actionlint, cosign, crane, kstatus,
+## promtool, cert-manager).
 tools: setup
-	@hack/build-tools.sh $(TOOLS_BIN) >/dev/null
+	$(call build_tools,)
 
 ## crds: regenerate crds/ from the Rust types.
 crds:
@@ -33,7 +43,8 @@ crds:
 	cp crds/sked.schedkit.io_schedulers.yaml charts/sked/crds/
 
 ## kustomize: regenerate the Kustomize base (config/default) from the chart.
-kustomize: tools
+kustomize: setup
+	$(call build_tools,helm)
 	hack/kustomize.sh $(TOOLS_BIN)/helm
 
 # COVERAGE=1 runs a suite instrumented (cargo-llvm-cov) and keeps its profiles for
@@ -45,18 +56,21 @@ CARGO_TEST = $(CARGO) test
 endif
 
 ## test: unit, property and integration tests (integration tests start a real control plane).
-test: tools
+test: setup
+	$(call build_tools,$(TOOLS_TEST))
 	$(CARGO_TEST) --workspace
 
 test-unit:
 	$(CARGO_TEST) --workspace --lib --bins --test crd_is_current
 
-test-integration: tools
+test-integration: setup
+	$(call build_tools,$(TOOLS_TEST))
 	$(CARGO_TEST) -p sked-tests
 
 # Boots Debian kernels under qemu (one with sched_ext, one without) and attaches a real BPF
 # scheduler; installs qemu, clang, bpftool, busybox with apt when missing.
-test-kernel: tools
+test-kernel: setup
+	$(call build_tools,$(TOOLS_KERNEL))
 	bash hack/kernel-e2e.sh deps
 	$(CARGO_TEST) -p sked-tests --test real_kernel -- --ignored --nocapture --test-threads=1
 
@@ -65,16 +79,18 @@ test-kernel: tools
 ## as images built here; the chart installed with helm; a Scheduler applied with kubectl until
 ## KERNEL-ATTACHED 1/1 (not part of `make test`).
 NODE_AGENT := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/node/sked-agent
-test-node: tools
+test-node: setup
+	$(call build_tools,$(TOOLS_NODE))
 	bash hack/kernel-e2e.sh deps
 	@hack/cross.sh deps amd64
 	hack/cross.sh build amd64 sked-agent $(NODE_AGENT)
 	SKED_NODE_AGENT_BIN=$(NODE_AGENT) $(CARGO_TEST) -p sked-tests --test real_node -- --ignored --nocapture --test-threads=1
 
 ## bench: sked at fleet scale (release build; not part of `make test`): 5,000 Nodes, 200
-## Schedulers and 5,000 agent streams on the test control plane; prints the figures the
-## README's performance section quotes. BENCH_NODES/BENCH_SCHEDULERS try a smaller fleet.
-bench: tools
+## Schedulers and 5,000 agent streams on the test control plane; prints the figures
+## docs/performance.md quotes. BENCH_NODES/BENCH_SCHEDULERS try a smaller fleet.
+bench: setup
+	$(call build_tools,$(TOOLS_BENCH))
 	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench
 
 ## cross: cross-compile both release binaries for arm64 (as the image builds do, with
@@ -85,6 +101,11 @@ CROSS_ARCH ?= arm64
 cross: setup
 	@hack/cross.sh all $(CROSS_ARCH)
 
+## cross-check: both binaries still compile for arm64 (`cargo check` with the cross toolchain):
+## what CI runs. The image workflow makes the arm64 release builds, checks and smoke-tests them.
+cross-check: setup
+	@hack/cross.sh compile $(CROSS_ARCH)
+
 ## coverage: run every test of `make test` instrumented (cargo-llvm-cov), write an lcov report
 ## and fail when total line coverage is below COVERAGE_THRESHOLD (default 40).
 coverage: coverage-clean
@@ -93,7 +114,7 @@ coverage: coverage-clean
 
 ## coverage-clean: forget the profiles of earlier instrumented runs (CI starts with it, then
 ## runs each suite with COVERAGE=1 and ends with coverage-report).
-coverage-clean: tools
+coverage-clean:
 	@hack/setup.sh coverage
 	$(CARGO) llvm-cov clean --workspace
 
@@ -113,22 +134,25 @@ lint: actionlint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-actionlint: tools
+actionlint: setup
+	$(call build_tools,$(TOOLS_LINT))
 	$(TOOLS_BIN)/actionlint .github/workflows/*.yml
 
 fmt:
 	$(CARGO) fmt --all
 
 ## demo: local control plane + CRD + controller + example Scheduler; runs until Ctrl-C.
-demo: tools
+demo: setup
+	$(call build_tools,$(TOOLS_DEMO))
 	@echo "demo: building sked (debug; about 7 min the first time on 2 cores)" >&2
-	@$(CARGO) build --quiet -p sked-controller -p sked-tests --bins
+	@$(CARGO) build --quiet -p sked-controller -p sked-agent -p sked-tests --bin sked-controller --bin sked-agent --bin sked-demo
 	@$(CARGO) run --quiet -p sked-tests --bin sked-demo
 
 ## demo-node: sked on a real node to try by hand: `make demo`'s control plane with the node of
 ## `make test-node`, the chart installed and an example Scheduler attached in the node's kernel;
 ## prints the KUBECONFIG and what to run, then runs until Ctrl-C.
-demo-node: tools
+demo-node: setup
+	$(call build_tools,$(TOOLS_NODE))
 	bash hack/kernel-e2e.sh deps
 	@hack/cross.sh deps amd64
 	hack/cross.sh build amd64 sked-agent $(NODE_AGENT)

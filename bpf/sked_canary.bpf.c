@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only
 //
 // sked_canary: the smallest sched_ext scheduler. It registers a struct sched_ext_ops that
 // names itself and nothing else, so every task uses the kernel's built-in global FIFO. The

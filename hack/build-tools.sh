@@ -7,7 +7,10 @@
 # link it. Prints one line per tool set it builds (the Go tool's own output goes to a log file,
 # shown when a build fails), then the directory that holds the binaries on stdout.
 #
-# Usage: hack/build-tools.sh [BIN_DIR]   (default: .tools/bin in the repo)
+# Usage: hack/build-tools.sh [BIN_DIR] [SET...]   (default: .tools/bin in the repo, every set)
+#   SET names a tool set (kubernetes, kubelet, etcd, helm, actionlint, cosign, crane, kstatus,
+#   promtool, cert-manager): each make target asks only for the sets its own steps run.
+#   --list prints the sets and their binaries, nothing is built.
 set -euo pipefail
 
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.37.2}
@@ -23,12 +26,21 @@ CLI_UTILS_VERSION=${CLI_UTILS_VERSION:-v0.37.2}
 # promtool: checks the metrics the binaries expose and the chart's alerting rules (Prometheus
 # 3.x is published to the module proxy as v0.3xx.y).
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-v0.316.0}
-# cert-manager: the chart's default TLS. Its binaries' main packages live in modules the proxy
-# does not serve, so hack/cert-manager holds them as released with this tag.
-CERT_MANAGER_VERSION=${CERT_MANAGER_VERSION:-v1.21.1}
+# cert-manager: the chart's default TLS, for the chart and install suites. From v1.12 on its
+# binaries live in nested modules (controller-binary, ...) the Go module proxy does not serve;
+# v1.11 is the newest release whose root module, as the proxy serves it, still holds cmd/
+# controller, cainjector and webhook. The chart only uses the stable cert-manager.io/v1 objects.
+CERT_MANAGER_VERSION=${CERT_MANAGER_VERSION:-v1.11.5}
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+list_only=0
+if [[ ${1:-} == --list ]]; then
+  list_only=1
+  shift
+fi
 bin_dir=${1:-$root/.tools/bin}
+shift || true
+wanted=("$@")
 cache=${SKED_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sked-tools}
 log() { echo "build-tools: $*" >&2; }
 
@@ -47,8 +59,27 @@ sets=(
   "crane $CRANE_VERSION crane 1"
   "kstatus $CLI_UTILS_VERSION kstatus 2"
   "promtool $PROMETHEUS_VERSION promtool 4"
-  "cert-manager $CERT_MANAGER_VERSION cert-manager-controller,cert-manager-cainjector,cert-manager-webhook 8"
+  "cert-manager $CERT_MANAGER_VERSION cert-manager-controller,cert-manager-cainjector,cert-manager-webhook 4"
 )
+# Only the sets asked for (all without arguments); an unknown name is an error.
+if ((${#wanted[@]})); then
+  chosen=()
+  for want in "${wanted[@]}"; do
+    found=0
+    for set in "${sets[@]}"; do
+      [[ ${set%% *} == "$want" ]] && { chosen+=("$set"); found=1; }
+    done
+    ((found)) || { log "unknown tool set $want (known: $(printf '%s ' "${sets[@]%% *}"))"; exit 2; }
+  done
+  sets=("${chosen[@]}")
+fi
+if ((list_only)); then
+  for set in "${sets[@]}"; do
+    read -r name version bins _ <<<"$set"
+    echo "$name $version $bins"
+  done
+  exit 0
+fi
 built() { # NAME VERSION BINARIES
   local bin
   for bin in ${3//,/ }; do
@@ -206,31 +237,28 @@ GO
   rm -rf "$work"
 }
 
-# cert-manager: each binary's module from hack/cert-manager (its upstream go.mod pins every
-# dependency), with the main module taken from the proxy at the same tag instead of ../../.
+# cert-manager: its controller, CA injector and webhook built from the root module as the
+# proxy serves it. `go install PKG@VERSION` refuses that module (its go.mod has a replace
+# directive), so the downloaded module is copied somewhere writable and built there. The CRDs
+# come from its deploy/crds, without the Helm template lines they carry.
 build_cert_manager() {
-  local work bin
-  [[ $(sed -n 's/^CERT_MANAGER_VERSION=//p' "$root/hack/cert-manager/VERSION") == "$CERT_MANAGER_VERSION" ]] || {
-    echo "hack/cert-manager holds the sources of another release than $CERT_MANAGER_VERSION"
-    return 1
-  }
-  mkdir -p "$cache/cert-manager-$CERT_MANAGER_VERSION/crds"
+  local work dir out=$cache/cert-manager-$CERT_MANAGER_VERSION crd
+  work=$(mktemp -d)
+  dir=$(cd "$work" && go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p') || return 1
+  [[ -d $dir/cmd/controller ]] || { echo "no cmd/controller in $dir"; return 1; }
+  cp -r "$dir/." "$work/src"
+  chmod -R u+w "$work/src"
+  mkdir -p "$out/crds"
   for bin in controller cainjector webhook; do
-    work=$(mktemp -d)
-    cp -r "$root/hack/cert-manager/$bin/." "$work/"
-    # vcert v5.13.7 (Venafi issuer, which the tests never use) is withdrawn from the proxy;
-    # v5.13.8 is its next patch release.
-    (cd "$work" && go mod edit -dropreplace=github.com/cert-manager/cert-manager \
-      -require="github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" \
-      -replace=github.com/Venafi/vcert/v5=github.com/Venafi/vcert/v5@v5.13.8) || return 1
-    go_build "$work" "$cache/cert-manager-$CERT_MANAGER_VERSION/cert-manager-$bin.tmp" \
-      "-X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$CERT_MANAGER_VERSION" . || return 1
-    mv "$cache/cert-manager-$CERT_MANAGER_VERSION/cert-manager-$bin.tmp" \
-      "$cache/cert-manager-$CERT_MANAGER_VERSION/cert-manager-$bin"
-    [[ $bin != webhook ]] || cp "$(cd "$work" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)"/deploy/crds/*.yaml \
-      "$cache/cert-manager-$CERT_MANAGER_VERSION/crds/" || return 1
-    rm -rf "$work"
+    go_build "$work/src" "$out/cert-manager-$bin.tmp" \
+      "-X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$CERT_MANAGER_VERSION" "./cmd/$bin" || return 1
+    mv "$out/cert-manager-$bin.tmp" "$out/cert-manager-$bin"
   done
+  for crd in "$work"/src/deploy/crds/*.yaml; do
+    grep -v '{{' "$crd" >"$out/crds/$(basename "$crd")"
+  done
+  rm -rf "$work"
 }
 
 for set in "${sets[@]}"; do
@@ -272,21 +300,13 @@ for set in "${sets[@]}"; do
   esac
 done
 
+# Links the binaries of the sets asked for into BIN_DIR.
 mkdir -p "$bin_dir"
-for tool in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  ln -sf "$cache/kubernetes-$KUBERNETES_VERSION/$tool" "$bin_dir/$tool"
+for set in "${sets[@]}"; do
+  read -r name version bins _ <<<"$set"
+  for tool in ${bins//,/ }; do
+    ln -sf "$cache/$name-$version/$tool" "$bin_dir/$tool"
+  done
+  [[ $name != cert-manager ]] || ln -sfn "$cache/$name-$version/crds" "$bin_dir/cert-manager-crds"
 done
-ln -sf "$cache/kubelet-$KUBERNETES_VERSION/kubelet" "$bin_dir/kubelet"
-ln -sf "$cache/kubelet-$KUBERNETES_VERSION/pause" "$bin_dir/pause"
-ln -sf "$cache/etcd-$ETCD_VERSION/etcd" "$bin_dir/etcd"
-ln -sf "$cache/helm-$HELM_VERSION/helm" "$bin_dir/helm"
-ln -sf "$cache/actionlint-$ACTIONLINT_VERSION/actionlint" "$bin_dir/actionlint"
-ln -sf "$cache/cosign-$COSIGN_VERSION/cosign" "$bin_dir/cosign"
-ln -sf "$cache/crane-$CRANE_VERSION/crane" "$bin_dir/crane"
-ln -sf "$cache/kstatus-$CLI_UTILS_VERSION/kstatus" "$bin_dir/kstatus"
-ln -sf "$cache/promtool-$PROMETHEUS_VERSION/promtool" "$bin_dir/promtool"
-for tool in cert-manager-controller cert-manager-cainjector cert-manager-webhook; do
-  ln -sf "$cache/cert-manager-$CERT_MANAGER_VERSION/$tool" "$bin_dir/$tool"
-done
-ln -sfn "$cache/cert-manager-$CERT_MANAGER_VERSION/crds" "$bin_dir/cert-manager-crds"
 echo "$bin_dir"
