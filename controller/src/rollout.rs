@@ -240,10 +240,7 @@ pub fn decide(input: &Input<'_>) -> Plan {
                 None => "the kernel stopped running the scheduler after it had attached".to_owned(),
             })
         } else if now >= deadline {
-            Some(format!(
-                "the scheduler did not attach within {}s (spec.rollout.attachTimeoutSeconds)",
-                pacing.attach_timeout_seconds
-            ))
+            Some(attach_timeout_cause(n.kernel, &pod.name, pacing.attach_timeout_seconds))
         } else {
             recheck(&mut plan, deadline - now);
             None
@@ -313,6 +310,24 @@ pub fn decide(input: &Input<'_>) -> Plan {
     plan.replace = old_down.into_iter().take(down).chain(old_up.into_iter().take(up)).collect();
     plan.phase = phase_for(plan.updated + plan.replace.len());
     plan
+}
+
+/// Why a pod of the target revision is not attached and Ready at its attach deadline, told
+/// apart by what its agent reports: the kernel never ran the scheduler, or it did and only the
+/// pod's readiness is missing, or nothing was heard from the agent at all.
+fn attach_timeout_cause(kernel: KernelView, pod: &str, timeout: i64) -> String {
+    let within = format!("within {timeout}s (spec.rollout.attachTimeoutSeconds)");
+    match kernel {
+        KernelView::Attached { .. } => format!(
+            "the node's agent reports the scheduler attached, but pod {pod} did not become Ready {within}; check its readiness probe and kubelet"
+        ),
+        KernelView::NotAttached => {
+            format!("the kernel did not run the scheduler {within}: the node's agent reports it not attached")
+        }
+        _ => format!(
+            "pod {pod} did not become Ready {within} and its agent sent no report of the kernel; check that the pod runs (kubectl describe pod {pod})"
+        ),
+    }
 }
 
 /// What a rollout step starts from, besides the plan.
@@ -506,6 +521,22 @@ mod tests {
         let failure = timeout.failure.unwrap();
         assert_eq!(failure.node, "a");
         assert!(failure.cause.contains("attachTimeoutSeconds"), "{}", failure.cause);
+        assert!(failure.cause.starts_with("the kernel did not run the scheduler within 120s"), "{}", failure.cause);
+
+        // Attached in the kernel, but the pod never Ready: the cause says so, not "did not attach".
+        let mut unready = node("a", T, KernelView::Attached { since: 5 });
+        if let Some(pod) = unready.pod.as_mut() {
+            pod.ready_since = None;
+        }
+        let cause = decide_at(&[unready, up("b", S)], pacing(1, 1), 120).failure.unwrap().cause;
+        assert!(cause.contains("reports the scheduler attached, but pod a-new did not become Ready"), "{cause}");
+        // Nothing heard from the agent, and no readiness either.
+        let mut silent = node("a", T, KernelView::Unknown);
+        if let Some(pod) = silent.pod.as_mut() {
+            pod.ready_since = None;
+        }
+        let cause = decide_at(&[silent, up("b", S)], pacing(1, 1), 120).failure.unwrap().cause;
+        assert!(cause.contains("did not become Ready within 120s and its agent sent no report"), "{cause}");
 
         let ejected = decide_at(&[node("a", T, KernelView::Ejected), up("b", S)], pacing(1, 1), 10);
         assert!(ejected.failure.unwrap().cause.contains("stopped running"));

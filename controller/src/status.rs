@@ -452,7 +452,7 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
             return state(
                 Reason::RolloutInProgress,
                 format!(
-                    "{}: {} of {} nodes run revision {}, {} of them attached",
+                    "{}: {} of {} nodes run revision {}, {} of them Ready with the scheduler attached",
                     rollout.phase.as_str(),
                     rollout.updated,
                     rollout.desired,

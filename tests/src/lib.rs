@@ -16,6 +16,7 @@ pub mod certmanager;
 pub mod cluster;
 pub mod command;
 pub mod controller_pods;
+pub mod fake_nodes;
 pub mod fixture;
 pub mod kubelet;
 pub mod node;

@@ -3,9 +3,10 @@
 //! report the scheduler attached and it baked), rolls a failing revision back, skips nodes whose
 //! kernel runs another scheduler, and adopts the pods of an older sked without restarting them.
 //!
-//! The harness plays the kubelet and the kernel of each node: for every new pod it starts a real
-//! agent (with a token bound to that pod) on a fake sysfs that shows the scheduler attached, or
-//! not, as the test wants of that revision; a pod is marked Ready when its agent's /readyz is.
+//! The harness plays the kubelet and the kernel of each node (`sked_tests::fake_nodes`, which
+//! `make demo` uses too): for every new pod it starts a real agent (with a token bound to that
+//! pod) on a fake sysfs that shows the scheduler attached, or not, as the test wants of that
+//! revision; a pod is marked Ready when its agent's /readyz is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -13,48 +14,27 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sked_controller::api::{RolloutPhase, RolloutSpec};
 use sked_controller::config::ControllerFlags;
 use sked_controller::{Scheduler, SchedulerSpec};
-use sked_tests::agents::{AgentProcess, ReportsEndpoint, ReportsTls};
+use sked_tests::agents::{ReportsEndpoint, ReportsTls};
+use sked_tests::fake_nodes::{FakeNodes, Kernel, is_not_found};
 use sked_tests::{Fixture, condition, has_condition, spec_on};
 
 const IMAGE: &str = "ghcr.io/schedkit/scx_rusty:v1";
 const REVISION: &str = "sked.schedkit.io/revision";
 
-/// What the kernel of a node does with a pod's scheduler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel {
-    /// It attaches.
-    Attaches,
-    /// It never attaches.
-    Refuses,
-    /// Another scheduler owns the kernel.
-    Foreign,
-}
-
-/// How each node's kernel treats a pod's scheduler, by node and pod.
-type KernelPlay = Box<dyn Fn(&str, &Pod) -> Kernel + Send>;
-
 struct Cluster {
     fx: Fixture,
     name: String,
-    tls: ReportsTls,
-    controller: String,
-    dir: tempfile::TempDir,
-    /// The agent of each node, with the pod it reports for.
-    agents: BTreeMap<String, (String, AgentProcess)>,
-    /// How each node's kernel treats the pods of each revision (by the args they run).
-    kernel: KernelPlay,
-    /// Every pod uid seen per node, in order.
-    history: BTreeMap<String, Vec<String>>,
-    /// The most nodes seen at once without a Ready pod.
-    most_down: usize,
+    /// The nodes' kubelets and kernels (see `sked_tests::fake_nodes`).
+    nodes: FakeNodes,
     phases: Vec<RolloutPhase>,
     flags: ControllerFlags,
+    _dir: tempfile::TempDir,
 }
 
 fn rollout(bake: i32, attach_timeout: i32) -> RolloutSpec {
@@ -70,19 +50,10 @@ async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Clus
         fx.create_node(n, &[("pool", name)]).await?;
     }
     fx.create_scheduler(name, spec).await?;
-    Ok(Cluster {
-        fx,
-        name: name.to_owned(),
-        tls,
-        controller,
-        dir,
-        agents: BTreeMap::new(),
-        kernel: Box::new(|_, _| Kernel::Attaches),
-        history: BTreeMap::new(),
-        most_down: 0,
-        phases: Vec::new(),
-        flags,
-    })
+    let reports = ReportsEndpoint { address: &controller, ca: &tls.ca, server_name: None };
+    let played =
+        FakeNodes::new(&fx.client, &fx.namespace, &format!("name={name}"), &format!("pool={name}"), dir.path(), &reports);
+    Ok(Cluster { fx, name: name.to_owned(), nodes: played, phases: Vec::new(), flags, _dir: dir })
 }
 
 fn base_spec(name: &str, rollout: RolloutSpec) -> SchedulerSpec {
@@ -90,57 +61,9 @@ fn base_spec(name: &str, rollout: RolloutSpec) -> SchedulerSpec {
 }
 
 impl Cluster {
-    /// One move of every node's kubelet and kernel: an agent for each new pod, the fake kernel
-    /// set for it, pods Ready as their agents say. Records what the test asserts on.
+    /// One move of every node's kubelet and kernel, and the rollout phase it led to.
     async fn drive(&mut self) -> Result<()> {
-        let pods: Api<Pod> = Api::namespaced(self.fx.client.clone(), &self.fx.namespace);
-        let list = pods.list(&ListParams::default().labels(&format!("name={}", self.name))).await?;
-        let live: BTreeMap<String, Pod> = list
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
-            .collect();
-        let mut down = 0;
-        for (node, pod) in &live {
-            let uid = pod.uid().unwrap_or_default();
-            let seen = self.history.entry(node.clone()).or_default();
-            if seen.last() != Some(&uid) {
-                seen.push(uid);
-            }
-            if self.agents.get(node).is_none_or(|(p, _)| *p != pod.name_any()) {
-                if let Some((_, mut old)) = self.agents.remove(node) {
-                    old.stop();
-                }
-                // The pod's kernel first: its agent's first report is about this pod's scheduler.
-                let (state, ops) = match (self.kernel)(node, pod) {
-                    Kernel::Attaches => ("enabled", Some("rusty_1.0.0_x86_64")),
-                    Kernel::Refuses => ("disabled", None),
-                    Kernel::Foreign => ("enabled", Some("lavd_1.0.0")),
-                };
-                AgentProcess::preset_kernel(self.dir.path(), node, state, ops, 1)?;
-                let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca, server_name: None };
-                let (client, namespace) = (&self.fx.client, &self.fx.namespace);
-                let agent =
-                    AgentProcess::for_pod(client, namespace, self.dir.path(), pod, &self.name, &reports).await?;
-                self.agents.insert(node.clone(), (pod.name_any(), agent));
-            }
-            let ready = self.agents.get(node).is_some_and(|(_, a)| a.get("/readyz").is_ok_and(|(code, _)| code == 200));
-            let was_ready = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready != was_ready {
-                sked_tests::kubelet::set_pod_ready(&pods, &pod.name_any(), ready).await?;
-            }
-            if !ready {
-                down += 1;
-            }
-        }
-        let nodes = self.fx.nodes().list(&ListParams::default().labels(&format!("pool={}", self.name))).await?;
-        down += nodes.items.len().saturating_sub(live.len());
-        self.most_down = self.most_down.max(down);
+        self.nodes.drive().await?;
         if let Some(phase) = self.fx.schedulers().get(&self.name).await?.status.and_then(|s| s.rollout).map(|r| r.phase)
             && self.phases.last() != Some(&phase)
         {
@@ -156,9 +79,7 @@ impl Cluster {
             match self.drive().await {
                 Ok(()) => {}
                 // A pod deleted between the list and the kubelet's move: the next move skips it.
-                Err(e)
-                    if e.downcast_ref::<kube::Error>()
-                        .is_some_and(|e| matches!(e, kube::Error::Api(s) if s.code == 404)) => {}
+                Err(e) if is_not_found(&e) => {}
                 Err(e) => return Err(e),
             }
             let s = self.fx.schedulers().get(&self.name).await?;
@@ -182,7 +103,7 @@ impl Cluster {
 
     /// How often each node's pod was replaced since the harness first saw it.
     fn replacements(&self) -> BTreeMap<String, usize> {
-        self.history.iter().map(|(n, uids)| (n.clone(), uids.len() - 1)).collect()
+        self.nodes.replacements()
     }
 }
 
@@ -251,14 +172,14 @@ async fn a_new_revision_goes_canary_first_then_in_waves_each_node_once() -> Resu
     assert!(!kubectl_wait_ready(&c.fx, "waves")?, "kubectl wait does not take the running generation for this one");
 
     // Resumed: a canary, then waves of one, never two nodes down at once.
-    c.most_down = 0;
+    c.nodes.most_down = 0;
     c.phases.clear();
     c.patch_spec(json!({"rollout": {"paused": false}})).await?;
     let done = c.drive_until("the new revision complete", |s| complete_at(s, 3)).await?;
     let resumed: Vec<&RolloutPhase> = c.phases.iter().filter(|p| **p != RolloutPhase::Paused).collect();
     assert_eq!(resumed.first(), Some(&&RolloutPhase::Canary), "{:?}", c.phases);
     assert!(c.phases.contains(&RolloutPhase::Rolling), "{:?}", c.phases);
-    assert!(c.most_down <= 1, "at most maxUnavailable (1) node without an attached scheduler: {}", c.most_down);
+    assert!(c.nodes.most_down <= 1, "at most maxUnavailable (1) node without an attached scheduler: {}", c.nodes.most_down);
     assert!(c.replacements().values().all(|n| *n == 1), "each node replaced once: {:?}", c.replacements());
     let st = done.status.clone().context("status")?;
     let r = st.rollout.clone().context("rollout")?;
@@ -280,12 +201,12 @@ async fn a_revision_that_never_attaches_is_rolled_back_and_not_retried() -> Resu
     let nodes = ["b-1", "b-2", "b-3"];
     let mut c = cluster("rollback", &nodes, base_spec("rollback", rollout(1, 4))).await?;
     c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
-    let before: BTreeMap<String, String> = c.history.iter().map(|(n, u)| (n.clone(), u[0].clone())).collect();
+    let before: BTreeMap<String, String> = c.nodes.history.iter().map(|(n, u)| (n.clone(), u[0].clone())).collect();
     let stable =
         c.fx.schedulers().get("rollback").await?.status.and_then(|s| s.rollout).and_then(|r| r.current_revision);
 
     // The kernel refuses the scheduler of the new revision.
-    c.kernel = Box::new(|_, pod| if args(pod) == ["--broken"] { Kernel::Refuses } else { Kernel::Attaches });
+    c.nodes.kernel = Box::new(|_, pod| if args(pod) == ["--broken"] { Kernel::Refuses } else { Kernel::Attaches });
     c.patch_spec(json!({"args": ["--broken"]})).await?;
     let failed = c
         .drive_until("rolled back", |s| {
@@ -321,11 +242,24 @@ async fn a_revision_that_never_attaches_is_rolled_back_and_not_retried() -> Resu
     }
     assert_eq!(c.replacements().get(&failure.node), Some(&2), "the failed node: replaced, then restored");
 
-    // Not retried while the spec stays: a later reconcile replaces nothing.
+    // Not retried while the spec stays: reconciles after it (a touch of the Scheduler wakes
+    // one), over longer than a retry's attach timeout (4 s), replace nothing.
     let replaced = c.replacements();
-    c.fx.mark_pods_ready("rollback").await?;
-    c.drive_until("still rolled back", |s| phase(s) == Some(RolloutPhase::RolledBack)).await?;
-    assert_eq!(c.replacements(), replaced);
+    let reconciles = c.fx.metric_total("sked_reconciles_total").await?;
+    let touch = json!({"metadata": {"annotations": {"example.com/touched": "1"}}});
+    c.fx.schedulers().patch("rollback", &PatchParams::default(), &Patch::Merge(&touch)).await?;
+    let touched = std::time::Instant::now();
+    let deadline = touched + Duration::from_secs(60);
+    while c.fx.metric_total("sked_reconciles_total").await? < reconciles + 2 || touched.elapsed() < Duration::from_secs(5) {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no reconcile after the touch");
+        c.drive().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let after = c.fx.schedulers().get("rollback").await?;
+    assert_eq!(phase(&after), Some(RolloutPhase::RolledBack));
+    assert_eq!(c.replacements(), replaced, "the failed revision was tried again");
+    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "rollback", 3).await?;
+    assert!(pods.values().all(|p| args(p).is_empty()), "no pod of the failed revision");
     Ok(())
 }
 
@@ -334,7 +268,7 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     let nodes = ["e-1", "e-2", "e-3"];
     let mut c = cluster("eject", &nodes, base_spec("eject", rollout(600, 60))).await?;
     // e-3's kernel runs another scheduler: skipped by every rollout, never failing one.
-    c.kernel = Box::new(|node, _| if node == "e-3" { Kernel::Foreign } else { Kernel::Attaches });
+    c.nodes.kernel = Box::new(|node, _| if node == "e-3" { Kernel::Foreign } else { Kernel::Attaches });
     let s = c
         .drive_until("first deployment, e-3 skipped", |s| {
             phase(s) == Some(RolloutPhase::Complete)
@@ -352,9 +286,9 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     // The kernel ejects the canary's scheduler during its bake.
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
     let canary_node = pods.iter().find(|(_, p)| args(p) == ["--v2"]).map(|(n, _)| n.clone()).context("canary")?;
-    let sysfs = c.agents.get(&canary_node).map(|(_, a)| a.sysfs.clone()).context("canary agent")?;
+    let sysfs = c.nodes.agent(&canary_node).map(|a| a.sysfs.clone()).context("canary agent")?;
     sked_agent::sysfs::fixture::write(&sysfs, "disabled", None, 2)?;
-    c.kernel = Box::new(|node, pod| {
+    c.nodes.kernel = Box::new(|node, pod| {
         if node == "e-3" {
             Kernel::Foreign
         } else if args(pod) == ["--v2"] {
@@ -378,14 +312,14 @@ async fn a_first_deployment_that_is_slow_to_attach_is_reported_then_completes() 
     let nodes = ["s-1", "s-2"];
     let mut c = cluster("slow", &nodes, base_spec("slow", rollout(1, 2))).await?;
     // The kernels refuse at first: nothing to roll back to, so the pods stay and it is reported.
-    c.kernel = Box::new(|_, _| Kernel::Refuses);
+    c.nodes.kernel = Box::new(|_, _| Kernel::Refuses);
     let failed = c.drive_until("reported failed", |s| phase(s) == Some(RolloutPhase::Failed)).await?;
     assert!(has_condition(&failed, "Stalled", "True", "RolloutFailed"));
     let message = condition(&failed, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains("nothing to roll back to"), "{message}");
     assert_eq!(c.replacements().values().sum::<usize>(), 0, "no pod replaced");
     // They attach after all: the revision is the current one, nothing was restarted.
-    for (_, agent) in c.agents.values() {
+    for (_, agent) in c.nodes.agents() {
         agent.set_kernel("enabled", Some("rusty_1.0.0_x86_64"), 1)?;
     }
     let done = c.drive_until("complete", |s| complete_at(s, 1)).await?;

@@ -1,41 +1,108 @@
-//! `make demo`: a local control plane, the CRD, the controller with its reports server, two
-//! demo Nodes with an agent each (on a fake sysfs root), and an example Scheduler; prints
-//! `kubectl get schedulers` and the DaemonSet, then runs until Ctrl-C.
+//! `make demo`: a local control plane, the CRD, the controller with its reports server, five
+//! demo Nodes and the example Scheduler, with the nodes' kubelets and kernels played by
+//! `sked_tests::fake_nodes` (the rollout suite's stand-in): each pod gets its own agent on a
+//! fake sched_ext tree, the fake kernel attaches the pod's scheduler a moment after it starts,
+//! and the pod is Ready when its agent says so. A revision whose args hold
+//! `--demo-never-attach` never attaches; one with `--demo-eject` attaches and is then ejected
+//! for a runnable task stall. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
+//! itself and exits.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use kube::{Api, ResourceExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
 use sked_controller::Scheduler;
-use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token};
-use sked_tests::{
-    TestCluster, cluster, create_ready_node, ensure_namespace, ensure_service_account, install_crds, wait_bound_pods,
-    wait_for,
-};
+use sked_controller::api::RolloutPhase;
+use sked_tests::agents::{ReportsEndpoint, ReportsTls};
+use sked_tests::fake_nodes::{FakeNodes, Kernel};
+use sked_tests::{TestCluster, cluster, create_ready_node, ensure_namespace, ensure_service_account, install_crds};
+use tokio::sync::Mutex;
 
-const NODES: [&str; 2] = ["demo-node-1", "demo-node-2"];
+const NODES: [&str; 5] = ["demo-node-1", "demo-node-2", "demo-node-3", "demo-node-4", "demo-node-5"];
+const NAME: &str = "scx-rusty";
+const NAMESPACE: &str = "sked-system";
+/// The example's rollout, made quick enough to watch: bake 5 s, give up on an attach after 15 s,
+/// two nodes at a time after the canary.
+const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2}}}"#;
+const MAX_UNAVAILABLE: usize = 2;
 
 /// One line per step of the demo's start.
 fn step(what: &str) {
     eprintln!("demo: {what}");
 }
 
+/// How the demo's fake kernels treat a pod's scheduler: by the args of its revision.
+fn demo_kernel(_node: &str, pod: &Pod) -> Kernel {
+    let args = pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.args.clone()).unwrap_or_default();
+    if args.iter().any(|a| a == "--demo-never-attach") {
+        Kernel::Refuses
+    } else if args.iter().any(|a| a == "--demo-eject") {
+        Kernel::AttachesThenEjected
+    } else {
+        Kernel::Attaches
+    }
+}
+
+struct Demo {
+    cluster: TestCluster,
+    client: Client,
+    nodes: Arc<Mutex<FakeNodes>>,
+    controller: Child,
+    _tls: ReportsTls,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
+    let demo = start().await?;
+    let scripted = std::env::var("DEMO_SCRIPT").is_ok_and(|v| !v.is_empty() && v != "0");
+    let result = if scripted { tour(&demo).await } else { interactive(&demo).await };
+    stop(demo);
+    result
+}
+
+async fn start() -> Result<Demo> {
+    let started = Instant::now();
     step("starting the control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)");
     let cluster = tokio::task::spawn_blocking(TestCluster::start).await??;
     let client = cluster.client().await?;
-    step("installing the Scheduler CRD and two demo Nodes");
+    step("installing the Scheduler CRD and five demo Nodes (no kubelet: the demo plays it, see below)");
     install_crds(&client).await?;
-    ensure_namespace(&client, "sked-system").await?;
-    ensure_service_account(&client, "sked-system", "sked-agent").await?;
-
-    // Two Nodes stand in for machines (there is no kubelet in the demo).
+    ensure_namespace(&client, NAMESPACE).await?;
+    ensure_service_account(&client, NAMESPACE, "sked-agent").await?;
     for name in NODES {
         create_ready_node(&client, name, &[("schedkit.io/pool", "batch")]).await?;
     }
+    tokio::spawn(sked_tests::finish_pod_deletions(client.clone(), NAMESPACE.to_owned()));
+    let tls = ReportsTls::generate(&cluster.dir)?;
+    let reports_port = cluster::free_port()?;
+    step("starting sked-controller with its reports server");
+    let controller = start_controller(&cluster, &tls, reports_port)?;
 
+    step("applying examples/scx-rusty.yaml, with a rollout quick enough to watch (bake 5 s)");
+    let example = cluster::workspace_root().join("examples/scx-rusty.yaml");
+    kubectl(&cluster, &["apply", "-f", &example.to_string_lossy()])?;
+    kubectl(&cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", QUICK_ROLLOUT])?;
+
+    step("playing each node's kubelet and kernel: an agent per pod on a fake sched_ext tree");
+    let address = format!("https://localhost:{reports_port}");
+    let reports = ReportsEndpoint { address: &address, ca: &tls.ca, server_name: None };
+    let mut nodes = FakeNodes::new(&client, NAMESPACE, "app.kubernetes.io/managed-by=sked", "schedkit.io/pool=batch", &cluster.dir, &reports);
+    nodes.attach_after = Duration::from_millis(800);
+    nodes.kernel = Box::new(demo_kernel);
+    let nodes = Arc::new(Mutex::new(nodes));
+    tokio::spawn(play(nodes.clone()));
+
+    let demo = Demo { cluster, client, nodes, controller, _tls: tls };
+    wait_scheduler(&demo, "every node attached", complete).await?;
+    step(&format!("ready in {:.1}s", started.elapsed().as_secs_f64()));
+    Ok(demo)
+}
+
+fn start_controller(cluster: &TestCluster, tls: &ReportsTls, reports_port: u16) -> Result<Child> {
     // The controller binary sits next to this one (same Cargo target directory).
     let controller_bin = match std::env::var("SKED_CONTROLLER_BIN") {
         Ok(path) => PathBuf::from(path),
@@ -44,15 +111,12 @@ async fn main() -> Result<()> {
     if !controller_bin.exists() {
         bail!("{} not found: build it with `cargo build -p sked-controller`", controller_bin.display());
     }
-    let tls = ReportsTls::generate(&cluster.dir)?;
-    let reports_port = cluster::free_port()?;
     // The demo has no registry to verify signatures against; its trust policy lets the
     // example's repository run unsigned. The built-in default requires schedkit's signature.
     let policy = cluster.dir.join("demo-trust-policy.yaml");
     std::fs::write(&policy, "rules:\n  - repository: ghcr.io/schedkit/*\n    unsigned: allow\n")?;
-    step("starting sked-controller with its reports server");
     let log = std::fs::File::create(cluster.dir.join("sked-controller.log"))?;
-    let mut controller = Command::new(&controller_bin)
+    Command::new(&controller_bin)
         .env("KUBECONFIG", &cluster.kubeconfig)
         .args(["--log-format=json", &format!("--reports-bind-address=127.0.0.1:{reports_port}")])
         .arg("--reports-cert-file")
@@ -65,81 +129,222 @@ async fn main() -> Result<()> {
         .stderr(log)
         .stdin(Stdio::null())
         .spawn()
-        .context("starting sked-controller")?;
+        .context("starting sked-controller")
+}
 
-    step("applying examples/scx-rusty.yaml");
-    let example = cluster::workspace_root().join("examples/scx-rusty.yaml");
-    let out = cluster.kubectl(&["apply", "-f", &example.to_string_lossy()])?;
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-    if !out.status.success() {
-        bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    // An agent per node, with a token bound to that node's scheduler pod. The fake kernel of
-    // demo-node-1 runs scx_rusty; demo-node-2's has no scheduler attached.
-    step("starting an agent per node on a fake sched_ext sysfs");
-    let pods = wait_bound_pods(&client, "sked-system", "scx-rusty", NODES.len()).await?;
-    let mut agents = Vec::new();
-    for node in NODES {
-        let pod = &pods[node];
-        let token = bound_token(&client, "sked-system", "sked-agent", Some(pod)).await?;
-        let agent = AgentProcess::start(&AgentSpec {
-            dir: &cluster.dir,
-            node,
-            pod: &pod.name_any(),
-            scheduler: "scx-rusty",
-            expected_ops: Some("rusty"),
-            controller: &format!("https://localhost:{reports_port}"),
-            ca: &tls.ca,
-            server_name: None,
-            token: &token,
-        })?;
-        agents.push(agent);
-    }
-    agents[0].set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 1)?;
-
-    let schedulers: Api<Scheduler> = Api::all(client.clone());
-    wait_for("the example Scheduler's status", || {
-        let schedulers = schedulers.clone();
-        async move {
-            Ok(schedulers.get_opt("scx-rusty").await?.filter(|s| {
-                s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 2 && st.kernel_attached == 1)
-            }))
+/// The nodes' kubelets and kernels, one move every 300 ms (a kubelet's probes run every few
+/// seconds) until the demo stops.
+async fn play(nodes: Arc<Mutex<FakeNodes>>) {
+    loop {
+        if let Err(e) = nodes.lock().await.drive().await
+            && !sked_tests::fake_nodes::is_not_found(&e)
+        {
+            eprintln!("demo: playing the nodes: {e:#}");
         }
-    })
-    .await?;
-
-    for args in [
-        vec!["get", "schedulers"],
-        vec!["get", "daemonset", "-n", "sked-system", "-o", "wide"],
-        vec![
-            "get",
-            "scheduler",
-            "scx-rusty",
-            "-o",
-            "jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{\"\\n\"}{end}",
-        ],
-    ] {
-        println!("\n$ kubectl {}", args.join(" "));
-        let out = cluster.kubectl(&args)?;
-        print!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let second = agents[1].sysfs.join("kernel/sched_ext");
-    println!(
-        "\nThe demo cluster is running. In another shell:\n  export KUBECONFIG={}\n  export PATH={}:$PATH\n  kubectl get schedulers\n\
-         Attach the scheduler on demo-node-2's fake kernel and watch KERNEL-ATTACHED reach 2/2:\n  \
-         mkdir -p {second}/root && echo rusty_1.0.0 > {second}/root/ops && echo enabled > {second}/state\n\
-         Agent metrics: curl http://{}/metrics\nController log: {}\nPress Ctrl-C to stop and clean up.",
-        cluster.kubeconfig.display(),
-        cluster::tools_dir().display(),
-        agents[1].http,
-        cluster.dir.join("sked-controller.log").display(),
-        second = second.display(),
-    );
+}
+
+fn stop(mut demo: Demo) {
+    let _ = demo.controller.kill();
+    let _ = demo.controller.wait();
+}
+
+fn kubectl(cluster: &TestCluster, args: &[&str]) -> Result<String> {
+    let out = cluster.kubectl(args)?;
+    if !out.status.success() {
+        bail!("kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Prints a command as typed and what it printed.
+fn show(cluster: &TestCluster, args: &[&str]) -> Result<()> {
+    println!("\n$ kubectl {}", args.iter().map(|a| shell_word(a)).collect::<Vec<_>>().join(" "));
+    print!("{}", kubectl(cluster, args)?);
+    Ok(())
+}
+
+fn shell_word(a: &str) -> String {
+    if a.contains(['{', ' ', '"', '[']) { format!("'{a}'") } else { a.to_owned() }
+}
+
+fn phase(s: &Scheduler) -> Option<RolloutPhase> {
+    s.status.as_ref()?.rollout.as_ref().map(|r| r.phase)
+}
+
+/// The current generation observed, and every node Ready with its scheduler attached.
+fn settled(s: &Scheduler) -> bool {
+    let nodes = i32::try_from(NODES.len()).unwrap_or(i32::MAX);
+    s.status.as_ref().is_some_and(|st| {
+        st.observed_generation == s.metadata.generation && st.number_ready == nodes && st.kernel_attached == nodes
+    })
+}
+
+fn complete(s: &Scheduler) -> bool {
+    phase(s) == Some(RolloutPhase::Complete) && settled(s)
+}
+
+/// The current generation's revision failed and was rolled back; every node runs the last
+/// good one again, Ready and attached.
+fn rolled_back(s: &Scheduler) -> bool {
+    let failed_now = s.status.as_ref().and_then(|st| st.rollout.as_ref()).and_then(|r| r.failed.as_ref());
+    phase(s) == Some(RolloutPhase::RolledBack)
+        && failed_now.is_some_and(|f| Some(f.generation) == s.metadata.generation)
+        && settled(s)
+}
+
+/// Waits (at most three minutes) until the example Scheduler satisfies `pred`; records every
+/// rollout phase it passes through.
+async fn wait_scheduler(demo: &Demo, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Vec<RolloutPhase>> {
+    let schedulers: Api<Scheduler> = Api::all(demo.client.clone());
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut phases = Vec::new();
+    loop {
+        if let Some(s) = schedulers.get_opt(NAME).await? {
+            // Phases of the current generation only (not what the last one ended in).
+            let current = s.status.as_ref().is_some_and(|st| st.observed_generation == s.metadata.generation);
+            if let Some(p) = phase(&s).filter(|_| current)
+                && phases.last() != Some(&p)
+            {
+                phases.push(p);
+            }
+            if pred(&s) {
+                return Ok(phases);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the demo's Scheduler never got to: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+const TABLE: [&str; 2] = ["get", "schedulers"];
+const CONDITIONS: [&str; 5] = [
+    "get",
+    "scheduler",
+    NAME,
+    "-o",
+    "jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{\"\\n\"}{end}",
+];
+
+async fn interactive(demo: &Demo) -> Result<()> {
+    show(&demo.cluster, &TABLE)?;
+    show(&demo.cluster, &["get", "daemonset", "-n", NAMESPACE, "-o", "wide"])?;
+    show(&demo.cluster, &CONDITIONS)?;
+    println!("{}", what_to_try(&demo.cluster));
     tokio::signal::ctrl_c().await?;
-    drop(agents);
-    let _ = controller.kill();
-    let _ = controller.wait();
-    drop(cluster);
+    Ok(())
+}
+
+/// What the user can try, each one command, with what they will see.
+fn what_to_try(cluster: &TestCluster) -> String {
+    let patch = |json: &str| format!("kubectl patch scheduler {NAME} --type=merge -p '{json}'");
+    format!(
+        "\nThe demo cluster is running. Its nodes' kubelets and kernels are played by the demo: each pod\n\
+         gets its own sked-agent on a fake sched_ext tree, whose kernel attaches the pod's scheduler\n\
+         a moment after it starts. In another shell:\n\
+         \n  export KUBECONFIG={kubeconfig}\n  export PATH={tools}:$PATH\n  kubectl get schedulers -w\n\
+         \nThen try, one at a time:\n\
+         - A new revision, paced by the kernel: one canary node, a 5 s bake, then waves of two\n    \
+         (PHASE Canary -> Rolling -> Complete, UP-TO-DATE counting up):\n    {args}\n\
+         - A revision whose scheduler never attaches: the canary fails after 15 s and is rolled back\n    \
+         (PHASE RolledBack, Degraded=True RolloutFailed, a RolledBack event; 4 nodes never touched):\n    {broken}\n\
+         - A revision the kernel ejects during its bake (the kernel's reason in the cause):\n    {eject}\n\
+         - Pause, change, resume:\n    {pause}\n    {paused_args}\n    {resume}\n\
+         - Events:  kubectl get events -n default --field-selector involvedObject.name={NAME}\n\
+         - Delete it (every node back on the kernel's default scheduler at once):\n    kubectl delete scheduler {NAME}\n\
+         \nController log: {log}\nDEMO_SCRIPT=1 make demo runs these steps itself. Press Ctrl-C to stop and clean up.",
+        kubeconfig = cluster.kubeconfig.display(),
+        tools = cluster::tools_dir().display(),
+        args = patch(r#"{"spec":{"args":["--slice-us","8000"]}}"#),
+        broken = patch(r#"{"spec":{"args":["--demo-never-attach"]}}"#),
+        eject = patch(r#"{"spec":{"args":["--demo-eject"]}}"#),
+        pause = patch(r#"{"spec":{"rollout":{"paused":true}}}"#),
+        paused_args = patch(r#"{"spec":{"args":["--slice-us","9000"]}}"#),
+        resume = patch(r#"{"spec":{"rollout":{"paused":false}}}"#),
+        log = cluster.dir.join("sked-controller.log").display(),
+    )
+}
+
+/// One step of the tour: a title, the command as the user would type it, and what happened.
+async fn tour_step(demo: &Demo, title: &str, patch: &str) -> Result<()> {
+    println!("\n== {title}");
+    demo.nodes.lock().await.most_down = 0;
+    show(&demo.cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", patch])?;
+    Ok(())
+}
+
+/// After a step: the phases seen, the most nodes down at once, the table and the conditions.
+async fn tour_report(demo: &Demo, phases: &[RolloutPhase]) -> Result<()> {
+    let seen: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
+    println!("phases seen: {}", seen.join(" -> "));
+    let down = demo.nodes.lock().await.most_down;
+    println!("most nodes without an attached, Ready scheduler at once: {down} (maxUnavailable {MAX_UNAVAILABLE})");
+    show(&demo.cluster, &TABLE)?;
+    show(&demo.cluster, &CONDITIONS)?;
+    print_revisions(demo).await
+}
+
+/// How many nodes run each revision (the pods' revision labels).
+async fn print_revisions(demo: &Demo) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(demo.client.clone(), NAMESPACE);
+    let list = pods.list(&kube::api::ListParams::default().labels(&format!("name={NAME}"))).await?;
+    let mut by_revision = std::collections::BTreeMap::<String, usize>::new();
+    for pod in list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let revision = pod.metadata.labels.as_ref().and_then(|l| l.get("sked.schedkit.io/revision")).cloned();
+        *by_revision.entry(revision.unwrap_or_default()).or_default() += 1;
+    }
+    let shown: Vec<String> = by_revision.iter().map(|(r, n)| format!("{r} on {n} nodes")).collect();
+    println!("revisions running: {}", shown.join(", "));
+    Ok(())
+}
+
+async fn tour(demo: &Demo) -> Result<()> {
+    show(&demo.cluster, &TABLE)?;
+    tour_step(demo, "1. a new revision, paced by the kernel", r#"{"spec":{"args":["--slice-us","8000"]}}"#).await?;
+    let phases = wait_scheduler(demo, "the new revision complete", complete).await?;
+    tour_report(demo, &phases).await?;
+
+    tour_step(demo, "2. a revision that never attaches", r#"{"spec":{"args":["--demo-never-attach"]}}"#).await?;
+    let phases = wait_scheduler(demo, "rolled back, every node attached again", rolled_back).await?;
+    tour_report(demo, &phases).await?;
+    show(&demo.cluster, &["get", "events", "-n", "default", "--field-selector", "reason=RolledBack"])?;
+
+    tour_step(demo, "3. a revision the kernel ejects during its bake", r#"{"spec":{"args":["--demo-eject"]}}"#).await?;
+    let phases = wait_scheduler(demo, "rolled back after the ejection", rolled_back).await?;
+    tour_report(demo, &phases).await?;
+
+    tour_step(demo, "4. pause, change, resume", r#"{"spec":{"rollout":{"paused":true},"args":["--slice-us","9000"]}}"#)
+        .await?;
+    let paused = |s: &Scheduler| {
+        phase(s) == Some(RolloutPhase::Paused) && s.status.as_ref().is_some_and(|st| st.observed_generation == s.metadata.generation)
+    };
+    let phases = wait_scheduler(demo, "paused", paused).await?;
+    tour_report(demo, &phases).await?;
+    demo.nodes.lock().await.most_down = 0;
+    show(&demo.cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", r#"{"spec":{"rollout":{"paused":false}}}"#])?;
+    let phases = wait_scheduler(demo, "the resumed revision complete", complete).await?;
+    tour_report(demo, &phases).await?;
+
+    println!("\n== 5. delete the Scheduler");
+    show(&demo.cluster, &["delete", "scheduler", NAME])?;
+    wait_pods_gone(demo).await?;
+    show(&demo.cluster, &["get", "pods", "-n", NAMESPACE])?;
+    println!("\ntour complete");
+    Ok(())
+}
+
+/// Waits until no scheduler pod is left (the nodes run the kernel's default scheduler again).
+async fn wait_pods_gone(demo: &Demo) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(demo.client.clone(), NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !pods.list(&kube::api::ListParams::default().labels(&format!("name={NAME}"))).await?.items.is_empty() {
+        if Instant::now() > deadline {
+            bail!("the Scheduler's pods are still there a minute after its deletion");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }

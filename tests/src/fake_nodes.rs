@@ -1,0 +1,296 @@
+//! Nodes without a kubelet or a sched_ext kernel, played honestly: the rollout suite and
+//! `make demo` share this one stand-in. For every pod a Scheduler's DaemonSet places on such a
+//! node it starts that pod's own `sked-agent` (a token bound to the pod, the scheduler and
+//! expected ops its agent container is given) on a fake sched_ext sysfs tree. The fake kernel
+//! then attaches the pod's scheduler a moment after the pod starts, under the ops name its image
+//! registers, or never attaches it, or runs another scheduler, or attaches it and ejects it with
+//! the kernel's own words, as the play says. A pod is marked Ready exactly when its agent's
+//! /readyz says so. Pod deletions are finished by [`crate::finish_pod_deletions`], as a kubelet
+//! would.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use sked_proto::contract::env;
+
+use crate::agents::{AgentProcess, AgentSpec, ReportsEndpoint, bound_token};
+
+/// What a node's kernel does with a pod's scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// It attaches.
+    Attaches,
+    /// It never attaches.
+    Refuses,
+    /// Another scheduler (started by hand) owns the kernel.
+    Foreign,
+    /// It attaches, then the kernel ejects it for a runnable task stall, as its log says.
+    AttachesThenEjected,
+}
+
+/// How each node's kernel treats a pod's scheduler, by node and pod.
+pub type KernelPlay = Box<dyn Fn(&str, &Pod) -> Kernel + Send + Sync>;
+
+/// The ops name a scheduler image registers in the kernel, as scx schedulers name themselves:
+/// the repository's last part without its `scx_` prefix, with version and target appended
+/// (`ghcr.io/schedkit/scx_rusty:v1` -> `rusty_1.0.0_x86_64_unknown_linux_gnu`).
+pub fn ops_of_image(image: &str) -> String {
+    let repository = image.split('@').next().unwrap_or(image);
+    let last = repository.rsplit('/').next().unwrap_or(repository);
+    let name = last.split(':').next().unwrap_or(last);
+    format!("{}_1.0.0_x86_64_unknown_linux_gnu", name.strip_prefix("scx_").unwrap_or(name))
+}
+
+/// The ops name of the scheduler started by hand on a [`Kernel::Foreign`] node.
+pub const FOREIGN_OPS: &str = "lavd_1.0.0";
+
+/// How far one pod's scheduler has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Its agent runs; the kernel has not attached it (yet).
+    Started,
+    /// Attached since then.
+    Attached(Instant),
+    /// Nothing more will happen to it.
+    Settled,
+}
+
+struct Played {
+    pod: String,
+    agent: AgentProcess,
+    play: Kernel,
+    ops: String,
+    started: Instant,
+    stage: Stage,
+}
+
+/// The nodes of one test or demo, played one move at a time by [`FakeNodes::drive`].
+pub struct FakeNodes {
+    client: Client,
+    namespace: String,
+    /// The pods played (a label selector).
+    pods: String,
+    /// The nodes counted for [`FakeNodes::most_down`] (a label selector).
+    nodes: String,
+    dir: PathBuf,
+    reports_address: String,
+    reports_ca: PathBuf,
+    /// How long after its pod starts the kernel attaches a scheduler (zero: at once, before
+    /// the agent's first read).
+    pub attach_after: Duration,
+    /// How long an attached [`Kernel::AttachesThenEjected`] scheduler runs before its ejection.
+    pub eject_after: Duration,
+    pub kernel: KernelPlay,
+    agents: BTreeMap<String, Played>,
+    /// Every pod uid seen per node, in order.
+    pub history: BTreeMap<String, Vec<String>>,
+    /// The most nodes seen at once without a Ready pod whose scheduler is attached.
+    pub most_down: usize,
+}
+
+impl FakeNodes {
+    /// Plays the pods matching `pods` in `namespace`; `nodes` selects the nodes that should
+    /// each run one; agents report to the reports server at `reports` (files under `dir`).
+    pub fn new(
+        client: &Client,
+        namespace: &str,
+        pods: &str,
+        nodes: &str,
+        dir: &Path,
+        reports: &ReportsEndpoint<'_>,
+    ) -> Self {
+        Self {
+            client: client.clone(),
+            namespace: namespace.to_owned(),
+            pods: pods.to_owned(),
+            nodes: nodes.to_owned(),
+            dir: dir.to_owned(),
+            reports_address: reports.address.to_owned(),
+            reports_ca: reports.ca.to_owned(),
+            attach_after: Duration::ZERO,
+            eject_after: Duration::from_secs(3),
+            kernel: Box::new(|_, _| Kernel::Attaches),
+            agents: BTreeMap::new(),
+            history: BTreeMap::new(),
+            most_down: 0,
+        }
+    }
+
+    /// The agent running for `node`'s pod, if any.
+    pub fn agent(&self, node: &str) -> Option<&AgentProcess> {
+        self.agents.get(node).map(|p| &p.agent)
+    }
+
+    /// The agents of every node, by node.
+    pub fn agents(&self) -> impl Iterator<Item = (&String, &AgentProcess)> {
+        self.agents.iter().map(|(n, p)| (n, &p.agent))
+    }
+
+    /// How often each node's pod was replaced since it was first seen.
+    pub fn replacements(&self) -> BTreeMap<String, usize> {
+        self.history.iter().map(|(n, uids)| (n.clone(), uids.len() - 1)).collect()
+    }
+
+    /// One move of every node's kubelet and kernel: an agent for each new pod, its kernel
+    /// moved on as the play says, pods Ready as their agents say. A pod deleted between the
+    /// list and this move is left to the next one.
+    pub async fn drive(&mut self) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let list = pods.list(&ListParams::default().labels(&self.pods)).await?;
+        let live: BTreeMap<String, Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+            .collect();
+        // Agents of pods that are gone stop with them (their node now runs no scheduler).
+        let gone: Vec<String> = self.agents.keys().filter(|n| !live.contains_key(*n)).cloned().collect();
+        for node in gone {
+            if let Some(mut played) = self.agents.remove(&node) {
+                played.agent.stop();
+                AgentProcess::preset_kernel(&self.dir, &node, "disabled", None, 1)?;
+            }
+        }
+        let mut down = 0;
+        for (node, pod) in &live {
+            let uid = pod.uid().unwrap_or_default();
+            let seen = self.history.entry(node.clone()).or_default();
+            if seen.last() != Some(&uid) {
+                seen.push(uid);
+            }
+            if self.agents.get(node).is_none_or(|p| p.pod != pod.name_any()) {
+                self.start_agent(node, pod).await?;
+            }
+            self.move_kernel(node)?;
+            let ready = self.agent(node).is_some_and(|a| a.get("/readyz").is_ok_and(|(code, _)| code == 200));
+            let status = pod.status.as_ref();
+            let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+            let was_ready = status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            // Its containers run once its agent does: Running, and Ready as the agent says.
+            if ready != was_ready || !running {
+                match crate::kubelet::set_pod_ready(&pods, &pod.name_any(), ready).await {
+                    Err(e) if is_not_found(&e) => {}
+                    other => other?,
+                }
+            }
+            // Down until the API server shows the pod Ready (what the controller sees), not
+            // only until its agent is: two pods replaced between moves both count.
+            if !(ready && was_ready) {
+                down += 1;
+            }
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes = nodes.list(&ListParams::default().labels(&self.nodes)).await?;
+        down += nodes.items.len().saturating_sub(live.len());
+        self.most_down = self.most_down.max(down);
+        Ok(())
+    }
+
+    /// Starts the agent of `pod` on `node` (stopping its predecessor's), with the kernel set
+    /// as the pod's scheduler finds it.
+    async fn start_agent(&mut self, node: &str, pod: &Pod) -> Result<()> {
+        if let Some(mut old) = self.agents.remove(node) {
+            old.agent.stop();
+        }
+        let play = (self.kernel)(node, pod);
+        let image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default();
+        let ops = ops_of_image(&image);
+        let at_once = self.attach_after.is_zero() && matches!(play, Kernel::Attaches | Kernel::AttachesThenEjected);
+        // The pod's kernel first: its agent's first report is about this pod's scheduler.
+        match play {
+            Kernel::Foreign => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(FOREIGN_OPS), 1)?,
+            _ if at_once => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(&ops), 1)?,
+            _ => AgentProcess::preset_kernel(&self.dir, node, "disabled", None, 1)?,
+        }
+        let agent_env = |name: &str| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "agent"))
+                .and_then(|c| c.env.as_ref())
+                .and_then(|vars| vars.iter().find(|v| v.name == name))
+                .and_then(|v| v.value.clone())
+        };
+        let scheduler = agent_env(env::SCHEDULER)
+            .or_else(|| pod.labels().get("name").cloned())
+            .ok_or_else(|| anyhow!("pod {} names no scheduler", pod.name_any()))?;
+        let expected_ops = agent_env(env::EXPECTED_OPS).unwrap_or_else(|| ops.clone());
+        let token = bound_token(&self.client, &self.namespace, "sked-agent", Some(pod)).await?;
+        let agent = AgentProcess::start(&AgentSpec {
+            dir: &self.dir,
+            node,
+            pod: &pod.name_any(),
+            scheduler: &scheduler,
+            expected_ops: Some(&expected_ops),
+            controller: &self.reports_address,
+            ca: &self.reports_ca,
+            server_name: None,
+            token: &token,
+        })?;
+        let stage = if at_once { Stage::Attached(Instant::now()) } else { Stage::Started };
+        let played = Played { pod: pod.name_any(), agent, play, ops, started: Instant::now(), stage };
+        self.agents.insert(node.to_owned(), played);
+        Ok(())
+    }
+
+    /// Moves `node`'s fake kernel on: attaches the scheduler once its time came, ejects it
+    /// once it ran for [`FakeNodes::eject_after`] when the play says so.
+    fn move_kernel(&mut self, node: &str) -> Result<()> {
+        let (attach_after, eject_after) = (self.attach_after, self.eject_after);
+        let Some(p) = self.agents.get_mut(node) else { return Ok(()) };
+        match (p.play, p.stage) {
+            (Kernel::Attaches | Kernel::AttachesThenEjected, Stage::Started) if p.started.elapsed() >= attach_after => {
+                p.agent.set_kernel("enabled", Some(&p.ops), 1)?;
+                p.stage = Stage::Attached(Instant::now());
+            }
+            (Kernel::AttachesThenEjected, Stage::Attached(since)) if since.elapsed() >= eject_after => {
+                let (name, usec) = (&p.ops, uptime_usec()?);
+                let exit = format!("3,101,{usec},-;sched_ext: BPF scheduler \"{name}\" disabled (runnable task stall)");
+                p.agent.kernel_logs(&exit)?;
+                let detail = format!("3,102,{},-;sched_ext: {name}: kworker/1:2[91] failed to run for 31.004s", usec + 2000);
+                p.agent.kernel_logs(&detail)?;
+                p.agent.set_kernel("disabled", None, 1)?;
+                p.stage = Stage::Settled;
+            }
+            (Kernel::Attaches, Stage::Attached(_)) | (Kernel::Refuses | Kernel::Foreign, _) => p.stage = Stage::Settled,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Microseconds since boot, as a `/dev/kmsg` record stamps it (the agent turns it into a time
+/// of day from the boot time).
+fn uptime_usec() -> Result<u64> {
+    let uptime = std::fs::read_to_string("/proc/uptime")?;
+    let seconds: f64 = uptime.split_whitespace().next().unwrap_or_default().parse()?;
+    Ok((seconds * 1e6) as u64)
+}
+
+/// Whether `e` is the API server's 404.
+pub fn is_not_found(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<kube::Error>().is_some_and(|e| matches!(e, kube::Error::Api(s) if s.code == 404))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_names_come_from_the_image_as_scx_schedulers_register_them() {
+        assert_eq!(ops_of_image("ghcr.io/schedkit/scx_rusty:v1"), "rusty_1.0.0_x86_64_unknown_linux_gnu");
+        assert_eq!(ops_of_image("ghcr.io/schedkit/scx_lavd@sha256:abcd"), "lavd_1.0.0_x86_64_unknown_linux_gnu");
+        assert_eq!(ops_of_image("localhost:5000/canary"), "canary_1.0.0_x86_64_unknown_linux_gnu");
+    }
+}

@@ -1,0 +1,85 @@
+//! `DEMO_SCRIPT=1 make demo`, end to end: the scripted tour runs the demo's own binary (its own
+//! control plane, controller and played nodes) and every printed table and event is checked: the
+//! canary first, never more than maxUnavailable nodes without an attached scheduler, a broken
+//! revision rolled back with its real cause on every node it reached, everything attached at
+//! the end of each rollout.
+
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, ensure};
+use sked_tests::agents::workspace_binary;
+
+/// The text of tour step `n` (from its `== n.` title to the next one).
+fn section(out: &str, n: usize) -> &str {
+    let Some(start) = out.find(&format!("\n== {n}.")) else { return "" };
+    let rest = &out[start..];
+    let end = rest.get(4..).and_then(|r| r.find("\n== ")).map_or(rest.len(), |i| i + 4);
+    &rest[..end]
+}
+
+/// The value after `prefix` on the first line that starts with it.
+fn line_after<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| l.strip_prefix(prefix))
+}
+
+fn most_down(text: &str) -> Option<usize> {
+    line_after(text, "most nodes without an attached, Ready scheduler at once: ")?.split(' ').next()?.parse().ok()
+}
+
+#[test]
+fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<()> {
+    workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?;
+    sked_tests::agents::agent_binary()?;
+    let demo = workspace_binary("sked-demo", "SKED_DEMO_BIN")?;
+    let out = Command::new(&demo)
+        .env("DEMO_SCRIPT", "1")
+        .env("SKED_TOOLS_BIN", sked_tests::cluster::tools_dir())
+        .stdin(Stdio::null())
+        .output()
+        .context("running sked-demo")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success(), "the tour failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("tour complete"), "{stdout}");
+    // The start: five nodes, each attached.
+    let first_table = stdout.split("\n== ").next().unwrap_or_default();
+    assert!(first_table.contains("5/5") && first_table.contains("Complete"), "{first_table}");
+
+    // 1. A new revision: a canary first, then waves, never more than two nodes down.
+    let one = section(&stdout, 1);
+    let phases = line_after(one, "phases seen: ").context("phases of step 1")?;
+    assert!(phases.starts_with("Canary") && phases.ends_with("Complete") && phases.contains("Rolling"), "{one}");
+    assert!(most_down(one).is_some_and(|n| (1..=2).contains(&n)), "{one}");
+    assert!(one.contains("5/5"), "every node attached at the end: {one}");
+    let stable = line_after(one, "revisions running: ").context("revisions after step 1")?;
+    assert!(stable.ends_with(" on 5 nodes") && !stable.contains(','), "{one}");
+
+    // 2. A revision that never attaches: the canary fails with the kernel's cause, is rolled
+    // back, and the other nodes never leave the stable revision.
+    let two = section(&stdout, 2);
+    assert!(line_after(two, "phases seen: ").is_some_and(|p| p.ends_with("RolledBack")), "{two}");
+    assert_eq!(most_down(two), Some(1), "only the canary left its scheduler: {two}");
+    assert!(two.contains("Degraded=True RolloutFailed: Revision"), "{two}");
+    assert!(two.contains("the kernel did not run the scheduler within 15s"), "{two}");
+    assert_eq!(line_after(two, "revisions running: "), Some(stable), "the stable revision again everywhere: {two}");
+    assert!(two.contains("RolledBack"), "the RolledBack event: {two}");
+
+    // 3. An ejection during the bake: the kernel's own reason is the cause.
+    let three = section(&stdout, 3);
+    assert!(three.contains("runnable task stall"), "{three}");
+    assert_eq!(most_down(three), Some(1), "{three}");
+    assert_eq!(line_after(three, "revisions running: "), Some(stable), "{three}");
+
+    // 4. Paused: nothing moves; resumed: the new revision everywhere, attached.
+    let four = section(&stdout, 4);
+    assert!(four.contains("phases seen: Paused"), "{four}");
+    let resumed = four.rsplit("phases seen: ").next().unwrap_or_default();
+    assert!(resumed.starts_with("Canary") && resumed.contains("Complete"), "{four}");
+    let last = line_after(resumed, "revisions running: ").context("revisions after the resume")?;
+    assert!(last.ends_with(" on 5 nodes") && last != stable, "{four}");
+
+    // 5. Deleted: no scheduler pod is left.
+    let five = section(&stdout, 5);
+    assert!(five.contains("deleted"), "{five}");
+    Ok(())
+}
