@@ -536,7 +536,10 @@ mod tests {
             pod.ready_since = None;
         }
         let cause = decide_at(&[silent, up("b", S)], pacing(1, 1), 120).failure.unwrap().cause;
-        assert!(cause.contains("did not become Ready within 120s and its agent sent no report"), "{cause}");
+        assert!(
+            cause.contains("did not become Ready within 120s") && cause.contains("its agent sent no report"),
+            "{cause}"
+        );
 
         let ejected = decide_at(&[node("a", T, KernelView::Ejected), up("b", S)], pacing(1, 1), 10);
         assert!(ejected.failure.unwrap().cause.contains("stopped running"));

@@ -31,16 +31,11 @@ impl TestCluster {
             "--leader-elect=false",
             "--cluster-resource-namespace=kube-system",
             &format!("--metrics-listen-address=127.0.0.1:{}", free_port()?),
-            &format!("--internal-healthz-listen-address=127.0.0.1:{}", free_port()?),
         ]);
         self.launch("cert-manager-controller", controller).context("starting cert-manager's controller")?;
         let mut cainjector = Command::new(tool("cert-manager-cainjector")?);
         // Its --kubeconfig is not read (controller-runtime's client config is): the variable is.
-        cainjector.env("KUBECONFIG", &self.kubeconfig).args([
-            &kubeconfig,
-            "--leader-elect=false",
-            &format!("--metrics-listen-address=127.0.0.1:{}", free_port()?),
-        ]);
+        cainjector.env("KUBECONFIG", &self.kubeconfig).args([&kubeconfig, "--leader-elect=false"]);
         self.launch("cert-manager-cainjector", cainjector).context("starting cert-manager's CA injector")?;
 
         // Its webhook, with the serving CA it makes itself, called at localhost (as the
@@ -54,7 +49,6 @@ impl TestCluster {
             "--dynamic-serving-ca-secret-name=cert-manager-webhook-ca",
             "--dynamic-serving-dns-names=localhost",
             &format!("--healthz-port={}", free_port()?),
-            &format!("--metrics-listen-address=127.0.0.1:{}", free_port()?),
         ]);
         self.launch("cert-manager-webhook", webhook).context("starting cert-manager's webhook")?;
         let configs = self.dir.join("cert-manager-webhooks.yaml");

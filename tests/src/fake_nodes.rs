@@ -200,12 +200,8 @@ impl FakeNodes {
             old.agent.stop();
         }
         let play = (self.kernel)(node, pod);
-        let image = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.first())
-            .and_then(|c| c.image.clone())
-            .unwrap_or_default();
+        let image =
+            pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default();
         let ops = ops_of_image(&image);
         let at_once = self.attach_after.is_zero() && matches!(play, Kernel::Attaches | Kernel::AttachesThenEjected);
         // The pod's kernel first: its agent's first report is about this pod's scheduler.
@@ -258,7 +254,8 @@ impl FakeNodes {
                 let (name, usec) = (&p.ops, uptime_usec()?);
                 let exit = format!("3,101,{usec},-;sched_ext: BPF scheduler \"{name}\" disabled (runnable task stall)");
                 p.agent.kernel_logs(&exit)?;
-                let detail = format!("3,102,{},-;sched_ext: {name}: kworker/1:2[91] failed to run for 31.004s", usec + 2000);
+                let detail =
+                    format!("3,102,{},-;sched_ext: {name}: kworker/1:2[91] failed to run for 31.004s", usec + 2000);
                 p.agent.kernel_logs(&detail)?;
                 p.agent.set_kernel("disabled", None, 1)?;
                 p.stage = Stage::Settled;

@@ -90,7 +90,14 @@ async fn start() -> Result<Demo> {
     step("playing each node's kubelet and kernel: an agent per pod on a fake sched_ext tree");
     let address = format!("https://localhost:{reports_port}");
     let reports = ReportsEndpoint { address: &address, ca: &tls.ca, server_name: None };
-    let mut nodes = FakeNodes::new(&client, NAMESPACE, "app.kubernetes.io/managed-by=sked", "schedkit.io/pool=batch", &cluster.dir, &reports);
+    let mut nodes = FakeNodes::new(
+        &client,
+        NAMESPACE,
+        "app.kubernetes.io/managed-by=sked",
+        "schedkit.io/pool=batch",
+        &cluster.dir,
+        &reports,
+    );
     nodes.attach_after = Duration::from_millis(800);
     nodes.kernel = Box::new(demo_kernel);
     let nodes = Arc::new(Mutex::new(nodes));
@@ -319,12 +326,16 @@ async fn tour(demo: &Demo) -> Result<()> {
     tour_step(demo, "4. pause, change, resume", r#"{"spec":{"rollout":{"paused":true},"args":["--slice-us","9000"]}}"#)
         .await?;
     let paused = |s: &Scheduler| {
-        phase(s) == Some(RolloutPhase::Paused) && s.status.as_ref().is_some_and(|st| st.observed_generation == s.metadata.generation)
+        phase(s) == Some(RolloutPhase::Paused)
+            && s.status.as_ref().is_some_and(|st| st.observed_generation == s.metadata.generation)
     };
     let phases = wait_scheduler(demo, "paused", paused).await?;
     tour_report(demo, &phases).await?;
     demo.nodes.lock().await.most_down = 0;
-    show(&demo.cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", r#"{"spec":{"rollout":{"paused":false}}}"#])?;
+    show(
+        &demo.cluster,
+        &["patch", "scheduler", NAME, "--type=merge", "-p", r#"{"spec":{"rollout":{"paused":false}}}"#],
+    )?;
     let phases = wait_scheduler(demo, "the resumed revision complete", complete).await?;
     tour_report(demo, &phases).await?;
 
