@@ -444,7 +444,7 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
         s.fx.wait_scheduler(SCHEDULER, "rolled back", |s| rollout_phase(s) == Some(RolloutPhase::RolledBack)).await?;
     let failure = failed.status.and_then(|st| st.rollout).and_then(|r| r.failed).context("failure recorded")?;
     assert_eq!(failure.node, NODE);
-    assert!(failure.cause.contains("did not attach"), "{}", failure.cause);
+    assert!(failure.cause.starts_with("the kernel did not run the scheduler within 10s"), "{}", failure.cause);
     s.fx.wait_event(SCHEDULER, "Warning", "RolledBack", 1).await?;
 
     // The good revision comes back and attaches again in the real kernel.
