@@ -287,22 +287,38 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
         })
         .await?;
     assert!(has_condition(&s, "KernelAttached", "False", "ForeignScheduler"));
+    let untouched = c.nodes.history.get("e-3").cloned().context("e-3's pod")?;
 
-    c.patch_spec(json!({"args": ["--v2"]})).await?;
+    // A whole rollout, canary and waves, reaches every node but e-3, which it never replaces.
+    c.patch_spec(json!({"args": ["--v2"], "rollout": {"bakeSeconds": 1}})).await?;
+    let done = c
+        .drive_until("v2 complete, e-3 skipped", |s| {
+            let r = s.status.as_ref().and_then(|st| st.rollout.as_ref());
+            phase(s) == Some(RolloutPhase::Complete)
+                && r.and_then(|r| r.current_revision.as_ref()).is_some_and(|c| c.generation == 2)
+        })
+        .await?;
+    assert_eq!(done.status.and_then(|s| s.rollout).map(|r| r.skipped_nodes), Some(vec!["e-3".to_owned()]));
+    let replaced = c.replacements();
+    assert_eq!((replaced.get("e-1"), replaced.get("e-2")), (Some(&1), Some(&1)), "{replaced:?}");
+    assert_eq!(c.nodes.history.get("e-3"), Some(&untouched), "the foreign node was never replaced");
+
+    // v3: the kernel ejects the canary's scheduler during its bake.
+    c.patch_spec(json!({"args": ["--v3"], "rollout": {"bakeSeconds": 600}})).await?;
     c.drive_until("the canary baking", |s| {
         phase(s) == Some(RolloutPhase::Canary)
             && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.attached_nodes == 1)
     })
     .await?;
-    // The kernel ejects the canary's scheduler during its bake.
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
-    let canary_node = pods.iter().find(|(_, p)| args(p) == ["--v2"]).map(|(n, _)| n.clone()).context("canary")?;
+    let canary_node = pods.iter().find(|(_, p)| args(p) == ["--v3"]).map(|(n, _)| n.clone()).context("canary")?;
+    assert_ne!(canary_node, "e-3", "the foreign node is no canary");
     let sysfs = c.nodes.agent(&canary_node).map(|a| a.sysfs.clone()).context("canary agent")?;
     sked_agent::sysfs::fixture::write(&sysfs, "disabled", None, 2)?;
     c.nodes.kernel = Box::new(|node, pod| {
         if node == "e-3" {
             Kernel::Foreign
-        } else if args(pod) == ["--v2"] {
+        } else if args(pod) == ["--v3"] {
             Kernel::Refuses
         } else {
             Kernel::Attaches
@@ -314,7 +330,11 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     assert!(failure.cause.contains("stopped running"), "{}", failure.cause);
     c.drive_until("the canary restored", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 2)).await?;
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
-    assert!(pods.values().all(|p| args(p).is_empty()), "every node runs the stable revision");
+    for (node, pod) in &pods {
+        let expected: &[&str] = if node == "e-3" { &[] } else { &["--v2"] };
+        assert_eq!(args(pod), expected, "{node} runs the revision it ran before v3");
+    }
+    assert_eq!(c.nodes.history.get("e-3"), Some(&untouched), "the foreign node was never replaced");
     Ok(())
 }
 
