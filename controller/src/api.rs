@@ -287,8 +287,12 @@ pub struct RolloutStatus {
     /// Nodes that run the update revision and report it attached.
     #[serde(default)]
     pub attached_nodes: i32,
-    /// Nodes left out of the rollout because their kernel cannot run sched_ext or runs another
-    /// scheduler.
+    /// Selected nodes that still run revision zero (the kernel's default scheduler, or another
+    /// Scheduler's until this one takes them) and wait for their wave.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub entering_nodes: i32,
+    /// Nodes left out of the rollout: their kernel cannot run sched_ext or runs another
+    /// scheduler, or no kubelet took their pod up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped_nodes: Vec<String>,
     /// The revision that failed and was rolled back; not tried again until the spec changes.
@@ -326,8 +330,8 @@ pub enum RolloutPhase {
     Complete,
     /// The revision failed; the nodes it reached run the previous revision again.
     RolledBack,
-    /// The revision failed and no earlier revision ever attached, so there is nothing to
-    /// restore: the pods are left as they are.
+    /// The revision failed and no earlier revision ever attached: rolled back to revision zero,
+    /// the nodes it reached run the kernel's default scheduler again.
     Failed,
 }
 

@@ -43,7 +43,12 @@ pub(crate) struct Index {
     daemonsets: Store<DaemonSet>,
     /// Woken when a Node or a Scheduler changed: the owner labels may need writing.
     ownership: Arc<Notify>,
+    /// Each Node's `creationTimestamp` (seconds since the epoch): a node that joined after a
+    /// Scheduler was created enters it at once.
+    node_created: NodeTimes,
 }
+
+type NodeTimes = Arc<Mutex<HashMap<String, i64>>>;
 
 /// Write side of the index: the two feeds, each run by one task ([`Feeds::schedulers`],
 /// [`Feeds::nodes`]).
@@ -53,6 +58,7 @@ pub(crate) struct Feeds {
     pods: Arc<Mutex<PodSet>>,
     daemonsets: reflector::store::Writer<DaemonSet>,
     ownership: Arc<Notify>,
+    node_created: NodeTimes,
 }
 
 /// The facts of the scheduler pods, by name (who may report) and by Scheduler (what a reconcile
@@ -101,6 +107,7 @@ pub(crate) fn index() -> (Index, Feeds) {
     let pods = Arc::new(Mutex::new(PodSet::default()));
     let (daemonset_reader, daemonsets) = reflector::store();
     let ownership = Arc::new(Notify::new());
+    let node_created = NodeTimes::default();
     (
         Index {
             arbiter: arbiter.clone(),
@@ -108,8 +115,9 @@ pub(crate) fn index() -> (Index, Feeds) {
             pods: pods.clone(),
             daemonsets: daemonset_reader,
             ownership: ownership.clone(),
+            node_created: node_created.clone(),
         },
-        Feeds { arbiter, store, pods, daemonsets, ownership },
+        Feeds { arbiter, store, pods, daemonsets, ownership, node_created },
     )
 }
 
@@ -150,6 +158,11 @@ impl Index {
         lock(&self.arbiter).node_labels(name).map(|labels| labels.get(key).cloned())
     }
 
+    /// When the Node `name` was created (seconds since the epoch), if known.
+    pub(crate) fn node_created(&self, name: &str) -> Option<i64> {
+        lock(&self.node_created).get(name).copied()
+    }
+
     /// Whether a Node of that name exists (as last seen).
     pub(crate) fn knows_node(&self, name: &str) -> bool {
         lock(&self.arbiter).node_labels(name).is_some()
@@ -160,13 +173,24 @@ impl Index {
         lock(&self.pods).by_scheduler.get(name).map(|pods| pods.values().cloned().collect()).unwrap_or_default()
     }
 
-    /// The nodes whose owner label differs from their owner, with the value it should have
-    /// (`None`: the label should go, no Scheduler selects the node).
-    pub(crate) fn owner_label_drift(&self) -> Vec<(String, Option<String>)> {
+    /// The nodes that carry an owner label although no Scheduler selects them any more: their
+    /// label goes at once. (A node some Scheduler owns gets its label from that Scheduler's
+    /// rollout, in its wave.)
+    pub(crate) fn orphaned_owner_labels(&self) -> Vec<String> {
         lock(&self.arbiter)
             .owners()
-            .filter(|(_, labels, owner)| labels.get(OWNER_LABEL).map(String::as_str) != *owner)
-            .map(|(node, _, owner)| (node.to_owned(), owner.map(str::to_owned)))
+            .filter(|(_, labels, owner)| owner.is_none() && labels.contains_key(OWNER_LABEL))
+            .map(|(node, _, _)| node.to_owned())
+            .collect()
+    }
+
+    /// The nodes that carry the owner label naming `scheduler` (its DaemonSet runs a pod on
+    /// each), whether or not it still owns them.
+    pub(crate) fn labelled_nodes(&self, scheduler: &str) -> BTreeSet<String> {
+        lock(&self.arbiter)
+            .owners()
+            .filter(|(_, labels, _)| labels.get(OWNER_LABEL).is_some_and(|o| o == scheduler))
+            .map(|(node, _, _)| node.to_owned())
             .collect()
     }
 
@@ -331,20 +355,30 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
     }
 }
 
-/// The Node feed: labels only.
-struct NodeFeed;
+/// The Node feed: labels into the arbiter, and creation times.
+struct NodeFeed {
+    created: NodeTimes,
+}
 
-fn labels_of(n: PartialObjectMeta<Node>) -> (String, std::collections::BTreeMap<String, String>) {
-    (n.name_any(), n.metadata.labels.unwrap_or_default())
+impl NodeFeed {
+    fn labels_of(&self, n: PartialObjectMeta<Node>) -> (String, std::collections::BTreeMap<String, String>) {
+        let name = n.name_any();
+        if let Some(t) = n.metadata.creation_timestamp.as_ref() {
+            lock(&self.created).insert(name.clone(), t.0.as_second());
+        }
+        (name, n.metadata.labels.unwrap_or_default())
+    }
 }
 
 impl Feed<PartialObjectMeta<Node>> for NodeFeed {
     fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<PartialObjectMeta<Node>>) -> Changed {
-        arbiter.replace_nodes(all.into_iter().map(labels_of).collect())
+        lock(&self.created).clear();
+        let nodes = all.into_iter().map(|n| self.labels_of(n)).collect();
+        arbiter.replace_nodes(nodes)
     }
 
     fn applied(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
-        let (name, labels) = labels_of(n);
+        let (name, labels) = self.labels_of(n);
         // The owner label appearing or moving lets its Schedulers go on (a DaemonSet waits for
         // the labels of its nodes), even though placement did not change.
         let before = arbiter.node_labels(&name).and_then(|l| l.get(OWNER_LABEL)).cloned();
@@ -357,6 +391,7 @@ impl Feed<PartialObjectMeta<Node>> for NodeFeed {
     }
 
     fn deleted(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
+        lock(&self.created).remove(&n.name_any());
         arbiter.remove_node(&n.name_any())
     }
 }
@@ -463,7 +498,7 @@ impl Feeds {
         tx: Triggers,
         ready: watch::Sender<bool>,
     ) {
-        let Feeds { arbiter, mut store, pods, daemonsets, ownership } = self;
+        let Feeds { arbiter, mut store, pods, daemonsets, ownership, node_created } = self;
         let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
         let (nodes_listed, mut nodes_ready) = watch::channel(false);
         let (pods_listed, mut pods_ready) = watch::channel(false);
@@ -488,7 +523,15 @@ impl Feeds {
                 schedulers_listed,
                 &ownership
             ),
-            feed_arbiter("Node", &arbiter, nodes.default_backoff(), NodeFeed, tx.clone(), nodes_listed, &ownership),
+            feed_arbiter(
+                "Node",
+                &arbiter,
+                nodes.default_backoff(),
+                NodeFeed { created: node_created },
+                tx.clone(),
+                nodes_listed,
+                &ownership
+            ),
             feed_pods(scheduler_pods.default_backoff(), pods, tx.clone(), pods_listed),
             feed_daemonsets(scheduler_daemonsets.default_backoff(), daemonsets, tx, daemonsets_listed),
             async {

@@ -44,6 +44,9 @@ pub(crate) struct Memo {
     pub(crate) admissions: Mutex<HashMap<String, Admission>>,
     /// Per Scheduler uid, the ejections (`node@time`) the events show recorded, read once a term.
     pub(crate) recorded_ejections: Mutex<HashMap<String, std::collections::HashSet<String>>>,
+    /// When this term set each node's owner label: until its pod appears (or the attach timeout
+    /// passes) the node counts as switching, so the next wave does not start before it.
+    pub(crate) labelled: Mutex<HashMap<String, Instant>>,
 }
 
 impl Default for Memo {
@@ -54,6 +57,7 @@ impl Default for Memo {
             applied: Mutex::default(),
             admissions: Mutex::default(),
             recorded_ejections: Mutex::default(),
+            labelled: Mutex::default(),
         }
     }
 }
@@ -65,6 +69,7 @@ impl Memo {
         lock(&self.written).clear();
         lock(&self.applied).clear();
         lock(&self.recorded_ejections).clear();
+        lock(&self.labelled).clear();
     }
 
     /// How long the current term has lasted.

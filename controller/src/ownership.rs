@@ -1,11 +1,14 @@
-//! Keeps each Node's `sked.schedkit.io/scheduler` label equal to its owner in the arbiter: set
-//! on every node a Scheduler owns, moved when the owner changes, removed when no Scheduler
-//! selects the node, put back when someone edits it. Scheduler DaemonSets select that label, so
-//! ownership never enters a pod template.
+//! The Node's `sked.schedkit.io/scheduler` label says which Scheduler's DaemonSet runs a pod
+//! there (the DaemonSets select it, so ownership never enters a pod template). Two writers:
+//! - a Scheduler's rollout sets it on the nodes that Scheduler owns, in its waves (a first
+//!   deployment and a takeover are switches like any other), and removes it from the nodes a
+//!   failed first revision reached (see `rollout`);
+//! - this loop removes it at once from a node no Scheduler selects any more (the Scheduler was
+//!   deleted, or the node left its selector): the user asked for that node back.
 //!
-//! The label is the only thing this loop writes on a Node (a merge patch of that one label); the
-//! chart's ValidatingAdmissionPolicy holds the controller to it. It writes only while leading,
-//! and only what differs, so an idle cluster costs no write.
+//! The label is the only thing sked writes on a Node (a merge patch of that one label); the
+//! chart's ValidatingAdmissionPolicy holds the controller to it. Writes happen only while
+//! leading, and only what differs, so an idle cluster costs no write.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -40,8 +43,9 @@ pub(crate) async fn keep_owner_labels(client: Client, index: Index, mut leader: 
             continue;
         }
         let drift: Vec<(String, Option<String>)> = index
-            .owner_label_drift()
+            .orphaned_owner_labels()
             .into_iter()
+            .map(|node| (node, None))
             .filter(|(node, owner)| {
                 written.get(node).is_none_or(|(value, at)| value != owner || at.elapsed() >= ECHO_WAIT)
             })
@@ -92,7 +96,8 @@ pub(crate) async fn keep_owner_labels(client: Client, index: Index, mut leader: 
     }
 }
 
-async fn write_label(nodes: &Api<Node>, node: &str, owner: Option<&str>) -> Result<(), kube::Error> {
+/// Sets (or, with `None`, removes) the owner label of `node`.
+pub(crate) async fn write_label(nodes: &Api<Node>, node: &str, owner: Option<&str>) -> Result<(), kube::Error> {
     let patch = json!({ "metadata": { "labels": { OWNER_LABEL: owner } } });
     nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
 }

@@ -27,6 +27,8 @@ pub(crate) struct SchedulerPod {
     pub restarts: i32,
     /// Whether the scheduler container waits in CrashLoopBackOff.
     pub backing_off: bool,
+    /// A kubelet took the pod up: it is past Pending, or reports a container's status.
+    pub started: bool,
     /// When it was created (seconds since the epoch).
     pub created: Option<i64>,
     /// Since when it is terminating (seconds since the epoch).
@@ -88,6 +90,8 @@ impl SchedulerPod {
             ready_since,
             restarts: scx_status.map_or(0, |c| c.restart_count),
             backing_off,
+            started: status.and_then(|s| s.phase.as_deref()).is_some_and(|p| p != "Pending")
+                || status.and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| !cs.is_empty()),
             created: pod.creation_timestamp().map(|t| t.0.as_second()),
             terminating_since: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
         }
@@ -175,6 +179,7 @@ mod tests {
                 ready_since: at("2026-12-01T10:01:00Z"),
                 restarts: 3,
                 backing_off: true,
+                started: true,
                 created: at("2026-12-01T10:00:00Z"),
                 terminating_since: at("2026-12-01T11:00:00Z"),
             }

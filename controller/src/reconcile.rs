@@ -180,7 +180,10 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
 
     let mut spec_error = None;
     let mut requeue: Option<Duration> = None;
-    let daemonset = match (&wanted, placement.wants_daemonset()) {
+    // Nodes another Scheduler took keep this one's pod until their wave moves their label: the
+    // DaemonSet stays while any node carries it.
+    let wants_daemonset = placement.wants_daemonset() || !ctx.index.labelled_nodes(&name).is_empty();
+    let daemonset = match (&wanted, wants_daemonset) {
         (Some((_, image)), true) if failed.is_none() => {
             let mut desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
             if let Some(key) = ctx.trust.admission_key(&scheduler.spec.sched, &scheduler.spec.pull_secret_names()) {
@@ -338,6 +341,17 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     }
     if let Some(step) = &step {
         replace_pods(ctx, &step.replace).await;
+        write_owner_labels(ctx, &name, &step.admit, &step.evict).await;
+        if let Some(failure) = &step.to_zero {
+            let message = format!(
+                "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on every node it reached ({})",
+                failure.revision,
+                failure.node,
+                failure.cause,
+                step.evict.len()
+            );
+            publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
+        }
         requeue = requeue.into_iter().chain(step.recheck_in).min();
     }
 
@@ -448,6 +462,11 @@ struct RolloutStep {
     /// Set the template back to the current revision, for this failure (and whether it failed
     /// in this reconcile).
     roll_back: Option<(RolloutFailure, bool)>,
+    /// Entering nodes to label now, and labels to remove (a first revision failed).
+    admit: Vec<String>,
+    evict: Vec<String>,
+    /// A first revision failed in this reconcile: its nodes go back to the kernel's default.
+    to_zero: Option<RolloutFailure>,
     recheck_in: Option<Duration>,
 }
 
@@ -484,9 +503,12 @@ fn rollout_step(
     // that pod's agent last reported.
     let pods = ctx.index.pods_of(&name);
     let stale_after = ctx.flags.report_stale_after;
+    let (labelled, entering) = entering_nodes(ctx, scheduler, placement);
+    let attach_timeout = Duration::from_secs(
+        u64::try_from(rollout::Pacing::of(scheduler.spec.rollout.as_ref(), 1).attach_timeout_seconds).unwrap_or(1),
+    );
     let nodes: Vec<rollout::NodeView> = ctx.kernel.read(|reports| {
-        placement
-            .owned
+        labelled
             .iter()
             .map(|node| {
                 let pod =
@@ -514,23 +536,33 @@ fn rollout_step(
                     ready_since: p.ready_since,
                     created: p.created.unwrap_or(wall),
                     crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,
+                    started: p.started,
                     terminating_since: p.terminating_since,
                 });
-                rollout::NodeView { node: node.clone(), pod, kernel, exit }
+                // Labelled moments ago and no pod yet: by this leader (it remembers), or by the
+                // last one (early in a term, any labelled node without a pod may be).
+                let just_labelled = pod.is_none()
+                    && (ctx.memo.term_age() < attach_timeout
+                        || lock(&ctx.memo.labelled).get(node).is_some_and(|at| at.elapsed() < attach_timeout));
+                rollout::NodeView { node: node.clone(), pod, kernel, exit, just_labelled }
             })
             .collect()
     });
-    let pacing = rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len());
+    let pacing = rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len() + entering.len());
     // The pods the DaemonSet controller means to run; until it has counted them, one per node.
+    // (Less the nodes another Scheduler took, which keep this one's pod until their wave.)
+    let taken = ctx.index.labelled_nodes(&name).iter().filter(|n| !placement.owned.contains(*n)).count();
     let expected_pods = ds
         .status
         .as_ref()
         .filter(|s| s.observed_generation.is_some())
-        .map_or(nodes.len(), |s| usize::try_from(s.desired_number_scheduled).unwrap_or(0));
+        .map_or(nodes.len(), |s| usize::try_from(s.desired_number_scheduled).unwrap_or(0))
+        .saturating_sub(taken);
     let plan = rollout::decide(&rollout::Input {
         target: &template_revision,
         stable,
         nodes: &nodes,
+        entering: &entering,
         expected_pods,
         pacing,
         now: wall,
@@ -560,7 +592,8 @@ fn rollout_step(
     }
     let newly = step.newly_failed.is_some();
     let roll_back = step.status.failed.clone().filter(|_| step.roll_back).map(|f| (f, newly));
-    let (status, replace) = (step.status, step.replace);
+    let to_zero = step.newly_failed.clone().filter(|_| stable.is_none());
+    let (status, replace, admit, evict) = (step.status, step.replace, step.admit, step.evict);
     // By uid too: a pod of the same name made since is not the one decided on.
     let replace = replace
         .into_iter()
@@ -574,9 +607,68 @@ fn rollout_step(
         image,
         replace,
         roll_back,
+        admit,
+        evict,
+        to_zero,
         recheck_in: plan
             .recheck_in
             .map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200)),
+    }
+}
+
+/// The nodes the Scheduler owns, split into those that carry its owner label (sorted) and those
+/// that do not yet, entering from revision zero. An entering node joined on its own when it was
+/// created after the Scheduler and no other Scheduler's label is on it.
+fn entering_nodes(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    placement: &crate::arbiter::Placement,
+) -> (Vec<String>, Vec<rollout::Entering>) {
+    let name = scheduler.name_any();
+    let created = scheduler.metadata.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second());
+    let running = ctx.index.scheduled_nodes(&name);
+    let mut labelled = Vec::new();
+    let mut entering = Vec::new();
+    for node in &placement.owned {
+        match ctx.index.node_label(node, workload::OWNER_LABEL) {
+            Some(Some(owner)) if owner == name => labelled.push(node.clone()),
+            Some(owner) => {
+                let joined = owner.is_none() && ctx.index.node_created(node).is_some_and(|t| t > created);
+                entering.push(rollout::Entering { node: node.clone(), joined, runs_it: running.contains(node) });
+            }
+            None => {}
+        }
+    }
+    (labelled, entering)
+}
+
+/// Writes the owner labels a rollout step decided: `admit` gets this Scheduler's, `evict` loses
+/// it (back to the kernel's default scheduler). A label not written is decided again at the
+/// next reconcile.
+async fn write_owner_labels(ctx: &Context, scheduler: &str, admit: &[String], evict: &[String]) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.client.clone());
+    let writes = admit.iter().map(|n| (n, Some(scheduler))).chain(evict.iter().map(|n| (n, None)));
+    for (node, owner) in writes {
+        if !ctx.leading() {
+            return;
+        }
+        match crate::ownership::write_label(&nodes, node, owner).await {
+            Ok(()) => {
+                if owner.is_some() {
+                    let mut labelled = lock(&ctx.memo.labelled);
+                    // Past the longest attach timeout an entry tells nothing any more.
+                    labelled.retain(|_, at| at.elapsed() < Duration::from_secs(86_400));
+                    labelled.insert(node.clone(), std::time::Instant::now());
+                    info!(node = %node, "node enters this Scheduler");
+                } else {
+                    info!(node = %node, "node back on the kernel's default scheduler");
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                warn!(node = %node, err = %e, "could not write the node's owner label; retried at the next reconcile")
+            }
+        }
     }
 }
 

@@ -15,9 +15,17 @@
 //! - nodes whose kernel cannot run sched_ext, or that run another scheduler, are skipped: a new
 //!   pod would not attach there either.
 //!
-//! The plan depends only on the pods and the kernel reports (state kept in the API, not in
-//! memory), so a new leader carries on where the last one stopped; only pods of another
-//! revision are ever replaced, so no node is replaced twice for one revision.
+//! The kernel's default scheduler is revision zero. A node enters a Scheduler when its owner
+//! label is set, and the rollout sets it like it replaces a pod: canary first, then in waves
+//! (a first deployment and a takeover are switches too). A node that joined the cluster on its
+//! own enters at once once the Scheduler has a revision that ran everywhere. A first revision
+//! that fails goes back to revision zero: its nodes lose the label.
+//!
+//! The plan depends only on the pods, the node labels and the kernel reports (state kept in
+//! the API), so a new leader carries on where the last one stopped; only pods of another
+//! revision are ever replaced, so no node is replaced twice for one revision. (One thing is
+//! remembered: a label this leader wrote whose pod is not there yet counts as switching; early
+//! in a term every labelled node without a pod does.)
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -82,6 +90,9 @@ pub struct PodView {
     /// The scheduler container restarted [`CRASH_LOOP_RESTARTS`] times or more, or waits in
     /// CrashLoopBackOff.
     pub crash_looping: bool,
+    /// A kubelet took the pod up (it is past Pending, or reports a container). A pod no kubelet
+    /// took up says nothing of its revision: its node is down or unreachable.
+    pub started: bool,
     /// Being deleted since then (seconds since the epoch).
     pub terminating_since: Option<i64>,
 }
@@ -105,7 +116,7 @@ pub enum KernelView {
     Foreign,
 }
 
-/// One node the Scheduler owns.
+/// One node the Scheduler owns that carries its owner label (the DaemonSet runs a pod there).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeView {
     pub node: String,
@@ -114,6 +125,23 @@ pub struct NodeView {
     pub kernel: KernelView,
     /// The kernel's words for the node's last exit, when its agent read them from the kernel log.
     pub exit: Option<String>,
+    /// Its owner label was written moments ago (less than the attach timeout) and its pod is
+    /// not there yet: the DaemonSet controller is about to make it.
+    pub just_labelled: bool,
+}
+
+/// A node the Scheduler owns that does not carry its owner label yet: it still runs revision
+/// zero, the kernel's default scheduler (or, until this Scheduler takes it, another one's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entering {
+    pub node: String,
+    /// It joined the cluster after the Scheduler was created and no other Scheduler runs there:
+    /// nothing runs on it yet that a switch could put at risk, so it enters at once (once the
+    /// Scheduler has a revision that ran everywhere).
+    pub joined: bool,
+    /// It runs this Scheduler's pod already (a DaemonSet from a sked without owner labels):
+    /// labelling it switches nothing.
+    pub runs_it: bool,
 }
 
 /// Everything a rollout decision depends on.
@@ -123,7 +151,10 @@ pub struct Input<'a> {
     pub target: &'a str,
     /// The last revision that completed a rollout, if any.
     pub stable: Option<&'a str>,
+    /// The owned nodes that carry the owner label.
     pub nodes: &'a [NodeView],
+    /// The owned nodes that do not yet.
+    pub entering: &'a [Entering],
     /// How many nodes the DaemonSet controller means to run a pod on (its
     /// `desiredNumberScheduled`): an owned node may get none (a taint the Scheduler does not
     /// tolerate), and such a node is not waited for.
@@ -146,13 +177,20 @@ pub struct Plan {
     pub phase: RolloutPhase,
     /// Pods to delete now (each comes back as the target revision).
     pub replace: Vec<String>,
+    /// Entering nodes to label now (each gets the target revision's pod).
+    pub admit: Vec<String>,
+    /// Entering nodes left after `admit`.
+    pub entering: usize,
+    /// The nodes that carry the owner label (what a failed first revision reached).
+    pub labelled: Vec<String>,
     /// The target revision failed (only while it is not the stable one).
     pub failure: Option<Failure>,
     /// Nodes that run the target revision.
     pub updated: usize,
     /// Of those, the ones Ready with the scheduler attached.
     pub attached: usize,
-    /// Nodes left out: their kernel cannot run sched_ext or runs another scheduler.
+    /// Nodes left out: their kernel cannot run sched_ext or runs another scheduler, or no
+    /// kubelet took their pod up within the attach timeout.
     pub skipped: Vec<String>,
     /// Decide again after this many seconds (end of a bake, an attach deadline).
     pub recheck_in: Option<i64>,
@@ -163,27 +201,71 @@ impl Plan {
     pub fn complete(&self) -> bool {
         self.phase == RolloutPhase::Complete
     }
+
+    fn recheck(&mut self, after: i64) {
+        let after = after.max(1);
+        self.recheck_in = Some(self.recheck_in.map_or(after, |r| r.min(after)));
+    }
+}
+
+/// The labelled nodes, counted: what runs where, and what is down.
+#[derive(Default)]
+struct Tally {
+    /// Pods of another revision whose node is down anyway, and those that run attached.
+    old_down: Vec<String>,
+    old_up: Vec<String>,
+    /// Nodes without an attached scheduler right now.
+    unavailable: usize,
+    /// Every node of the target revision runs it attached.
+    all_attached: bool,
+    /// When the newest of them attached.
+    newest_attach: Option<i64>,
 }
 
 /// Decides the next step of a rollout.
+///
+/// The kernel's default scheduler is revision zero: an entering node is switched like a pod of
+/// another revision that runs attached, so a first deployment and a takeover go canary first
+/// and then in waves, within `maxUnavailable`.
 pub fn decide(input: &Input<'_>) -> Plan {
-    let Input { target, stable, nodes, expected_pods, pacing, now } = *input;
-    let restoring = stable == Some(target);
-    let mut plan = Plan::default();
-    let recheck = |plan: &mut Plan, after: i64| {
-        let after = after.max(1);
-        plan.recheck_in = Some(plan.recheck_in.map_or(after, |r| r.min(after)));
-    };
-    // Old-revision pods whose node is down anyway, and those that run attached.
-    let (mut old_down, mut old_up) = (Vec::new(), Vec::new());
-    // Nodes without an attached scheduler right now.
-    let mut unavailable = 0usize;
-    let mut all_attached = true;
-    let mut newest_attach: Option<i64> = None;
+    let restoring = input.stable == Some(input.target);
+    let mut plan = Plan { labelled: input.nodes.iter().map(|n| n.node.clone()).collect(), ..Plan::default() };
+    let mut tally = tally(input, restoring, &mut plan);
+    // A node that joined the cluster on its own is not held back for a wave, once there is a
+    // revision that ran everywhere (a first revision goes canary first, everywhere).
+    let at_once = |e: &&Entering| e.runs_it || (e.joined && input.stable.is_some());
+    plan.admit = input.entering.iter().filter(at_once).map(|e| e.node.clone()).collect();
+    let mut waiting: Vec<String> = input.entering.iter().filter(|e| !at_once(e)).map(|e| e.node.clone()).collect();
+    waiting.sort();
+    plan.entering = waiting.len();
+    if plan.failure.is_some() {
+        plan.recheck_in = None;
+        plan.phase = RolloutPhase::RolledBack;
+        return plan;
+    }
+    if restoring {
+        // The stable revision again (after a rollback, or a spec set back): every pod of another
+        // revision goes at once; none of them is what should run. Nodes to take over still
+        // enter in waves, once those pods are back.
+        plan.replace =
+            std::mem::take(&mut tally.old_down).into_iter().chain(std::mem::take(&mut tally.old_up)).collect();
+        if waiting.is_empty() || !plan.replace.is_empty() {
+            plan.phase = if waiting.is_empty() { RolloutPhase::Complete } else { RolloutPhase::Rolling };
+            return plan;
+        }
+    }
+    next_wave(input, tally, waiting, plan)
+}
+
+/// Counts the labelled nodes: what each runs, which are down, and whether a pod of the target
+/// revision failed (into `plan`: updated, attached, skipped, failure, recheck).
+fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
+    let Input { target, nodes, expected_pods, pacing, now, .. } = *input;
+    let mut t = Tally { all_attached: true, ..Tally::default() };
     // Nodes without a live pod are waited for only as far as the DaemonSet controller means to
     // run pods there: a pod terminating for less than the attach timeout is being replaced; past
     // that (its node is gone or unreachable), or with no pod at all, only as many nodes as the
-    // DaemonSet still lacks pods for.
+    // DaemonSet still lacks pods for, and the nodes labelled moments ago.
     let live = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(|p| p.terminating_since.is_none())).count();
     let recently_deleted = |p: &PodView| p.terminating_since.is_some_and(|t| now - t < pacing.attach_timeout_seconds);
     let replacing = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(recently_deleted)).count();
@@ -194,14 +276,18 @@ pub fn decide(input: &Input<'_>) -> Plan {
             continue;
         }
         let Some(pod) = n.pod.as_ref().filter(|p| p.terminating_since.is_none()) else {
-            let replaced = n.pod.as_ref().is_some_and(recently_deleted);
+            if n.just_labelled {
+                // Not waited for past the attach timeout (a taint may keep its pod away).
+                plan.recheck(pacing.attach_timeout_seconds);
+            }
+            let replaced = n.pod.as_ref().is_some_and(recently_deleted) || n.just_labelled;
             if replaced || awaited_without_pod > 0 {
                 if !replaced {
                     awaited_without_pod -= 1;
                 }
                 // Being replaced: the DaemonSet controller creates the target revision's pod.
-                unavailable += 1;
-                all_attached = false;
+                t.unavailable += 1;
+                t.all_attached = false;
             }
             continue;
         };
@@ -212,62 +298,76 @@ pub fn decide(input: &Input<'_>) -> Plan {
         };
         if pod.revision != target {
             match attached {
-                Some(_) => old_up.push(pod.name.clone()),
+                Some(_) => t.old_up.push(pod.name.clone()),
                 None => {
-                    unavailable += 1;
-                    old_down.push(pod.name.clone());
+                    t.unavailable += 1;
+                    t.old_down.push(pod.name.clone());
                 }
             }
+            continue;
+        }
+        let deadline = pod.created + pacing.attach_timeout_seconds;
+        if attached.is_none() && !pod.started && now >= deadline {
+            // No kubelet took the pod up: the node is down or unreachable, which says nothing
+            // of the revision. Left out, like a node that cannot run sched_ext.
+            plan.skipped.push(n.node.clone());
             continue;
         }
         plan.updated += 1;
         if let Some(since) = attached {
             plan.attached += 1;
-            newest_attach = Some(newest_attach.map_or(since, |t| t.max(since)));
+            t.newest_attach = Some(t.newest_attach.map_or(since, |t| t.max(since)));
             continue;
         }
-        unavailable += 1;
-        all_attached = false;
+        if restoring && now >= deadline {
+            // The stable revision, not attached long past its deadline on this node: not the
+            // switch's doing, and not a reason to hold every other node back.
+            continue;
+        }
+        t.unavailable += 1;
+        t.all_attached = false;
         if restoring || plan.failure.is_some() {
             continue;
         }
-        let deadline = pod.created + pacing.attach_timeout_seconds;
-        let cause = if pod.crash_looping {
-            Some("the scheduler container is crash-looping".to_owned())
-        } else if n.kernel == KernelView::Ejected {
-            Some(match &n.exit {
-                Some(why) => format!("the scheduler stopped running after it had attached: {why}"),
-                None => "the kernel stopped running the scheduler after it had attached".to_owned(),
-            })
-        } else if now >= deadline {
-            Some(attach_timeout_cause(n.kernel, &pod.name, pacing.attach_timeout_seconds))
-        } else {
-            recheck(&mut plan, deadline - now);
-            None
-        };
-        plan.failure = cause.map(|cause| Failure { node: n.node.clone(), cause });
+        plan.failure = failure_of(n, pod, pacing, now, plan);
     }
-    old_down.sort();
-    old_up.sort();
+    t.old_down.sort();
+    t.old_up.sort();
+    t
+}
 
-    if plan.failure.is_some() {
-        plan.recheck_in = None;
-        plan.phase = RolloutPhase::RolledBack;
-        return plan;
-    }
-    if restoring {
-        // The stable revision again (after a rollback, or a spec set back): every pod of another
-        // revision goes at once; none of them is what should run.
-        plan.replace = old_down.into_iter().chain(old_up).collect();
-        plan.phase = RolloutPhase::Complete;
-        return plan;
-    }
+/// Whether the target revision failed on node `n`, whose pod runs it and is not attached: it
+/// crash-loops, the kernel ejected it, or its attach deadline passed. Before the deadline, a
+/// recheck at it.
+fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut Plan) -> Option<Failure> {
+    let deadline = pod.created + pacing.attach_timeout_seconds;
+    let cause = if pod.crash_looping {
+        "the scheduler container is crash-looping".to_owned()
+    } else if n.kernel == KernelView::Ejected {
+        match &n.exit {
+            Some(why) => format!("the scheduler stopped running after it had attached: {why}"),
+            None => "the kernel stopped running the scheduler after it had attached".to_owned(),
+        }
+    } else if now >= deadline {
+        attach_timeout_cause(n.kernel, &pod.name, pacing.attach_timeout_seconds)
+    } else {
+        plan.recheck(deadline - now);
+        return None;
+    };
+    Some(Failure { node: n.node.clone(), cause })
+}
+
+/// The next wave: pods of another revision (those down first), then entering nodes, once every
+/// node of the target revision runs it attached and the newest has baked; a canary first.
+fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Plan) -> Plan {
+    let Input { stable, nodes, expected_pods, pacing, now, .. } = *input;
+    let Tally { old_down, old_up, unavailable, all_attached, newest_attach } = tally;
     let baked_in = newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
-    let in_rollout = nodes.len().saturating_sub(plan.skipped.len());
+    let in_rollout = (nodes.len() + input.entering.len()).saturating_sub(plan.skipped.len());
     let canary = pacing.canary.min(in_rollout);
     let phase_for =
         |updated: usize| if updated <= canary && canary > 0 { RolloutPhase::Canary } else { RolloutPhase::Rolling };
-    if old_down.is_empty() && old_up.is_empty() {
+    if old_down.is_empty() && old_up.is_empty() && waiting.is_empty() {
         // The last wave bakes too; a first deployment (nothing to go back to) is done once
         // every node runs it attached.
         // Every pod the DaemonSet controller means to run must be there, attached, and at least
@@ -275,13 +375,13 @@ pub fn decide(input: &Input<'_>) -> Plan {
         // and a revision that never ran anywhere is not one to go back to.
         let everywhere =
             plan.attached >= expected_pods.saturating_sub(plan.skipped.len()) && (plan.attached > 0 || in_rollout == 0);
-        if all_attached && everywhere && (stable.is_none() || baked_in <= 0) {
+        if all_attached && everywhere && plan.admit.is_empty() && (stable.is_none() || baked_in <= 0) {
             plan.phase = RolloutPhase::Complete;
         } else {
             plan.phase = RolloutPhase::Rolling;
             // A timer only for the bake; pods, reports and the DaemonSet's count are events.
             if all_attached && baked_in > 0 {
-                recheck(&mut plan, baked_in);
+                plan.recheck(baked_in);
             }
         }
         return plan;
@@ -290,11 +390,13 @@ pub fn decide(input: &Input<'_>) -> Plan {
         plan.phase = RolloutPhase::Paused;
         return plan;
     }
-    if !all_attached || baked_in > 0 {
+    // `canary: 0` with a `maxUnavailable` that covers every node asks for no pacing at all.
+    let unpaced = canary == 0 && pacing.max_unavailable >= in_rollout;
+    if (!all_attached || baked_in > 0) && !unpaced {
         // The last wave has not attached and baked yet.
         plan.phase = phase_for(plan.updated);
         if all_attached {
-            recheck(&mut plan, baked_in);
+            plan.recheck(baked_in);
         }
         return plan;
     }
@@ -303,12 +405,16 @@ pub fn decide(input: &Input<'_>) -> Plan {
     } else {
         pacing.max_unavailable
     };
-    // Replacing a pod that runs attached makes one more node unavailable; keep within the budget.
+    // Switching a node that runs attached (another revision, or revision zero) makes one more
+    // node unavailable; keep within the budget.
     let budget = pacing.max_unavailable.saturating_sub(unavailable);
     let down = old_down.len().min(wave);
     let up = old_up.len().min(wave - down).min(budget);
+    let zero = waiting.len().min(wave - down - up).min(budget - up);
     plan.replace = old_down.into_iter().take(down).chain(old_up.into_iter().take(up)).collect();
-    plan.phase = phase_for(plan.updated + plan.replace.len());
+    plan.admit.extend(waiting.into_iter().take(zero));
+    plan.entering -= zero;
+    plan.phase = phase_for(plan.updated + plan.replace.len() + zero);
     plan
 }
 
@@ -354,6 +460,11 @@ pub struct Step {
     pub status: RolloutStatus,
     /// Pods to delete now.
     pub replace: Vec<String>,
+    /// Entering nodes to label now.
+    pub admit: Vec<String>,
+    /// Nodes whose owner label to remove now: a first revision failed, so the nodes it reached
+    /// go back to revision zero, the kernel's default scheduler.
+    pub evict: Vec<String>,
     /// The revision failed in this step.
     pub newly_failed: Option<RolloutFailure>,
     /// Set the template back to the current revision now (there is one to go back to, and the
@@ -362,9 +473,10 @@ pub struct Step {
 }
 
 /// Folds a plan into the rollout's status: a revision that completes becomes the current one
-/// (what a rollback restores); one that fails is recorded (and rolled back when an earlier one
-/// ever completed, else reported as Failed with its pods left as they are); a recorded failure
-/// keeps the rollout stopped, unless a first revision attached everywhere after all.
+/// (what a rollback restores); one that fails is recorded and rolled back, to the revision that
+/// last completed or, for a first revision, to revision zero (its nodes lose the owner label and
+/// run the kernel's default scheduler again); a recorded failure keeps the rollout stopped and
+/// admits no node, unless a first revision attached everywhere after all.
 pub fn advance(p: &Progress<'_>) -> Step {
     let plan = p.plan;
     let stable = p.previous.current_revision.as_ref().map(|r| r.name.as_str());
@@ -375,22 +487,32 @@ pub fn advance(p: &Progress<'_>) -> Step {
         update_revision: Some(p.template.clone()),
         updated_nodes: i32::try_from(plan.updated).unwrap_or(i32::MAX),
         attached_nodes: i32::try_from(plan.attached).unwrap_or(i32::MAX),
+        entering_nodes: i32::try_from(plan.entering).unwrap_or(i32::MAX),
         skipped_nodes: plan.skipped.clone(),
         failed: p.failed.cloned(),
     };
-    let mut step = Step { status: status.clone(), replace: plan.replace.clone(), newly_failed: None, roll_back: false };
+    let mut step = Step {
+        status: status.clone(),
+        replace: plan.replace.clone(),
+        admit: plan.admit.clone(),
+        evict: Vec::new(),
+        newly_failed: None,
+        roll_back: false,
+    };
+    // Back to revision zero: every node the failed first revision reached.
+    let to_zero = if stable.is_none() { plan.labelled.clone() } else { Vec::new() };
     let failed_phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
     let wants_template = p.wanted.is_some_and(|(revision, _)| revision == p.template.name);
     match p.failed {
-        Some(f) if stable.is_none() && f.revision == p.template.name && plan.complete() => {
+        Some(f) if stable.is_none() && f.revision == p.template.name && plan.complete() && plan.attached > 0 => {
             // Nothing was rolled back, and the revision attached everywhere after all.
             status.current_revision = Some(p.template.clone());
             status.failed = None;
         }
         Some(f) => {
-            // The nodes it reached run the current revision again once the template is set back
-            // (again, until that holds: a rollback cut short is carried on), or stay as they
-            // are when there is none.
+            // The nodes it reached run the current revision again once the template is set back,
+            // or, with none, go back to revision zero (their labels are removed); again, until
+            // that holds: a rollback cut short is carried on.
             status.update_revision = p.wanted.map(|(name, image)| Revision {
                 name: name.into(),
                 image: image.into(),
@@ -398,8 +520,11 @@ pub fn advance(p: &Progress<'_>) -> Step {
             });
             status.phase = failed_phase;
             if !on_stable {
+                status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
+                step.admit.clear();
                 step.replace.clear();
                 step.roll_back = stable.is_some();
+                step.evict = to_zero;
             }
         }
         None => match plan.failure.as_ref().filter(|_| !on_stable) {
@@ -416,6 +541,9 @@ pub fn advance(p: &Progress<'_>) -> Step {
                 step.roll_back = stable.is_some();
                 step.newly_failed = Some(failure);
                 step.replace.clear();
+                status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
+                step.admit.clear();
+                step.evict = to_zero;
             }
             None if plan.complete() && wants_template => {
                 // The revision of this generation runs everywhere, attached: the one to go back to.
@@ -430,8 +558,10 @@ pub fn advance(p: &Progress<'_>) -> Step {
     }
     if !p.caught_up {
         // The DaemonSet controller has not seen the template yet: a pod deleted now could come
-        // back as the old revision.
+        // back as the old revision, or a node labelled now get it.
         step.replace.clear();
+        status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
+        step.admit.clear();
     }
     step.status = status;
     step
@@ -462,10 +592,12 @@ mod tests {
                 },
                 created: 0,
                 crash_looping: false,
+                started: true,
                 terminating_since: None,
             }),
             kernel,
             exit: None,
+            just_labelled: false,
         }
     }
 
@@ -475,11 +607,19 @@ mod tests {
 
     /// Decides with the default pacing at t=1000, the DaemonSet expecting `expected` pods.
     fn decide_expecting(nodes: &[NodeView], stable: Option<&str>, expected: usize) -> Plan {
-        decide(&Input { target: T, stable, nodes, expected_pods: expected, pacing: pacing(1, 1), now: 1000 })
+        decide(&Input {
+            target: T,
+            stable,
+            nodes,
+            entering: &[],
+            expected_pods: expected,
+            pacing: pacing(1, 1),
+            now: 1000,
+        })
     }
 
     fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Plan {
-        decide(&Input { target: T, stable: Some(S), nodes, expected_pods: nodes.len(), pacing, now })
+        decide(&Input { target: T, stable: Some(S), nodes, entering: &[], expected_pods: nodes.len(), pacing, now })
     }
 
     #[test]
@@ -568,7 +708,13 @@ mod tests {
 
     #[test]
     fn nodes_the_daemonset_puts_no_pod_on_do_not_hold_a_rollout() {
-        let no_pod = NodeView { node: "tainted".into(), pod: None, kernel: KernelView::Unknown, exit: None };
+        let no_pod = NodeView {
+            node: "tainted".into(),
+            pod: None,
+            kernel: KernelView::Unknown,
+            exit: None,
+            just_labelled: false,
+        };
         let nodes = [up("a", T), up("b", S), no_pod.clone()];
         // The DaemonSet means to run two pods: the pod-less node is not one of them.
         let plan = decide_expecting(&nodes, Some(S), 2);
@@ -593,7 +739,10 @@ mod tests {
     #[test]
     fn nothing_is_complete_while_the_daemonset_expects_more_pods_than_run_attached() {
         // A pod the index has not seen yet: the node looks pod-less, the DaemonSet expects it.
-        let nodes = [up("a", T), NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None }];
+        let nodes = [
+            up("a", T),
+            NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None, just_labelled: false },
+        ];
         let plan = decide_expecting(&nodes, None, 2);
         assert!(!plan.complete());
         let plan = decide_expecting(&nodes[..1], None, 2);
@@ -602,7 +751,8 @@ mod tests {
         assert!(plan.complete());
         // A DaemonSet that has not counted the node yet (its owner label is on its way) does not
         // make a revision that runs nowhere complete.
-        let pod_less = [NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None }];
+        let pod_less =
+            [NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None, just_labelled: false }];
         let plan = decide_expecting(&pod_less, None, 0);
         assert!(!plan.complete());
         // Nor is it looked at again on a timer: what ends the wait (a pod, the DaemonSet's
@@ -626,6 +776,7 @@ mod tests {
             target: S,
             stable: Some(S),
             nodes: &nodes,
+            entering: &[],
             expected_pods: 3,
             pacing: pacing(1, 1),
             now: 0,
@@ -738,11 +889,90 @@ mod tests {
         assert_eq!((recorded.revision.as_str(), recorded.generation, recorded.node.as_str()), (T, 2, "n1"));
         assert_eq!(step.newly_failed, Some(recorded));
 
-        // A first revision has nothing to go back to.
+        // A first revision goes back to revision zero: every node it reached loses the owner
+        // label, and no node waiting to enter gets it.
         let first = RolloutStatus::default();
+        let plan = Plan { labelled: vec!["n1".into(), "n2".into()], admit: vec!["joined".into()], ..plan };
         let step = advance(&progress(&first, &plan, revision(T, 2)));
         assert!(!step.roll_back && step.newly_failed.is_some());
         assert_eq!(step.status.phase, RolloutPhase::Failed);
+        assert_eq!(step.evict, vec!["n1".to_string(), "n2".to_string()]);
+        assert!(step.admit.is_empty());
+        // ...and stays there while the failure is recorded (a rollback cut short is carried on).
+        let recorded = step.status.failed.clone().unwrap();
+        let after = RolloutStatus { failed: Some(recorded.clone()), ..RolloutStatus::default() };
+        let plan = Plan {
+            phase: RolloutPhase::Rolling,
+            labelled: vec!["n2".into()],
+            admit: vec!["n3".into()],
+            ..Plan::default()
+        };
+        let mut p = progress(&after, &plan, revision(T, 2));
+        p.failed = Some(&recorded);
+        let step = advance(&p);
+        assert_eq!((step.evict, step.admit, step.status.phase), (vec!["n2".to_string()], vec![], RolloutPhase::Failed));
+    }
+
+    fn entering(names: &[&str], joined: bool) -> Vec<Entering> {
+        names.iter().map(|n| Entering { node: (*n).into(), joined, runs_it: false }).collect()
+    }
+
+    fn decide_first(nodes: &[NodeView], entering: &[Entering], pacing: Pacing, now: i64) -> Plan {
+        decide(&Input { target: T, stable: None, nodes, entering, expected_pods: nodes.len(), pacing, now })
+    }
+
+    #[test]
+    fn a_first_deployment_leaves_revision_zero_canary_first_then_in_waves() {
+        let waiting = entering(&["a", "b", "c", "d", "e"], false);
+        let plan = decide_first(&[], &waiting, pacing(1, 2), 100);
+        assert_eq!((plan.phase, plan.admit.clone(), plan.entering), (RolloutPhase::Canary, vec!["a".to_string()], 4));
+        // The canary's label is written, its pod not made yet: it counts as switching.
+        let labelled =
+            NodeView { node: "a".into(), pod: None, kernel: KernelView::Unknown, exit: None, just_labelled: true };
+        let plan = decide_first(&[labelled], &waiting[1..], pacing(1, 2), 101);
+        assert_eq!((plan.phase, plan.admit.len()), (RolloutPhase::Canary, 0));
+        // Attached at 110, baking until 140; then a wave of two.
+        let canary = [node("a", T, KernelView::Attached { since: 110 })];
+        let plan = decide_first(&canary, &waiting[1..], pacing(1, 2), 120);
+        assert_eq!((plan.admit.len(), plan.recheck_in), (0, Some(20)));
+        let plan = decide_first(&canary, &waiting[1..], pacing(1, 2), 140);
+        assert_eq!((plan.phase, plan.admit.clone()), (RolloutPhase::Rolling, vec!["b".to_string(), "c".to_string()]));
+        // A canary that never attaches fails the revision; nobody else was touched.
+        let stuck = [node("a", T, KernelView::NotAttached)];
+        let plan = decide_first(&stuck, &waiting[1..], pacing(1, 2), 120);
+        assert_eq!((plan.phase, plan.admit.len()), (RolloutPhase::RolledBack, 0));
+        assert_eq!(plan.labelled, vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn a_node_that_joined_on_its_own_enters_at_once() {
+        let nodes = [up("a", T), up("b", T)];
+        let mut joined = entering(&["new"], true);
+        joined.extend(entering(&["relabelled-1", "relabelled-2"], false));
+        let plan = decide(&Input {
+            target: T,
+            stable: Some(T),
+            nodes: &nodes,
+            entering: &joined,
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 1000,
+        });
+        // The new node at once, and one relabelled node as the next wave (nothing else switches).
+        assert_eq!(plan.admit, vec!["new".to_string(), "relabelled-1".to_string()]);
+        assert_eq!((plan.phase, plan.entering), (RolloutPhase::Rolling, 1));
+    }
+
+    #[test]
+    fn a_pod_no_kubelet_took_up_is_skipped_not_failed() {
+        let mut pending = node("dead", T, KernelView::Unknown);
+        if let Some(p) = pending.pod.as_mut() {
+            (p.started, p.ready_since) = (false, None);
+        }
+        let plan = decide_first(&[pending.clone(), up("b", T)], &[], pacing(1, 1), 50);
+        assert_eq!((plan.phase, plan.failure.clone()), (RolloutPhase::Rolling, None), "waited for until its deadline");
+        let plan = decide_first(&[pending, up("b", T)], &[], pacing(1, 1), 120);
+        assert_eq!((plan.phase, plan.failure, plan.skipped), (RolloutPhase::Complete, None, vec!["dead".to_string()]));
     }
 
     #[test]
@@ -776,7 +1006,7 @@ mod tests {
 
         // A first revision that failed and then attached everywhere recovers.
         let first = RolloutStatus::default();
-        let complete = Plan { phase: RolloutPhase::Complete, ..Default::default() };
+        let complete = Plan { phase: RolloutPhase::Complete, updated: 1, attached: 1, ..Default::default() };
         let mut p = progress(&first, &complete, revision(T, 2));
         p.failed = Some(&failure);
         let step = advance(&p);
@@ -837,10 +1067,61 @@ mod tests {
             let changed: Vec<String> = sim.nodes.iter().filter(|(_, (r, _))| r == T).map(|(n, _)| n.clone()).collect();
             // The rollback: the template is the stable revision again, every changed node restored.
             let views = sim.views(now);
-            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, expected_pods: views.len(), pacing: p, now });
+            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], expected_pods: views.len(), pacing: p, now });
             let mut restored: Vec<String> = restore.replace.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
             restored.sort();
             prop_assert_eq!(restored, changed);
+        }
+
+        #[test]
+        fn a_first_deployment_paces_nodes_leaving_revision_zero_and_a_failure_leaves_none_on_it(
+            count in 1usize..14,
+            joined in 0usize..3,
+            broken_at in proptest::option::of(0usize..14),
+            canary in 0usize..3,
+            max_unavailable in 1usize..4,
+        ) {
+            // Node -> (labelled at, attaches); unlabelled nodes run revision zero.
+            let names: Vec<String> = (0..count).map(|i| format!("n{i:02}")).collect();
+            let broken = broken_at.map(|b| names[b % count].clone());
+            let joined: Vec<String> = names.iter().rev().take(joined.min(count)).cloned().collect();
+            let mut labelled: BTreeMap<String, i64> = BTreeMap::new();
+            let p = pacing(canary, max_unavailable);
+            let mut now = 1000;
+            let mut outcome = None;
+            for _ in 0..(count * 40 + 40) {
+                let views: Vec<NodeView> = labelled.iter().map(|(n, at)| {
+                    let attached = broken.as_ref() != Some(n) && now >= at + 5;
+                    let mut v = node(n, T, if attached { KernelView::Attached { since: at + 5 } } else { KernelView::NotAttached });
+                    if let Some(pod) = v.pod.as_mut() { pod.created = *at; }
+                    v
+                }).collect();
+                let waiting: Vec<Entering> = names.iter().filter(|n| !labelled.contains_key(*n))
+                    .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false }).collect();
+                let plan = decide_first(&views, &waiting, p, now);
+                let switching = views.iter().filter(|v| !matches!(v.kernel, KernelView::Attached { .. })).count();
+                // Leaving revision zero counts against the budget like any switch; in a first
+                // deployment even nodes that joined on their own wait for their wave.
+                let admitted = plan.admit.len();
+                prop_assert!(admitted == 0 || switching + admitted <= max_unavailable);
+                if plan.failure.is_some() || plan.complete() { outcome = Some(plan); break; }
+                for n in &plan.admit {
+                    prop_assert!(labelled.insert(n.clone(), now).is_none(), "{} admitted twice", n);
+                }
+                now += 10;
+            }
+            let plan = outcome.expect("the first deployment completes or fails");
+            if let Some(broken) = broken {
+                prop_assert_eq!(plan.failure.as_ref().map(|f| f.node.clone()), Some(broken));
+                // Back to revision zero: the nodes to evict are exactly the nodes it reached.
+                let step = advance(&progress(&RolloutStatus::default(), &plan, revision(T, 1)));
+                let reached: Vec<String> = labelled.keys().cloned().collect();
+                prop_assert_eq!(step.evict, reached);
+                prop_assert!(step.admit.is_empty());
+            } else {
+                prop_assert!(plan.complete());
+                prop_assert_eq!(labelled.len(), count);
+            }
         }
     }
 }

@@ -98,7 +98,9 @@ impl Rollout {
         let rollout = rollout.cloned().unwrap_or_default();
         Self {
             observed: st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0),
-            desired: st.desired_number_scheduled,
+            // The nodes that still wait to enter count as desired: a paced first deployment on 20
+            // nodes is 1 of 20, not 1 of 1.
+            desired: st.desired_number_scheduled.saturating_add(rollout.entering_nodes),
             updated: rollout.updated_nodes,
             ready: st.number_ready,
             available: st.number_available.unwrap_or(0),
@@ -418,7 +420,7 @@ fn rollout_failure_message(rollout: &RolloutStatus, generation: Option<i64>) -> 
             current.name, current.image
         ),
         _ => format!(
-            "{what}. No earlier revision ever attached, so there is nothing to roll back to and the pods are left as they are; fix the image or the spec"
+            "{what}. No earlier revision ever attached, so it was rolled back to revision zero: the nodes it reached run the kernel's default scheduler again. It is not tried again until the spec changes; fix the image or the spec"
         ),
     })
 }

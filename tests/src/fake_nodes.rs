@@ -16,6 +16,7 @@ use anyhow::{Result, anyhow};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
+use sked_controller::workload::OWNER_LABEL;
 use sked_proto::contract::env;
 
 use crate::agents::{AgentProcess, AgentSpec, ReportsEndpoint, bound_token};
@@ -89,7 +90,8 @@ pub struct FakeNodes {
     agents: BTreeMap<String, Played>,
     /// Every pod uid seen per node, in order.
     pub history: BTreeMap<String, Vec<String>>,
-    /// The most nodes seen at once without a Ready pod whose scheduler is attached.
+    /// The most nodes seen at once that entered a Scheduler and have no Ready pod whose
+    /// scheduler is attached.
     pub most_down: usize,
 }
 
@@ -186,9 +188,12 @@ impl FakeNodes {
                 down += 1;
             }
         }
+        // A node without a pod is down only once it entered a Scheduler (its owner label is
+        // set): before that it runs revision zero, the kernel's default scheduler.
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let nodes = nodes.list(&ListParams::default().labels(&self.nodes)).await?;
-        down += nodes.items.len().saturating_sub(live.len());
+        let entered = format!("{},{OWNER_LABEL}", self.nodes);
+        let nodes = nodes.list(&ListParams::default().labels(&entered)).await?;
+        down += nodes.items.iter().filter(|n| !live.contains_key(&n.name_any())).count();
         self.most_down = self.most_down.max(down);
         Ok(())
     }

@@ -92,17 +92,27 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// A Scheduler spec with just an image.
+/// A Scheduler spec with just an image, for suites that are not about pacing: every selected
+/// node enters at once (no canary, `maxUnavailable: 100%`), as if no kubelet had to attach
+/// anything first; the test control plane runs none. The rollout suite sets its own pacing.
 pub fn spec(image: &str) -> SchedulerSpec {
-    SchedulerSpec { sched: image.into(), ..SchedulerSpec::default() }
+    SchedulerSpec { sched: image.into(), rollout: Some(all_at_once()), ..SchedulerSpec::default() }
 }
 
-/// A Scheduler spec with an image and a node selector.
+/// [`spec`] with a node selector.
 pub fn spec_on(image: &str, selector: &[(&str, &str)]) -> SchedulerSpec {
     SchedulerSpec {
-        sched: image.into(),
         node_selector: selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        ..SchedulerSpec::default()
+        ..spec(image)
+    }
+}
+
+/// Pacing that switches every node in one wave.
+pub fn all_at_once() -> sked_controller::api::RolloutSpec {
+    sked_controller::api::RolloutSpec {
+        canary: Some(0),
+        max_unavailable: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("100%".into())),
+        ..Default::default()
     }
 }
 

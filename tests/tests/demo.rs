@@ -81,5 +81,16 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     // 5. Deleted: no scheduler pod is left.
     let five = section(&stdout, 5);
     assert!(five.contains("deleted"), "{five}");
+
+    // 6. A first deployment that fails: only the canary left the kernel's default, and it went
+    // back to it; no node carries the label, no pod is left.
+    let six = section(&stdout, 6);
+    let phases = line_after(six, "phases seen: ").context("phases of step 6")?;
+    assert!(phases.starts_with("Canary") && phases.ends_with("Failed"), "{six}");
+    assert_eq!(most_down(six), Some(1), "only the canary switched: {six}");
+    assert!(six.contains("Stalled=True RolloutFailed"), "{six}");
+    assert!(six.contains("run the kernel's default scheduler again"), "{six}");
+    assert_eq!(line_after(six, "revisions running: "), Some(""), "no pod of the failed revision: {six}");
+    assert!(six.contains("Rolled back to the kernel's default scheduler on every node it reached (1)"), "{six}");
     Ok(())
 }

@@ -54,7 +54,21 @@ impl Setup {
         a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
         a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
         let sched = self.wait_kernel("both attached", 2, "KernelAttached").await?;
+        self.ran_everywhere().await?;
         Ok((a1, a2, sched))
+    }
+
+    /// Plays the kubelet marking both pods Ready, and waits until the revision ran everywhere:
+    /// a kernel change after this is news to report, not a first revision failing (which would
+    /// go back to the kernel's default scheduler).
+    async fn ran_everywhere(&self) -> Result<()> {
+        self.fx.mark_pods_ready(&self.name).await?;
+        self.fx
+            .wait_scheduler(&self.name, "the first deployment complete", |s| {
+                s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.current_revision.is_some())
+            })
+            .await?;
+        Ok(())
     }
 
     async fn agent(&self, node: &str) -> Result<AgentProcess> {
@@ -105,6 +119,7 @@ async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
     a2.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 1)?;
     let sched = s.wait_kernel("both attached", 2, "KernelAttached").await?;
     assert!(has_condition(&sched, "KernelAttached", "True", "KernelAttached"));
+    s.ran_everywhere().await?;
 
     // The agents say so on /readyz and /metrics.
     let (code, body) = a1.get("/readyz")?;

@@ -214,6 +214,13 @@ async fn attach_detach_foreign(s: &Setup, vm: &mut TestVm) -> Result<()> {
     assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("1/1"));
     assert_eq!(condition(&sched, "KernelAttached").map(|c| c.status.as_str()), Some("True"));
     s.fx.wait_event(SCHEDULER, "Normal", "KernelAttached", 1).await?;
+    // The kubelet marks the pod Ready: the revision ran everywhere, so the detach below is a
+    // change to report, not a first revision to take back to the kernel's default.
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", |s| {
+        s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.current_revision.is_some())
+    })
+    .await?;
 
     // Detach: the process goes away, and with it the scheduler.
     vm.run("kill $(cat /run/canary.pid); while grep -q enabled /sys/kernel/sched_ext/state; do sleep 0.05; done")
@@ -332,6 +339,13 @@ async fn stall_and_sysrq(s: &Setup, vm: &mut TestVm) -> Result<()> {
     )
     .await?;
     s.wait_kernel("the stalling canary attached", 1, "KernelAttached").await?;
+    // The kubelet marks the pod Ready: a revision that ran everywhere, so the ejections below are
+    // exits to report, not a first revision to take back to the kernel's default.
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", |s| {
+        s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.current_revision.is_some())
+    })
+    .await?;
     vm.run("sh -c 'echo -n sked-stall > /proc/self/comm; while :; do sleep 0.1; done' > /dev/null 2>&1 & echo $! > /run/victim.pid")
         .await?;
     let exit = wait_exit(s, "runnable task stall").await?;
@@ -416,14 +430,35 @@ async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Re
     Ok(())
 }
 
-/// A good revision attaches, a broken one does not and is rolled back, the good one returns.
+/// A first revision the kernel ejects goes back to the kernel's default; retried, a good
+/// revision attaches, a broken one does not and is rolled back, the good one returns.
 async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
     use sked_controller::api::RolloutPhase;
     let params = kube::api::PatchParams::default();
-
-    // The good revision: the canary scheduler attaches; the kubelet marks its pod Ready.
     let good = "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o";
-    let first = run_pod(s, vm, "", good).await?;
+
+    // Revision zero: the first revision attaches, then SysRq-S ejects it before it is Ready.
+    let doomed = run_pod(s, vm, "", good).await?;
+    s.wait_kernel("the first revision attached", 1, "KernelAttached").await?;
+    vm.run("echo S > /proc/sysrq-trigger").await?;
+    let failed = s.fx.wait_scheduler(SCHEDULER, "failed", |s| rollout_phase(s) == Some(RolloutPhase::Failed)).await?;
+    let failure = failed.status.and_then(|st| st.rollout).and_then(|r| r.failed).context("failure recorded")?;
+    assert!(failure.cause.contains("disabled by sysrq-S"), "{}", failure.cause);
+    s.fx.wait_event(SCHEDULER, "Warning", "RolledBack", 1).await?;
+    wait_for("the node back on the kernel's default, without the pod", || async {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(s.fx.client.clone(), &s.fx.namespace);
+        let left = pods.list(&kube::api::ListParams::default().labels(&format!("name={SCHEDULER}"))).await?;
+        let label = s.fx.nodes().get(NODE).await?.labels().get(sked_controller::workload::OWNER_LABEL).cloned();
+        Ok((left.items.is_empty() && label.is_none()).then_some(()))
+    })
+    .await?;
+    assert_eq!(vm.run("cat /sys/kernel/sched_ext/state").await?.trim(), "disabled");
+
+    // Retried with a new spec: the good revision attaches; the kubelet marks its pod Ready.
+    let retry = serde_json::json!({"spec": {"args": ["--retry"]}});
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&retry)).await?;
+    let first = run_pod(s, vm, &doomed.name_any(), good).await?;
     s.wait_kernel("the good revision attached", 1, "KernelAttached").await?;
     s.fx.mark_pods_ready(SCHEDULER).await?;
     s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", |s| {
@@ -449,7 +484,8 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
 
     // The good revision comes back and attaches again in the real kernel.
     let third = run_pod(s, vm, &second.name_any(), good).await?;
-    assert!(third.spec.as_ref().and_then(|p| p.containers.first()).and_then(|c| c.args.clone()).is_none());
+    let args = third.spec.as_ref().and_then(|p| p.containers.first()).and_then(|c| c.args.clone());
+    assert_eq!(args, Some(vec!["--retry".to_owned()]), "the retried revision is back");
     s.wait_kernel("the good revision attached again", 1, "KernelAttached").await?;
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary");
     Ok(())

@@ -13,12 +13,14 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sked_controller::api::{RolloutPhase, RolloutSpec};
 use sked_controller::config::ControllerFlags;
+use sked_controller::workload::OWNER_LABEL;
 use sked_controller::{Scheduler, SchedulerSpec};
 use sked_tests::agents::{ReportsEndpoint, ReportsTls};
 use sked_tests::fake_nodes::{FakeNodes, Kernel, is_not_found};
@@ -277,7 +279,7 @@ async fn a_revision_that_never_attaches_is_rolled_back_and_not_retried() -> Resu
 #[tokio::test]
 async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() -> Result<()> {
     let nodes = ["e-1", "e-2", "e-3"];
-    let mut c = cluster("eject", &nodes, base_spec("eject", rollout(600, 60))).await?;
+    let mut c = cluster("eject", &nodes, base_spec("eject", rollout(1, 60))).await?;
     // e-3's kernel runs another scheduler: skipped by every rollout, never failing one.
     c.nodes.kernel = Box::new(|node, _| if node == "e-3" { Kernel::Foreign } else { Kernel::Attaches });
     let s = c
@@ -338,24 +340,136 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     Ok(())
 }
 
+/// The nodes of `c` that carry the Scheduler's owner label.
+async fn entered(c: &Cluster) -> Result<BTreeSet<String>> {
+    let nodes: Api<Node> = Api::all(c.fx.client.clone());
+    let selector = format!("pool={},{OWNER_LABEL}={}", c.name, c.name);
+    Ok(nodes.list(&ListParams::default().labels(&selector)).await?.items.iter().map(ResourceExt::name_any).collect())
+}
+
+fn entering_nodes(s: &Scheduler) -> i32 {
+    s.status.as_ref().and_then(|st| st.rollout.as_ref()).map_or(0, |r| r.entering_nodes)
+}
+
+fn twenty(prefix: &str) -> Vec<String> {
+    (1..=20).map(|i| format!("{prefix}-{i:02}")).collect()
+}
+
 #[tokio::test]
-async fn a_first_deployment_that_is_slow_to_attach_is_reported_then_completes() -> Result<()> {
-    let nodes = ["s-1", "s-2"];
-    let mut c = cluster("slow", &nodes, base_spec("slow", rollout(1, 2))).await?;
-    // The kernels refuse at first: nothing to roll back to, so the pods stay and it is reported.
-    c.nodes.kernel = Box::new(|_, _| Kernel::Refuses);
-    let failed = c.drive_until("reported failed", |s| phase(s) == Some(RolloutPhase::Failed)).await?;
-    assert!(has_condition(&failed, "Stalled", "True", "RolloutFailed"));
-    let message = condition(&failed, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
-    assert!(message.contains("nothing to roll back to"), "{message}");
-    assert_eq!(c.replacements().values().sum::<usize>(), 0, "no pod replaced");
-    // They attach after all: the revision is the current one, nothing was restarted.
-    for (_, agent) in c.nodes.agents() {
-        agent.set_kernel("enabled", Some("rusty_1.0.0_x86_64"), 1)?;
+async fn a_first_deployment_leaves_the_kernel_default_canary_first_then_in_waves() -> Result<()> {
+    let names = twenty("z");
+    let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
+    let pacing = RolloutSpec { max_unavailable: Some(IntOrString::Int(5)), ..rollout(1, 60) };
+    let mut c = cluster("zero", &nodes, base_spec("zero", pacing)).await?;
+    // The canary alone first: one node enters, the other 19 wait on the kernel's default.
+    let canary = c
+        .drive_until("the canary", |s| {
+            phase(s) == Some(RolloutPhase::Canary)
+                && entering_nodes(s) == 19
+                && s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 20)
+        })
+        .await?;
+    assert_eq!(kstatus(&canary)?, "InProgress");
+    assert!(!kubectl_wait_ready(&c.fx, "zero")?);
+    let done = c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    assert_eq!(c.phases.first(), Some(&RolloutPhase::Canary), "{:?}", c.phases);
+    assert!(c.phases.contains(&RolloutPhase::Rolling), "{:?}", c.phases);
+    assert!(c.nodes.most_down <= 5, "at most maxUnavailable (5) nodes switching at once: {}", c.nodes.most_down);
+    assert_eq!(c.nodes.history.len(), 20);
+    assert!(c.replacements().values().all(|n| *n == 0), "each node entered once: {:?}", c.replacements());
+    // No other node entered before the canary ran attached and Ready.
+    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "zero", 20).await?;
+    let created = |p: &Pod| p.creation_timestamp().map(|t| t.0).context("creationTimestamp");
+    let first = pods.values().min_by_key(|p| p.creation_timestamp().map(|t| t.0)).context("a pod")?;
+    let canary_ready = condition_time(first, "Ready").context("the canary's Ready time")?;
+    for (node, pod) in &pods {
+        if pod.name_any() != first.name_any() {
+            assert!(created(pod)? >= canary_ready, "{node} entered before the canary was Ready");
+        }
     }
-    let done = c.drive_until("complete", |s| complete_at(s, 1)).await?;
-    assert!(has_condition(&done, "Stalled", "False", "AsExpected"));
-    assert_eq!(c.replacements().values().sum::<usize>(), 0);
+    let st = done.status.context("status")?;
+    assert_eq!((st.desired_number_scheduled, st.kernel_attached), (20, 20));
+    assert_eq!(entering_nodes(&canary), 19, "the 19 others wait, and are counted");
+    Ok(())
+}
+
+/// When a pod's condition `type_` last turned True.
+fn condition_time(pod: &Pod, type_: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == type_ && c.status == "True")?;
+    c.last_transition_time.as_ref().map(|t| t.0)
+}
+
+#[tokio::test]
+async fn a_first_revision_that_never_attaches_goes_back_to_the_kernel_default() -> Result<()> {
+    let names = twenty("r");
+    let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut c = cluster("refused", &nodes, base_spec("refused", rollout(1, 3))).await?;
+    c.nodes.kernel = Box::new(|_, pod| if args(pod).is_empty() { Kernel::Refuses } else { Kernel::Attaches });
+    let failed = c
+        .drive_until("failed", |s| {
+            phase(s) == Some(RolloutPhase::Failed) && has_condition(s, "Stalled", "True", "RolloutFailed")
+        })
+        .await?;
+    let degraded = condition(&failed, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(degraded.contains("the kernel did not run the scheduler within 3s"), "{degraded}");
+    assert!(degraded.contains("kernel's default scheduler again"), "{degraded}");
+    assert_eq!(kstatus(&failed)?, "Failed");
+    c.fx.wait_event("refused", "Warning", "RolledBack", 1).await?;
+    // Back on the kernel's default: no node carries the label, no pod of the revision is left,
+    // and only the canary was ever touched.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !entered(&c).await?.is_empty() || c.nodes.agents().next().is_some() {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the canary still carries the label or runs a pod");
+        c.drive().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(c.fx.client.clone(), &c.fx.namespace);
+    let left = pods.list(&ListParams::default().labels("name=refused")).await?;
+    assert!(left.items.iter().all(|p| p.metadata.deletion_timestamp.is_some()), "a pod of the failed revision is left");
+    assert_eq!(c.nodes.history.len(), 1, "19 nodes never touched: {:?}", c.nodes.history.keys());
+    let failure = failed.status.and_then(|s| s.rollout).and_then(|r| r.failed).context("failure")?;
+    assert!(c.nodes.history.contains_key(&failure.node));
+
+    // Retried with a fixed spec: a canary again, then every node.
+    c.patch_spec(json!({"args": ["--fixed"]})).await?;
+    c.phases.clear();
+    c.drive_until("the fixed revision complete", |s| complete_at(s, 2)).await?;
+    let retried: Vec<&RolloutPhase> = c.phases.iter().filter(|p| **p != RolloutPhase::Failed).collect();
+    assert_eq!(retried.first(), Some(&&RolloutPhase::Canary), "{:?}", c.phases);
+    assert_eq!(entered(&c).await?.len(), 20);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_that_joins_enters_at_once_and_a_relabelled_one_waits_for_its_wave() -> Result<()> {
+    // Every node in one wave, then a bake of an hour.
+    let pacing = RolloutSpec { canary: Some(0), max_unavailable: Some(IntOrString::Int(3)), ..rollout(3600, 60) };
+    let mut c = cluster("joins", &["j-1", "j-2", "j-3"], base_spec("joins", pacing)).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    let nodes: Api<Node> = Api::all(c.fx.client.clone());
+    let pool = |value: Option<&str>| json!({"metadata": {"labels": {"pool": value}}});
+
+    // j-3 leaves the pool: its label goes at once, and its pod with it.
+    nodes.patch("j-3", &PatchParams::default(), &Patch::Merge(&pool(None))).await?;
+    c.drive_until("j-3 gone", |s| s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 2)).await?;
+    assert!(!entered(&c).await?.contains("j-3"));
+
+    // A node joins the cluster, into the pool: it gets its pod without waiting for the bake.
+    let created = c.fx.schedulers().get("joins").await?.metadata.creation_timestamp.context("created")?;
+    sked_tests::next_second_after(&created).await?;
+    c.fx.create_node("j-new", &[("pool", "joins")]).await?;
+    c.drive_until("the new node attached", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 3)).await?;
+    assert!(entered(&c).await?.contains("j-new"));
+
+    // j-3, there before the Scheduler, is relabelled into the pool again: a switch, held for
+    // the bake like any wave.
+    nodes.patch("j-3", &PatchParams::default(), &Patch::Merge(&pool(Some("joins")))).await?;
+    let waiting = c.drive_until("j-3 waiting to enter", |s| entering_nodes(s) == 1).await?;
+    assert_eq!(phase(&waiting), Some(RolloutPhase::Rolling));
+    assert!(!entered(&c).await?.contains("j-3"), "j-3 entered before its wave");
+    let st = waiting.status.context("status")?;
+    assert_eq!(st.desired_number_scheduled, 4, "DESIRED counts the node waiting to enter");
     Ok(())
 }
 

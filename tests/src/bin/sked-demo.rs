@@ -343,8 +343,38 @@ async fn tour(demo: &Demo) -> Result<()> {
     show(&demo.cluster, &["delete", "scheduler", NAME])?;
     wait_pods_gone(demo).await?;
     show(&demo.cluster, &["get", "pods", "-n", NAMESPACE])?;
+
+    first_deployment_that_fails(demo).await?;
     println!("\ntour complete");
     Ok(())
+}
+
+/// Tour step 6: the example again, as a first deployment whose scheduler never attaches. The
+/// canary fails and goes back to revision zero, the kernel's default scheduler; the other
+/// nodes never leave it.
+async fn first_deployment_that_fails(demo: &Demo) -> Result<()> {
+    println!("\n== 6. a first deployment whose scheduler never attaches");
+    demo.nodes.lock().await.most_down = 0;
+    let manifest = demo.cluster.dir.join("scx-rusty-never-attaches.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: {NAME}\nspec:\n  \
+             sched: ghcr.io/schedkit/scx_rusty:latest\n  expectedOps: rusty\n  args: [--demo-never-attach]\n  \
+             nodeSelector:\n    schedkit.io/pool: batch\n  \
+             rollout: {{bakeSeconds: 5, attachTimeoutSeconds: 15, maxUnavailable: {MAX_UNAVAILABLE}}}\n"
+        ),
+    )?;
+    show(&demo.cluster, &["apply", "-f", &manifest.to_string_lossy()])?;
+    let back_to_zero = |s: &Scheduler| {
+        let rollout = s.status.as_ref().and_then(|st| st.rollout.as_ref());
+        phase(s) == Some(RolloutPhase::Failed) && rollout.is_some_and(|r| r.entering_nodes == 5)
+    };
+    let phases = wait_scheduler(demo, "failed, every node on the kernel's default", back_to_zero).await?;
+    wait_pods_gone(demo).await?;
+    tour_report(demo, &phases).await?;
+    show(&demo.cluster, &["get", "nodes", "-L", "sked.schedkit.io/scheduler"])?;
+    show(&demo.cluster, &["get", "events", "-n", "default", "--field-selector", "reason=RolledBack"])
 }
 
 /// Waits until no scheduler pod is left (the nodes run the kernel's default scheduler again).
