@@ -301,7 +301,11 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
     ensure!(out.status.success(), "{}", text(&out));
     let previous = previous.join("charts/sked");
 
-    // The previous chart, installed as its README said, allowing unsigned images for the test.
+    // The previous chart, installed as its README said, allowing unsigned images for the test,
+    // with its own CRD: the fixture's (the current one, applied by another field manager) goes
+    // first, as on a cluster that never had sked.
+    let out = fx.cluster.kubectl(&["delete", "crd", "schedulers.sked.schedkit.io", "--wait=true"])?;
+    ensure!(out.status.success(), "{}", text(&out));
     let pods = ControllerPods::run(fx.cluster, fx.client.clone(), NS, CONTROLLER_PODS, &[("sked-webhook", "webhook")]);
     let values = [
         "--set",
