@@ -81,6 +81,7 @@ async fn setup(dir: &Path) -> Result<Setup> {
         .await?
         .remove(NODE)
         .context("the canary pod is bound to the VM's Node")?;
+    started(&fx, &pod.name_any()).await?;
     let token = bound_token(&fx.client, &fx.namespace, "sked-agent", Some(&pod)).await?;
     Ok(Setup { fx, tls, reports, token, pod: pod.name_any() })
 }
@@ -405,10 +406,18 @@ async fn run_pod(s: &Setup, vm: &mut TestVm, old: &str, scheduler: &str) -> Resu
             while grep -q enabled /sys/kernel/sched_ext/state; do sleep 0.05; done",
     )
     .await?;
+    started(&s.fx, &pod.name_any()).await?;
     let token = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(&pod)).await?;
     start_agent_for(vm, &s.tls, &token, &pod.name_any()).await?;
     vm.run(&format!("{scheduler} > /run/canary.out 2>&1 & echo $! > /run/canary.pid")).await?;
     Ok(pod)
+}
+
+/// Plays the kubelet taking `pod` up: Running, not Ready yet (the agent in the VM is its
+/// container; a pod no kubelet took up would be skipped by a rollout, not judged).
+async fn started(fx: &Fixture, pod: &str) -> Result<()> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(fx.client.clone(), &fx.namespace);
+    sked_tests::kubelet::set_pod_ready(&pods, pod, false).await
 }
 
 fn rollout_phase(s: &Scheduler) -> Option<sked_controller::api::RolloutPhase> {
