@@ -344,12 +344,15 @@ impl Fixture {
     /// repeats an events.k8s.io series folds into one object.
     pub async fn scheduler_events(&self, name: &str) -> Result<BTreeMap<(String, String), i32>> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        // This Scheduler, not an earlier one of the same name (the cluster outlives a test).
+        let uid = self.schedulers().get_opt(name).await?.and_then(|s| s.metadata.uid);
         let mut counts = BTreeMap::new();
         for e in events.list(&ListParams::default()).await?.items {
-            let about_it = e
-                .regarding
-                .as_ref()
-                .is_some_and(|r| r.kind.as_deref() == Some("Scheduler") && r.name.as_deref() == Some(name));
+            let about_it = e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Scheduler")
+                    && r.name.as_deref() == Some(name)
+                    && uid.as_ref().is_none_or(|uid| r.uid.as_ref() == Some(uid))
+            });
             if about_it {
                 let n = e.series.as_ref().map_or(1, |s| s.count);
                 *counts.entry((e.type_.unwrap_or_default(), e.reason.unwrap_or_default())).or_insert(0) += n;

@@ -489,7 +489,8 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
     let failure = failed.status.and_then(|st| st.rollout).and_then(|r| r.failed).context("failure recorded")?;
     assert_eq!(failure.node, NODE);
     assert!(failure.cause.starts_with("the kernel did not run the scheduler within 10s"), "{}", failure.cause);
-    s.fx.wait_event(SCHEDULER, "Warning", "RolledBack", 1).await?;
+    // The second: the first said it went back to the kernel's default.
+    s.fx.wait_event(SCHEDULER, "Warning", "RolledBack", 2).await?;
 
     // The good revision comes back and attaches again in the real kernel.
     let third = run_pod(s, vm, &second.name_any(), good).await?;
