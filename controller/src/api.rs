@@ -258,7 +258,7 @@ impl KernelExit {
 }
 
 /// A revision of a Scheduler's pods: what its spec and resolved image make of them.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Revision {
     /// The value of the pods' `sked.schedkit.io/revision` label.
@@ -267,10 +267,66 @@ pub struct Revision {
     pub image: String,
     /// The newest Scheduler generation whose spec makes this revision.
     pub generation: i64,
+    /// The spec fields that make it, with `image`: kept for the current revision, so a rollback
+    /// (or an undo) can make its pods again even when the DaemonSet and its history are gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<RevisionSpec>,
+}
+
+/// The fields of a Scheduler's spec that make up a revision of its pods (placement and pacing
+/// do not).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_ops: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+impl RevisionSpec {
+    /// The revision fields of `spec`.
+    pub fn of(spec: &SchedulerSpec) -> Self {
+        Self {
+            args: spec.args.clone(),
+            env: spec.env.clone(),
+            resources: spec.resources.clone(),
+            expected_ops: spec.expected_ops.clone(),
+            tolerations: spec.tolerations.clone(),
+            image_pull_secrets: spec.image_pull_secrets.clone(),
+            priority_class_name: spec.priority_class_name.clone(),
+        }
+    }
+
+    /// `spec` with these revision fields and `image` in place of its own; placement and pacing
+    /// stay as they are.
+    pub fn applied_to(&self, spec: &SchedulerSpec, image: &str) -> SchedulerSpec {
+        SchedulerSpec {
+            sched: image.to_owned(),
+            args: self.args.clone(),
+            env: self.env.clone(),
+            resources: self.resources.clone(),
+            expected_ops: self.expected_ops.clone(),
+            tolerations: self.tolerations.clone(),
+            image_pull_secrets: self.image_pull_secrets.clone(),
+            priority_class_name: self.priority_class_name.clone(),
+            ..spec.clone()
+        }
+    }
 }
 
 /// The rollout of a Scheduler's current revision.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStatus {
     /// Canary, Rolling, Paused, Complete, RolledBack or Failed.
@@ -292,9 +348,14 @@ pub struct RolloutStatus {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub entering_nodes: i32,
     /// Nodes left out of the rollout: their kernel cannot run sched_ext or runs another
-    /// scheduler, or no kubelet took their pod up.
+    /// scheduler, the Node is not Ready, a taint the Scheduler does not tolerate keeps its pod
+    /// away, no kubelet took their pod up, or only their kubelet cannot pull the image.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped_nodes: Vec<String>,
+    /// How many nodes are skipped for each reason (`KernelUnsupported`, `ForeignScheduler`,
+    /// `NodeNotReady`, `TaintNotTolerated`, `PodNotStarted`, `ImagePullFailing`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub skipped_reasons: std::collections::BTreeMap<String, i32>,
     /// The revision that failed and was rolled back; not tried again until the spec changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<RolloutFailure>,

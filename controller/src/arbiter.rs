@@ -151,6 +151,13 @@ impl Arbiter {
         })
     }
 
+    /// The owner of a known node (the oldest Scheduler selecting it; none on a node without
+    /// sched_ext).
+    pub fn owner(&self, node: &str) -> Option<&str> {
+        let owner = self.candidates.get(node).and_then(|order| order.first()).map(String::as_str);
+        owner.filter(|_| !self.is_unsupported(node))
+    }
+
     fn is_unsupported(&self, node: &str) -> bool {
         self.nodes.get(node).is_some_and(unsupported)
     }

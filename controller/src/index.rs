@@ -13,7 +13,6 @@ use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
@@ -25,6 +24,7 @@ use crate::api::Scheduler;
 use crate::arbiter::{Arbiter, Changed, Claim, Placement};
 use crate::memo::Memo;
 use crate::metrics::Metrics;
+use crate::nodes::NodeFacts;
 use crate::pods::SchedulerPod;
 use crate::sync::lock;
 use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
@@ -43,12 +43,12 @@ pub(crate) struct Index {
     daemonsets: Store<DaemonSet>,
     /// Woken when a Node or a Scheduler changed: the owner labels may need writing.
     ownership: Arc<Notify>,
-    /// Each Node's `creationTimestamp` (seconds since the epoch): a node that joined after a
-    /// Scheduler was created enters it at once.
-    node_created: NodeTimes,
+    /// Each Node's facts: when it was created (a node that joined after a Scheduler was
+    /// created enters it at once), whether it is down, the taints that keep pods away.
+    node_facts: NodeFactsByName,
 }
 
-type NodeTimes = Arc<Mutex<HashMap<String, i64>>>;
+type NodeFactsByName = Arc<Mutex<HashMap<String, Arc<NodeFacts>>>>;
 
 /// Write side of the index: the two feeds, each run by one task ([`Feeds::schedulers`],
 /// [`Feeds::nodes`]).
@@ -58,7 +58,7 @@ pub(crate) struct Feeds {
     pods: Arc<Mutex<PodSet>>,
     daemonsets: reflector::store::Writer<DaemonSet>,
     ownership: Arc<Notify>,
-    node_created: NodeTimes,
+    node_facts: NodeFactsByName,
 }
 
 /// The facts of the scheduler pods, by name (who may report) and by Scheduler (what a reconcile
@@ -107,7 +107,7 @@ pub(crate) fn index() -> (Index, Feeds) {
     let pods = Arc::new(Mutex::new(PodSet::default()));
     let (daemonset_reader, daemonsets) = reflector::store();
     let ownership = Arc::new(Notify::new());
-    let node_created = NodeTimes::default();
+    let node_facts = NodeFactsByName::default();
     (
         Index {
             arbiter: arbiter.clone(),
@@ -115,9 +115,9 @@ pub(crate) fn index() -> (Index, Feeds) {
             pods: pods.clone(),
             daemonsets: daemonset_reader,
             ownership: ownership.clone(),
-            node_created: node_created.clone(),
+            node_facts: node_facts.clone(),
         },
-        Feeds { arbiter, store, pods, daemonsets, ownership, node_created },
+        Feeds { arbiter, store, pods, daemonsets, ownership, node_facts },
     )
 }
 
@@ -160,7 +160,12 @@ impl Index {
 
     /// When the Node `name` was created (seconds since the epoch), if known.
     pub(crate) fn node_created(&self, name: &str) -> Option<i64> {
-        lock(&self.node_created).get(name).copied()
+        lock(&self.node_facts).get(name).and_then(|f| f.created)
+    }
+
+    /// What is known of the Node `name` (as last seen).
+    pub(crate) fn node_facts(&self, name: &str) -> Option<Arc<NodeFacts>> {
+        lock(&self.node_facts).get(name).cloned()
     }
 
     /// Whether a Node of that name exists (as last seen).
@@ -355,43 +360,61 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
     }
 }
 
-/// The Node feed: labels into the arbiter, and creation times.
+/// The Node feed: labels into the arbiter, and each Node's facts.
 struct NodeFeed {
-    created: NodeTimes,
+    facts: NodeFactsByName,
 }
 
 impl NodeFeed {
-    fn labels_of(&self, n: PartialObjectMeta<Node>) -> (String, std::collections::BTreeMap<String, String>) {
+    /// Keeps the Node's facts; returns its name and labels, and whether its facts changed.
+    fn take(&self, n: Node) -> (String, std::collections::BTreeMap<String, String>, bool) {
         let name = n.name_any();
-        if let Some(t) = n.metadata.creation_timestamp.as_ref() {
-            lock(&self.created).insert(name.clone(), t.0.as_second());
-        }
-        (name, n.metadata.labels.unwrap_or_default())
+        let facts = NodeFacts::of(&n);
+        let before = lock(&self.facts).insert(name.clone(), Arc::new(facts.clone()));
+        let changed = before.is_some_and(|b| *b != facts);
+        (name, n.metadata.labels.unwrap_or_default(), changed)
     }
 }
 
-impl Feed<PartialObjectMeta<Node>> for NodeFeed {
-    fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<PartialObjectMeta<Node>>) -> Changed {
-        lock(&self.created).clear();
-        let nodes = all.into_iter().map(|n| self.labels_of(n)).collect();
-        arbiter.replace_nodes(nodes)
+impl Feed<Node> for NodeFeed {
+    fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<Node>) -> Changed {
+        let before = std::mem::take(&mut *lock(&self.facts));
+        let mut moved = Vec::new();
+        let nodes = all
+            .into_iter()
+            .map(|n| {
+                let (name, labels, _) = self.take(n);
+                if before.get(&name) != lock(&self.facts).get(&name) {
+                    moved.push(name.clone());
+                }
+                (name, labels)
+            })
+            .collect();
+        let mut changed = arbiter.replace_nodes(nodes);
+        // Facts that changed while the watch was away: their owners look again.
+        changed.extend(moved.iter().filter_map(|n| arbiter.owner(n)).map(str::to_owned));
+        changed
     }
 
-    fn applied(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
-        let (name, labels) = self.labels_of(n);
+    fn applied(&mut self, arbiter: &mut Arbiter, n: Node) -> Changed {
+        let (name, labels, facts_changed) = self.take(n);
         // The owner label appearing or moving lets its Schedulers go on (a DaemonSet waits for
         // the labels of its nodes), even though placement did not change.
         let before = arbiter.node_labels(&name).and_then(|l| l.get(OWNER_LABEL)).cloned();
         let after = labels.get(OWNER_LABEL).cloned();
         let mut changed = arbiter.upsert_node(&name, labels);
         if before != after {
-            changed.extend(before.into_iter().chain(after));
+            changed.extend(before.into_iter().chain(after.clone()));
+        }
+        if facts_changed {
+            // Down or back, tainted or not: its owner's rollout may skip it or go on.
+            changed.extend(arbiter.owner(&name).map(str::to_owned).into_iter().chain(after));
         }
         changed
     }
 
-    fn deleted(&mut self, arbiter: &mut Arbiter, n: PartialObjectMeta<Node>) -> Changed {
-        lock(&self.created).remove(&n.name_any());
+    fn deleted(&mut self, arbiter: &mut Arbiter, n: Node) -> Changed {
+        lock(&self.facts).remove(&n.name_any());
         arbiter.remove_node(&n.name_any())
     }
 }
@@ -498,14 +521,15 @@ impl Feeds {
         tx: Triggers,
         ready: watch::Sender<bool>,
     ) {
-        let Feeds { arbiter, mut store, pods, daemonsets, ownership, node_created } = self;
+        let Feeds { arbiter, mut store, pods, daemonsets, ownership, node_facts } = self;
         let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
         let (nodes_listed, mut nodes_ready) = watch::channel(false);
         let (pods_listed, mut pods_ready) = watch::channel(false);
         let (daemonsets_listed, mut daemonsets_ready) = watch::channel(false);
         let schedulers = watcher::watcher(Api::<Scheduler>::all(client.clone()), watcher::Config::default());
-        // Metadata only: names and labels are all the arbiter reads.
-        let nodes = watcher::watcher(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default());
+        // Slimmed as they arrive: labels, creation, Ready and taints are all that is read.
+        let nodes =
+            watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).modify(crate::nodes::slim);
         let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let scheduler_pods =
             watcher::watcher(Api::<Pod>::namespaced(client.clone(), workload_namespace), managed.clone());
@@ -527,7 +551,7 @@ impl Feeds {
                 "Node",
                 &arbiter,
                 nodes.default_backoff(),
-                NodeFeed { created: node_created },
+                NodeFeed { facts: node_facts },
                 tx.clone(),
                 nodes_listed,
                 &ownership

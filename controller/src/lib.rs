@@ -27,6 +27,7 @@ pub mod leader;
 pub mod manager;
 mod memo;
 pub mod metrics;
+pub mod nodes;
 mod ownership;
 pub mod pacing;
 mod pods;

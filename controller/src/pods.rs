@@ -29,11 +29,19 @@ pub(crate) struct SchedulerPod {
     pub backing_off: bool,
     /// A kubelet took the pod up: it is past Pending, or reports a container's status.
     pub started: bool,
+    /// The kubelet cannot pull the scheduler container's image: its waiting reason and message
+    /// (escaped and capped: the kubelet quotes the registry).
+    pub pull_error: Option<String>,
     /// When it was created (seconds since the epoch).
     pub created: Option<i64>,
     /// Since when it is terminating (seconds since the epoch).
     pub terminating_since: Option<i64>,
 }
+
+/// The waiting reasons of a container whose image the kubelet cannot pull.
+const PULL_ERRORS: [&str; 4] = ["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"];
+/// Most characters kept of the kubelet's words on a failed pull.
+const MAX_PULL_ERROR_CHARS: usize = 256;
 
 /// What tells a pod's revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,10 +84,13 @@ impl SchedulerPod {
         let scx_status = status
             .and_then(|s| s.container_statuses.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.name == SCHEDULER_CONTAINER));
-        let backing_off = scx_status
-            .and_then(|c| c.state.as_ref())
-            .and_then(|s| s.waiting.as_ref())
-            .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"));
+        let waiting = scx_status.and_then(|c| c.state.as_ref()).and_then(|s| s.waiting.as_ref());
+        let backing_off = waiting.is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"));
+        let pull_error = waiting.filter(|w| PULL_ERRORS.contains(&w.reason.as_deref().unwrap_or_default())).map(|w| {
+            let said =
+                format!("{}: {}", w.reason.as_deref().unwrap_or_default(), w.message.as_deref().unwrap_or_default());
+            sked_proto::text::escape_and_cap(said.trim_end_matches([':', ' ']), MAX_PULL_ERROR_CHARS)
+        });
         Self {
             name: pod.name_any(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
@@ -90,6 +101,7 @@ impl SchedulerPod {
             ready_since,
             restarts: scx_status.map_or(0, |c| c.restart_count),
             backing_off,
+            pull_error,
             started: status.and_then(|s| s.phase.as_deref()).is_some_and(|p| p != "Pending")
                 || status.and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| !cs.is_empty()),
             created: pod.creation_timestamp().map(|t| t.0.as_second()),
@@ -180,6 +192,7 @@ mod tests {
                 restarts: 3,
                 backing_off: true,
                 started: true,
+                pull_error: None,
                 created: at("2026-12-01T10:00:00Z"),
                 terminating_since: at("2026-12-01T11:00:00Z"),
             }

@@ -4,7 +4,7 @@
 //! [`crate::workload`], [`crate::status`] and [`crate::kernel`]; startup and leadership in
 //! [`crate::manager`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,13 +21,14 @@ use sked_proto::Verdict;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::api::{Reason, RolloutFailure, RolloutStatus, Scheduler, SchedulerStatus};
+use crate::api::{Reason, RevisionSpec, RolloutFailure, RolloutStatus, Scheduler, SchedulerStatus};
 use crate::config::ControllerFlags;
 use crate::index::Index;
 use crate::kernel::{self, KernelTable};
 use crate::memo::Memo;
 use crate::metrics::{Metrics, ReportStats};
 use crate::pacing::{TokenBucket, retry_delay};
+use crate::pods::SchedulerPod;
 use crate::rollout;
 use crate::status::{self, EventKind, EventSpec, Observed};
 use crate::sync::lock;
@@ -233,8 +234,15 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
                 }
             }
         }
-        // Refused image, or a revision that failed: the DaemonSet stays as it is.
-        (_, true) => ctx.index.daemonset(&name, namespace).map(|ds| ds.as_ref().clone()),
+        // Refused image, or a revision that failed: the DaemonSet stays as it is...
+        (_, true) => match (ctx.index.daemonset(&name, namespace), &failed) {
+            (Some(ds), _) => Some(ds.as_ref().clone()),
+            // ...and one deleted by hand while a failure is recorded is made again as it was.
+            (None, Some(failure)) => {
+                Box::pin(recreate_after_failure(ctx, scheduler, &previous_rollout, failure, wanted.as_ref())).await?
+            }
+            (None, None) => None,
+        },
         (_, false) => {
             if !ctx.leading() {
                 return Ok(Action::await_change());
@@ -294,6 +302,9 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     let rollout = step.as_ref().map(|s| s.status.clone()).or(previous.rollout.clone());
     let roll_back_from = step.as_ref().and_then(|s| s.roll_back.clone());
 
+    // Only when no pod can go anywhere does the status name what keeps them away.
+    let untolerated =
+        (desired == 0 && !placement.owned.is_empty()).then(|| untolerated_taints(ctx, scheduler, &placement)).flatten();
     let outcome = status::compute(&Observed {
         generation,
         previous: &previous,
@@ -305,6 +316,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         image_error_transient: admission.as_ref().err().is_some_and(TrustError::is_transient),
         kernel: &kernel,
         rollout: rollout.as_ref(),
+        untolerated: untolerated.as_deref(),
         now: Time(jiff::Timestamp::now()),
     });
 
@@ -343,8 +355,13 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         replace_pods(ctx, &step.replace).await;
         write_owner_labels(ctx, &name, &step.admit, &step.evict).await;
         if let Some(failure) = &step.to_zero {
+            let which = if previous_rollout.current_revision.is_some() {
+                "the nodes it was taking over where it failed"
+            } else {
+                "every node it reached"
+            };
             let message = format!(
-                "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on every node it reached ({})",
+                "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on {which} ({})",
                 failure.revision,
                 failure.node,
                 failure.cause,
@@ -507,6 +524,7 @@ fn rollout_step(
     let attach_timeout = Duration::from_secs(
         u64::try_from(rollout::Pacing::of(scheduler.spec.rollout.as_ref(), 1).attach_timeout_seconds).unwrap_or(1),
     );
+    let template = TemplateRevision { name: &template_revision, image: &image, args: &args };
     let nodes: Vec<rollout::NodeView> = ctx.kernel.read(|reports| {
         labelled
             .iter()
@@ -516,35 +534,7 @@ fn rollout_step(
                 let report = reports
                     .get(node)
                     .filter(|r| r.scheduler == name && now.saturating_duration_since(r.received) <= stale_after);
-                let exit = report
-                    .filter(|r| pod.is_some_and(|p| p.name == r.pod))
-                    .and_then(|r| r.last_exit.as_ref())
-                    .map(|e| e.describe());
-                let kernel = match report {
-                    Some(r) if r.verdict == Verdict::KernelUnsupported => rollout::KernelView::Unsupported,
-                    Some(r) if r.verdict == Verdict::ForeignScheduler => rollout::KernelView::Foreign,
-                    Some(r) if pod.is_some_and(|p| p.name == r.pod) => match (r.attached_since, r.ejected) {
-                        (Some(since), _) => rollout::KernelView::Attached { since },
-                        (None, true) => rollout::KernelView::Ejected,
-                        (None, false) => rollout::KernelView::NotAttached,
-                    },
-                    _ => rollout::KernelView::Unknown,
-                };
-                let pod = pod.map(|p| rollout::PodView {
-                    name: p.name.clone(),
-                    revision: p.revision(&template_revision, &image, &args),
-                    ready_since: p.ready_since,
-                    created: p.created.unwrap_or(wall),
-                    crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,
-                    started: p.started,
-                    terminating_since: p.terminating_since,
-                });
-                // Labelled moments ago and no pod yet: by this leader (it remembers), or by the
-                // last one (early in a term, any labelled node without a pod may be).
-                let just_labelled = pod.is_none()
-                    && (ctx.memo.term_age() < attach_timeout
-                        || lock(&ctx.memo.labelled).get(node).is_some_and(|at| at.elapsed() < attach_timeout));
-                rollout::NodeView { node: node.clone(), pod, kernel, exit, just_labelled }
+                node_view(ctx, scheduler, node, pod.map(|p| p.as_ref()), report, &template, wall, attach_timeout)
             })
             .collect()
     });
@@ -578,7 +568,15 @@ fn rollout_step(
         previous,
         failed,
         plan: &plan,
-        template: crate::api::Revision { name: template_revision.clone(), image: image.clone(), generation },
+        template: crate::api::Revision {
+            name: template_revision.clone(),
+            image: image.clone(),
+            generation,
+            // The spec's fields, when the template is the spec's revision (not one rolled back to).
+            spec: wanted
+                .is_some_and(|(revision, _)| *revision == template_revision)
+                .then(|| RevisionSpec::of(&scheduler.spec)),
+        },
         wanted: wanted.map(|(revision, image)| (revision.as_str(), image.as_str())),
         caught_up,
         now: Time(jiff::Timestamp::now()),
@@ -592,7 +590,8 @@ fn rollout_step(
     }
     let newly = step.newly_failed.is_some();
     let roll_back = step.status.failed.clone().filter(|_| step.roll_back).map(|f| (f, newly));
-    let to_zero = step.newly_failed.clone().filter(|_| stable.is_none());
+    // Nodes back to revision zero: a first revision failed, or a takeover under the stable one.
+    let to_zero = step.newly_failed.clone().filter(|_| stable.is_none() || !step.evict.is_empty());
     let (status, replace, admit, evict) = (step.status, step.replace, step.admit, step.evict);
     // By uid too: a pod of the same name made since is not the one decided on.
     let replace = replace
@@ -613,6 +612,78 @@ fn rollout_step(
         recheck_in: plan
             .recheck_in
             .map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200)),
+    }
+}
+
+/// What a pod of the DaemonSet's template runs: its revision label, image and arguments.
+struct TemplateRevision<'a> {
+    name: &'a str,
+    image: &'a str,
+    args: &'a [String],
+}
+
+/// One labelled node as the rollout sees it: its pod (a live one before a terminating one),
+/// what that pod's agent last reported (a fresh report, or none), and the node's own state.
+#[allow(clippy::too_many_arguments)]
+fn node_view(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    node: &str,
+    pod: Option<&SchedulerPod>,
+    report: Option<&kernel::NodeReport>,
+    template: &TemplateRevision<'_>,
+    wall: i64,
+    attach_timeout: Duration,
+) -> rollout::NodeView {
+    let own_report = report.filter(|r| pod.is_some_and(|p| p.name == r.pod));
+    let exit = own_report.and_then(|r| r.last_exit.as_ref()).map(|e| e.describe());
+    let kernel = match report {
+        Some(r) if r.verdict == Verdict::KernelUnsupported => rollout::KernelView::Unsupported,
+        Some(r) if r.verdict == Verdict::ForeignScheduler => rollout::KernelView::Foreign,
+        Some(_) => match own_report.map(|r| (r.attached_since, r.ejected)) {
+            Some((Some(since), _)) => rollout::KernelView::Attached { since },
+            Some((None, true)) => rollout::KernelView::Ejected,
+            Some((None, false)) => rollout::KernelView::NotAttached,
+            None => rollout::KernelView::Unknown,
+        },
+        None => rollout::KernelView::Unknown,
+    };
+    let view = pod.map(|p| rollout::PodView {
+        name: p.name.clone(),
+        revision: p.revision(template.name, template.image, template.args),
+        ready_since: p.ready_since,
+        created: p.created.unwrap_or(wall),
+        crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,
+        started: p.started,
+        pull_error: p.pull_error.clone(),
+        terminating_since: p.terminating_since,
+    });
+    // When this leader labelled it, as long as it has not run attached since: once it has, it
+    // no longer enters (a later restart of its pod is not a switch from revision zero).
+    let attached =
+        matches!(kernel, rollout::KernelView::Attached { .. }) && pod.is_some_and(|p| p.ready_since.is_some());
+    let labelled_ago = {
+        let mut labelled = lock(&ctx.memo.labelled);
+        if attached {
+            labelled.remove(node);
+            None
+        } else {
+            labelled.get(node).map(|at| at.elapsed())
+        }
+    };
+    // Labelled moments ago and no pod yet: by this leader (it remembers), or by the last one
+    // (early in a term, any labelled node without a pod may be).
+    let just_labelled = view.is_none()
+        && (ctx.memo.term_age() < attach_timeout || labelled_ago.is_some_and(|ago| ago < attach_timeout));
+    rollout::NodeView {
+        node: node.to_owned(),
+        pod: view,
+        kernel,
+        exit,
+        just_labelled,
+        unfit: unfit(ctx, scheduler, node),
+        // In whole seconds, rounded down (pod creation times are whole seconds too).
+        entered_at: labelled_ago.map(|ago| wall.saturating_sub(i64::try_from(ago.as_secs() + 1).unwrap_or(i64::MAX))),
     }
 }
 
@@ -640,6 +711,46 @@ fn entering_nodes(
         }
     }
     (labelled, entering)
+}
+
+/// Why no pod of `scheduler` can run on `node` now, if so: the Node is down, or it has a taint
+/// the Scheduler does not tolerate.
+fn unfit(ctx: &Context, scheduler: &Scheduler, node: &str) -> Option<rollout::Skip> {
+    let facts = ctx.index.node_facts(node)?;
+    if facts.down {
+        Some(rollout::Skip::NodeNotReady)
+    } else {
+        facts.untolerated(&scheduler.spec.tolerations).map(|_| rollout::Skip::TaintNotTolerated)
+    }
+}
+
+/// What keeps the Scheduler's pods off its tainted nodes, for its status: the taints by node,
+/// a few of each; `None` when no owned node has a taint it does not tolerate.
+fn untolerated_taints(ctx: &Context, scheduler: &Scheduler, placement: &crate::arbiter::Placement) -> Option<String> {
+    let mut by_taint: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for node in &placement.owned {
+        let Some(facts) = ctx.index.node_facts(node) else { continue };
+        if let Some(taint) = facts.untolerated(&scheduler.spec.tolerations) {
+            by_taint.entry(crate::nodes::describe_taint(taint)).or_default().push(node);
+        }
+    }
+    let count: usize = by_taint.values().map(Vec::len).sum();
+    if count == 0 {
+        return None;
+    }
+    let listed: Vec<String> = by_taint
+        .iter()
+        .take(3)
+        .map(|(taint, nodes)| {
+            let more = nodes.len().saturating_sub(3);
+            let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+            format!("{taint} on {}{more}", nodes.iter().take(3).copied().collect::<Vec<_>>().join(", "))
+        })
+        .collect();
+    Some(format!(
+        "{count} selected node(s) have a taint the Scheduler does not tolerate, so no pod of it can run there: {}; add a matching toleration to spec.tolerations",
+        listed.join("; ")
+    ))
 }
 
 /// Writes the owner labels a rollout step decided: `admit` gets this Scheduler's, `evict` loses
@@ -692,28 +803,70 @@ async fn replace_pods(ctx: &Context, replace: &[(String, String)]) {
     }
 }
 
-/// Sets the DaemonSet's template back to the last revision that ran attached everywhere (from
-/// the DaemonSet's ControllerRevision history) and records RolledBack. The nodes the failed
-/// revision reached are replaced by the next reconciles.
-async fn roll_back(
+/// Makes again the DaemonSet of a Scheduler whose rollout failed, after someone deleted it: as
+/// the failure left it, the template of the revision rolled back to (the current one), or, for a
+/// first revision or a takeover (the failed revision is the template; its failed nodes lost
+/// their label, so no pod of it goes anywhere), the spec's own.
+async fn recreate_after_failure(
     ctx: &Context,
     scheduler: &Scheduler,
-    ds: &DaemonSet,
     previous: &RolloutStatus,
     failure: &RolloutFailure,
-    newly: bool,
-) -> Result<(), Error> {
+    wanted: Option<&(String, String)>,
+) -> Result<Option<DaemonSet>, Error> {
     let name = scheduler.name_any();
     let namespace = &ctx.settings.namespace;
-    let Some(stable) = previous.current_revision.as_ref() else { return Ok(()) };
+    let desired = match previous.current_revision.as_ref().filter(|stable| stable.name != failure.revision) {
+        Some(stable) => match stable_daemonset(ctx, scheduler, None, stable).await {
+            Ok(desired) => desired,
+            Err(e) => {
+                warn!(err = %e, "the DaemonSet was deleted and the revision rolled back to cannot be made again; change the spec to deploy one");
+                return Ok(None);
+            }
+        },
+        None => match wanted {
+            Some((_, image)) => workload::desired_daemonset(scheduler, image, &ctx.settings)?,
+            None => return Ok(None),
+        },
+    };
+    if !ctx.leading() {
+        return Ok(None);
+    }
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
+    let applied = daemonsets
+        .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
+        .await
+        .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
+    info!(daemonset = %format!("{namespace}/{name}"), "made the DaemonSet again (deleted while a failed revision is recorded)");
+    Ok(Some(applied))
+}
+
+/// The DaemonSet of the Scheduler's current revision `stable` (what a rollback restores): from
+/// the revision's fields the status keeps or, for a revision recorded before sked kept them,
+/// from the ControllerRevision history of the DaemonSet `ds_uid`.
+async fn stable_daemonset(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    ds_uid: Option<&str>,
+    stable: &crate::api::Revision,
+) -> Result<DaemonSet, Error> {
+    let name = scheduler.name_any();
+    let namespace = &ctx.settings.namespace;
+    if let Some(fields) = &stable.spec {
+        let mut restored = scheduler.clone();
+        restored.spec = fields.applied_to(&scheduler.spec, &stable.image);
+        return Ok(workload::desired_daemonset(&restored, &stable.image, &ctx.settings)?);
+    }
+    let lost =
+        || Error::RollbackLost { name: name.clone(), namespace: namespace.clone(), revision: stable.name.clone() };
+    let ds_uid = ds_uid.ok_or_else(lost)?;
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), namespace);
     let selector = format!("{}={name},{}={}", workload::NAME_LABEL, workload::REVISION_LABEL, stable.name);
     let listed = revisions
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
-    let owned_by_ds =
-        |r: &&ControllerRevision| r.owner_references().iter().any(|o| Some(&o.uid) == ds.metadata.uid.as_ref());
+    let owned_by_ds = |r: &&ControllerRevision| r.owner_references().iter().any(|o| o.uid == ds_uid);
     let template = listed
         .items
         .iter()
@@ -726,13 +879,26 @@ async fn roll_back(
             }
             serde_json::from_value::<PodTemplateSpec>(t).ok()
         })
-        .ok_or_else(|| Error::RollbackLost {
-            name: name.clone(),
-            namespace: namespace.clone(),
-            revision: stable.name.clone(),
-        })?;
+        .ok_or_else(lost)?;
     let mut desired = workload::desired_daemonset(scheduler, &stable.image, &ctx.settings)?;
     workload::restore_revision(&mut desired, &template);
+    Ok(desired)
+}
+
+/// Sets the DaemonSet's template back to the last revision that ran attached everywhere and
+/// records RolledBack. The nodes the failed revision reached are replaced by the next reconciles.
+async fn roll_back(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    ds: &DaemonSet,
+    previous: &RolloutStatus,
+    failure: &RolloutFailure,
+    newly: bool,
+) -> Result<(), Error> {
+    let name = scheduler.name_any();
+    let namespace = &ctx.settings.namespace;
+    let Some(stable) = previous.current_revision.as_ref() else { return Ok(()) };
+    let desired = stable_daemonset(ctx, scheduler, ds.metadata.uid.as_deref(), stable).await?;
     if !ctx.leading() {
         return Ok(());
     }

@@ -13,7 +13,11 @@
 //!   container crash-loops, or whose scheduler the kernel ejects, fails the revision (the
 //!   reconcile rolls it back);
 //! - nodes whose kernel cannot run sched_ext, or that run another scheduler, are skipped: a new
-//!   pod would not attach there either.
+//!   pod would not attach there either; so are nodes no pod can run on now (not Ready, or a taint
+//!   the Scheduler does not tolerate), nodes whose pod no kubelet took up, and nodes whose
+//!   kubelet alone cannot pull an image other nodes pulled ([`Skip`]);
+//! - under the stable revision, a node's first switch away from revision zero (a takeover) is
+//!   judged the same way: where it fails, the node goes back to revision zero.
 //!
 //! The kernel's default scheduler is revision zero. A node enters a Scheduler when its owner
 //! label is set, and the rollout sets it like it replaces a pod: canary first, then in waves
@@ -39,6 +43,37 @@ pub const DEFAULT_BAKE_SECONDS: i32 = 30;
 pub const DEFAULT_ATTACH_TIMEOUT_SECONDS: i32 = 120;
 /// Restarts of the scheduler container after which a new revision counts as crash-looping.
 pub const CRASH_LOOP_RESTARTS: i32 = 3;
+
+/// Why a node is left out of a rollout: nothing its pod could do there says anything of the
+/// revision. Counted by name in `status.rollout.skippedReasons`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Skip {
+    /// Its kernel has no sched_ext.
+    KernelUnsupported,
+    /// Another scheduler, started outside sked, owns its kernel.
+    ForeignScheduler,
+    /// The Node is not Ready, or is unreachable.
+    NodeNotReady,
+    /// It has a taint the Scheduler does not tolerate: no pod of it can go there.
+    TaintNotTolerated,
+    /// No kubelet took its pod up within the attach timeout.
+    PodNotStarted,
+    /// Its kubelet cannot pull the image, which other nodes pulled.
+    ImagePullFailing,
+}
+
+impl Skip {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Skip::KernelUnsupported => "KernelUnsupported",
+            Skip::ForeignScheduler => "ForeignScheduler",
+            Skip::NodeNotReady => "NodeNotReady",
+            Skip::TaintNotTolerated => "TaintNotTolerated",
+            Skip::PodNotStarted => "PodNotStarted",
+            Skip::ImagePullFailing => "ImagePullFailing",
+        }
+    }
+}
 
 /// `spec.rollout` with its defaults applied, for a Scheduler with `nodes` nodes in the rollout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +128,8 @@ pub struct PodView {
     /// A kubelet took the pod up (it is past Pending, or reports a container). A pod no kubelet
     /// took up says nothing of its revision: its node is down or unreachable.
     pub started: bool,
+    /// The kubelet cannot pull the scheduler container's image: its waiting reason and message.
+    pub pull_error: Option<String>,
     /// Being deleted since then (seconds since the epoch).
     pub terminating_since: Option<i64>,
 }
@@ -128,6 +165,12 @@ pub struct NodeView {
     /// Its owner label was written moments ago (less than the attach timeout) and its pod is
     /// not there yet: the DaemonSet controller is about to make it.
     pub just_labelled: bool,
+    /// No pod of the Scheduler can run there now ([`Skip::NodeNotReady`] or
+    /// [`Skip::TaintNotTolerated`]).
+    pub unfit: Option<Skip>,
+    /// When (seconds since the epoch) this leader wrote its owner label: a pod made since then
+    /// is the node's first switch away from revision zero, judged like a new revision's.
+    pub entered_at: Option<i64>,
 }
 
 /// A node the Scheduler owns that does not carry its owner label yet: it still runs revision
@@ -189,9 +232,12 @@ pub struct Plan {
     pub updated: usize,
     /// Of those, the ones Ready with the scheduler attached.
     pub attached: usize,
-    /// Nodes left out: their kernel cannot run sched_ext or runs another scheduler, or no
-    /// kubelet took their pod up within the attach timeout.
+    /// Nodes left out (see [`Skip`]), and how many for each reason.
     pub skipped: Vec<String>,
+    pub skipped_for: std::collections::BTreeMap<Skip, usize>,
+    /// Nodes that entered from revision zero under the stable revision (a takeover, or nodes
+    /// relabelled into the pool) where it failed: they go back to revision zero.
+    pub broken: Vec<String>,
     /// Decide again after this many seconds (end of a bake, an attach deadline).
     pub recheck_in: Option<i64>,
 }
@@ -200,6 +246,11 @@ impl Plan {
     /// Whether the target revision runs, attached and baked, on every node in the rollout.
     pub fn complete(&self) -> bool {
         self.phase == RolloutPhase::Complete
+    }
+
+    fn skip(&mut self, node: &str, why: Skip) {
+        self.skipped.push(node.to_owned());
+        *self.skipped_for.entry(why).or_default() += 1;
     }
 
     fn recheck(&mut self, after: i64) {
@@ -220,6 +271,8 @@ struct Tally {
     all_attached: bool,
     /// When the newest of them attached.
     newest_attach: Option<i64>,
+    /// Skipped nodes that have a pod (the DaemonSet controller counts them).
+    skipped_pods: usize,
 }
 
 /// Decides the next step of a rollout.
@@ -232,7 +285,8 @@ pub fn decide(input: &Input<'_>) -> Plan {
     let mut plan = Plan { labelled: input.nodes.iter().map(|n| n.node.clone()).collect(), ..Plan::default() };
     let mut tally = tally(input, restoring, &mut plan);
     // A node that joined the cluster on its own is not held back for a wave, once there is a
-    // revision that ran everywhere (a first revision goes canary first, everywhere).
+    // revision that ran everywhere (a first revision goes canary first, everywhere). (A node no
+    // pod can run on enters like any other: once labelled, it is skipped at once.)
     let at_once = |e: &&Entering| e.runs_it || (e.joined && input.stable.is_some());
     plan.admit = input.entering.iter().filter(at_once).map(|e| e.node.clone()).collect();
     let mut waiting: Vec<String> = input.entering.iter().filter(|e| !at_once(e)).map(|e| e.node.clone()).collect();
@@ -270,9 +324,20 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
     let recently_deleted = |p: &PodView| p.terminating_since.is_some_and(|t| now - t < pacing.attach_timeout_seconds);
     let replacing = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(recently_deleted)).count();
     let mut awaited_without_pod = expected_pods.saturating_sub(live + replacing);
+    // Evidence that the target revision's image can be pulled: a node runs it attached.
+    let pulled_somewhere = nodes.iter().any(|n| {
+        matches!(n.kernel, KernelView::Attached { .. })
+            && n.pod.as_ref().is_some_and(|p| p.revision == target && p.terminating_since.is_none())
+    });
     for n in nodes {
-        if matches!(n.kernel, KernelView::Unsupported | KernelView::Foreign) {
-            plan.skipped.push(n.node.clone());
+        let skip = match n.kernel {
+            KernelView::Unsupported => Some(Skip::KernelUnsupported),
+            KernelView::Foreign => Some(Skip::ForeignScheduler),
+            _ => n.unfit,
+        };
+        if let Some(why) = skip {
+            plan.skip(&n.node, why);
+            t.skipped_pods += usize::from(n.pod.is_some());
             continue;
         }
         let Some(pod) = n.pod.as_ref().filter(|p| p.terminating_since.is_none()) else {
@@ -310,7 +375,14 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
         if attached.is_none() && !pod.started && now >= deadline {
             // No kubelet took the pod up: the node is down or unreachable, which says nothing
             // of the revision. Left out, like a node that cannot run sched_ext.
-            plan.skipped.push(n.node.clone());
+            plan.skip(&n.node, Skip::PodNotStarted);
+            t.skipped_pods += 1;
+            continue;
+        }
+        if attached.is_none() && pod.pull_error.is_some() && pulled_somewhere {
+            // Other nodes pulled the same image: this node's registry access is at fault.
+            plan.skip(&n.node, Skip::ImagePullFailing);
+            t.skipped_pods += 1;
             continue;
         }
         plan.updated += 1;
@@ -319,17 +391,26 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             t.newest_attach = Some(t.newest_attach.map_or(since, |t| t.max(since)));
             continue;
         }
-        if restoring && now >= deadline {
-            // The stable revision, not attached long past its deadline on this node: not the
-            // switch's doing, and not a reason to hold every other node back.
+        // Under the stable revision, only a node's first switch away from revision zero is
+        // judged (a takeover); a node that ran it before and is down now is not the switch's
+        // doing, and not a reason to hold every other node back.
+        let entered = n.entered_at.is_some_and(|at| pod.created >= at);
+        if restoring && !entered && now >= deadline {
             continue;
         }
         t.unavailable += 1;
         t.all_attached = false;
-        if restoring || plan.failure.is_some() {
+        if restoring && !entered {
             continue;
         }
-        plan.failure = failure_of(n, pod, pacing, now, plan);
+        if restoring {
+            if let Some(failure) = failure_of(n, pod, pacing, now, plan) {
+                plan.broken.push(n.node.clone());
+                plan.failure.get_or_insert(failure);
+            }
+        } else if plan.failure.is_none() {
+            plan.failure = failure_of(n, pod, pacing, now, plan);
+        }
     }
     t.old_down.sort();
     t.old_up.sort();
@@ -348,6 +429,11 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
             Some(why) => format!("the scheduler stopped running after it had attached: {why}"),
             None => "the kernel stopped running the scheduler after it had attached".to_owned(),
         }
+    } else if let Some(why) = pod.pull_error.as_ref().filter(|_| now >= deadline) {
+        format!(
+            "the kubelet could not pull the scheduler's image within {}s (spec.rollout.attachTimeoutSeconds): {why}; check spec.sched and spec.imagePullSecrets",
+            pacing.attach_timeout_seconds
+        )
     } else if now >= deadline {
         attach_timeout_cause(n.kernel, &pod.name, pacing.attach_timeout_seconds)
     } else {
@@ -361,7 +447,7 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
 /// node of the target revision runs it attached and the newest has baked; a canary first.
 fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Plan) -> Plan {
     let Input { stable, nodes, expected_pods, pacing, now, .. } = *input;
-    let Tally { old_down, old_up, unavailable, all_attached, newest_attach } = tally;
+    let Tally { old_down, old_up, unavailable, all_attached, newest_attach, skipped_pods } = tally;
     let baked_in = newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
     let in_rollout = (nodes.len() + input.entering.len()).saturating_sub(plan.skipped.len());
     let canary = pacing.canary.min(in_rollout);
@@ -374,7 +460,7 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
         // one somewhere: the DaemonSet's count may not have caught up with the owner labels yet,
         // and a revision that never ran anywhere is not one to go back to.
         let everywhere =
-            plan.attached >= expected_pods.saturating_sub(plan.skipped.len()) && (plan.attached > 0 || in_rollout == 0);
+            plan.attached >= expected_pods.saturating_sub(skipped_pods) && (plan.attached > 0 || in_rollout == 0);
         if all_attached && everywhere && plan.admit.is_empty() && (stable.is_none() || baked_in <= 0) {
             plan.phase = RolloutPhase::Complete;
         } else {
@@ -484,11 +570,17 @@ pub fn advance(p: &Progress<'_>) -> Step {
     let mut status = RolloutStatus {
         phase: plan.phase,
         current_revision: p.previous.current_revision.clone(),
-        update_revision: Some(p.template.clone()),
+        // The revision's fields are kept for the current one only.
+        update_revision: Some(Revision { spec: None, ..p.template.clone() }),
         updated_nodes: i32::try_from(plan.updated).unwrap_or(i32::MAX),
         attached_nodes: i32::try_from(plan.attached).unwrap_or(i32::MAX),
         entering_nodes: i32::try_from(plan.entering).unwrap_or(i32::MAX),
         skipped_nodes: plan.skipped.clone(),
+        skipped_reasons: plan
+            .skipped_for
+            .iter()
+            .map(|(why, n)| (why.as_str().to_owned(), i32::try_from(*n).unwrap_or(i32::MAX)))
+            .collect(),
         failed: p.failed.cloned(),
     };
     let mut step = Step {
@@ -517,6 +609,7 @@ pub fn advance(p: &Progress<'_>) -> Step {
                 name: name.into(),
                 image: image.into(),
                 generation: f.generation,
+                spec: None,
             });
             status.phase = failed_phase;
             if !on_stable {
@@ -525,9 +618,17 @@ pub fn advance(p: &Progress<'_>) -> Step {
                 step.replace.clear();
                 step.roll_back = stable.is_some();
                 step.evict = to_zero;
+            } else {
+                // Under the stable revision, the nodes where taking them over failed go back to
+                // revision zero; after a takeover failed, no node enters until a retry.
+                step.evict = plan.broken.clone();
+                if f.revision == p.template.name {
+                    status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
+                    step.admit.clear();
+                }
             }
         }
-        None => match plan.failure.as_ref().filter(|_| !on_stable) {
+        None => match plan.failure.as_ref().filter(|_| !on_stable || !plan.broken.is_empty()) {
             Some(failure) => {
                 let failure = RolloutFailure {
                     revision: p.template.name.clone(),
@@ -538,15 +639,21 @@ pub fn advance(p: &Progress<'_>) -> Step {
                 };
                 status.phase = failed_phase;
                 status.failed = Some(failure.clone());
-                step.roll_back = stable.is_some();
                 step.newly_failed = Some(failure);
-                step.replace.clear();
                 status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
                 step.admit.clear();
-                step.evict = to_zero;
+                if on_stable {
+                    // A takeover failed: only the nodes it switched go back to revision zero.
+                    step.evict = plan.broken.clone();
+                } else {
+                    step.roll_back = stable.is_some();
+                    step.replace.clear();
+                    step.evict = to_zero;
+                }
             }
-            None if plan.complete() && wants_template => {
+            None if plan.complete() && wants_template && plan.attached > 0 => {
                 // The revision of this generation runs everywhere, attached: the one to go back to.
+                // (A revision that ran nowhere, on no node or only on skipped ones, is not.)
                 status.current_revision = Some(p.template.clone());
                 status.failed = None;
             }
@@ -593,11 +700,14 @@ mod tests {
                 created: 0,
                 crash_looping: false,
                 started: true,
+                pull_error: None,
                 terminating_since: None,
             }),
             kernel,
             exit: None,
             just_labelled: false,
+            unfit: None,
+            entered_at: None,
         }
     }
 
@@ -714,6 +824,8 @@ mod tests {
             kernel: KernelView::Unknown,
             exit: None,
             just_labelled: false,
+            unfit: None,
+            entered_at: None,
         };
         let nodes = [up("a", T), up("b", S), no_pod.clone()];
         // The DaemonSet means to run two pods: the pod-less node is not one of them.
@@ -741,7 +853,15 @@ mod tests {
         // A pod the index has not seen yet: the node looks pod-less, the DaemonSet expects it.
         let nodes = [
             up("a", T),
-            NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None, just_labelled: false },
+            NodeView {
+                node: "b".into(),
+                pod: None,
+                kernel: KernelView::Unknown,
+                exit: None,
+                just_labelled: false,
+                unfit: None,
+                entered_at: None,
+            },
         ];
         let plan = decide_expecting(&nodes, None, 2);
         assert!(!plan.complete());
@@ -751,8 +871,15 @@ mod tests {
         assert!(plan.complete());
         // A DaemonSet that has not counted the node yet (its owner label is on its way) does not
         // make a revision that runs nowhere complete.
-        let pod_less =
-            [NodeView { node: "b".into(), pod: None, kernel: KernelView::Unknown, exit: None, just_labelled: false }];
+        let pod_less = [NodeView {
+            node: "b".into(),
+            pod: None,
+            kernel: KernelView::Unknown,
+            exit: None,
+            just_labelled: false,
+            unfit: None,
+            entered_at: None,
+        }];
         let plan = decide_expecting(&pod_less, None, 0);
         assert!(!plan.complete());
         // Nor is it looked at again on a timer: what ends the wait (a pod, the DaemonSet's
@@ -843,7 +970,7 @@ mod tests {
     }
 
     fn revision(name: &str, generation: i64) -> Revision {
-        Revision { name: name.into(), image: format!("r.io/s@sha256:{name}"), generation }
+        Revision { name: name.into(), image: format!("r.io/s@sha256:{name}"), generation, spec: None }
     }
 
     fn progress<'a>(previous: &'a RolloutStatus, plan: &'a Plan, template: Revision) -> Progress<'a> {
@@ -927,8 +1054,15 @@ mod tests {
         let plan = decide_first(&[], &waiting, pacing(1, 2), 100);
         assert_eq!((plan.phase, plan.admit.clone(), plan.entering), (RolloutPhase::Canary, vec!["a".to_string()], 4));
         // The canary's label is written, its pod not made yet: it counts as switching.
-        let labelled =
-            NodeView { node: "a".into(), pod: None, kernel: KernelView::Unknown, exit: None, just_labelled: true };
+        let labelled = NodeView {
+            node: "a".into(),
+            pod: None,
+            kernel: KernelView::Unknown,
+            exit: None,
+            just_labelled: true,
+            unfit: None,
+            entered_at: None,
+        };
         let plan = decide_first(&[labelled], &waiting[1..], pacing(1, 2), 101);
         assert_eq!((plan.phase, plan.admit.len()), (RolloutPhase::Canary, 0));
         // Attached at 110, baking until 140; then a wave of two.
@@ -973,6 +1107,146 @@ mod tests {
         assert_eq!((plan.phase, plan.failure.clone()), (RolloutPhase::Rolling, None), "waited for until its deadline");
         let plan = decide_first(&[pending, up("b", T)], &[], pacing(1, 1), 120);
         assert_eq!((plan.phase, plan.failure, plan.skipped), (RolloutPhase::Complete, None, vec!["dead".to_string()]));
+    }
+
+    #[test]
+    fn nodes_no_pod_can_run_on_are_skipped_and_counted_not_failed() {
+        // A Node gone NotReady under a pod of the new revision: past its deadline, not a failure.
+        let down = NodeView { unfit: Some(Skip::NodeNotReady), ..node("down", T, KernelView::Unknown) };
+        // A node with an untolerated taint gets no pod: skipped at once, not waited for.
+        let tainted = NodeView {
+            pod: None,
+            just_labelled: true,
+            unfit: Some(Skip::TaintNotTolerated),
+            ..node("tainted", T, KernelView::Unknown)
+        };
+        let fresh = entering(&["fresh"], false);
+        let plan = decide(&Input {
+            target: T,
+            stable: None,
+            nodes: &[down, tainted, up("a", T)],
+            entering: &fresh,
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 500,
+        });
+        assert_eq!(plan.failure, None);
+        assert_eq!(plan.skipped, vec!["down".to_string(), "tainted".to_string()]);
+        assert_eq!(plan.skipped_for, BTreeMap::from([(Skip::NodeNotReady, 1), (Skip::TaintNotTolerated, 1)]));
+        // Neither holds the next wave.
+        assert_eq!((plan.admit.clone(), plan.entering), (vec!["fresh".to_string()], 0));
+        let step = advance(&progress(&RolloutStatus::default(), &plan, revision(T, 1)));
+        assert_eq!(
+            step.status.skipped_reasons,
+            BTreeMap::from([("NodeNotReady".to_string(), 1), ("TaintNotTolerated".to_string(), 1)])
+        );
+    }
+
+    #[test]
+    fn when_every_node_is_tainted_nothing_rolls_and_nothing_is_promoted() {
+        let tainted = |n: &str| NodeView {
+            node: n.into(),
+            pod: None,
+            kernel: KernelView::Unknown,
+            exit: None,
+            just_labelled: true,
+            unfit: Some(Skip::TaintNotTolerated),
+            entered_at: None,
+        };
+        let plan = decide(&Input {
+            target: T,
+            stable: None,
+            nodes: &[tainted("a"), tainted("b")],
+            entering: &[],
+            expected_pods: 0,
+            pacing: pacing(1, 1),
+            now: 500,
+        });
+        // Not Rolling for ever: there is nothing to roll, and no timer either.
+        assert_eq!((plan.phase, plan.admit.len(), plan.recheck_in), (RolloutPhase::Complete, 0, None));
+        assert_eq!(plan.skipped_for, BTreeMap::from([(Skip::TaintNotTolerated, 2)]));
+        // A revision that ran on no node is not one to go back to.
+        let first = RolloutStatus::default();
+        let mut p = progress(&first, &plan, revision(T, 1));
+        p.wanted = Some((T, "r.io/s@sha256:new"));
+        assert_eq!(advance(&p).status.current_revision, None);
+        // The tainted nodes enter in waves, each skipped at once.
+        let waiting = entering(&["b", "c"], false);
+        let plan = decide(&Input {
+            target: T,
+            stable: None,
+            nodes: &[tainted("a")],
+            entering: &waiting,
+            expected_pods: 0,
+            pacing: pacing(1, 1),
+            now: 500,
+        });
+        assert_eq!(plan.admit, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn an_image_only_one_node_cannot_pull_is_that_nodes_problem() {
+        let pull = |n: &str| {
+            let mut v = node(n, T, KernelView::Unknown);
+            if let Some(p) = v.pod.as_mut() {
+                (p.ready_since, p.pull_error) = (None, Some("ImagePullBackOff: Back-off pulling image".into()));
+            }
+            v
+        };
+        let plan = decide_first(&[up("a", T), pull("b")], &[], pacing(1, 1), 50);
+        assert_eq!((plan.failure, plan.skipped), (None, vec!["b".to_string()]));
+        // Nobody pulled it: at the deadline the revision failed, and the cause says why.
+        let plan = decide_first(&[pull("b")], &[], pacing(1, 1), 50);
+        assert_eq!(plan.failure, None, "before the deadline the kubelet keeps trying");
+        let cause = decide_first(&[pull("b")], &[], pacing(1, 1), 120).failure.map(|f| f.cause).unwrap_or_default();
+        assert!(cause.starts_with("the kubelet could not pull the scheduler's image within 120s"), "{cause}");
+        assert!(cause.contains("ImagePullBackOff") && cause.contains("spec.imagePullSecrets"), "{cause}");
+    }
+
+    #[test]
+    fn a_takeover_that_fails_sends_only_the_nodes_it_switched_back_to_revision_zero() {
+        // The stable revision runs on a and b; c entered at 100 and crash-loops; d ran it before
+        // and is down now (not the takeover's doing).
+        let mut c = node("c", S, KernelView::NotAttached);
+        c.entered_at = Some(100);
+        if let Some(p) = c.pod.as_mut() {
+            (p.created, p.crash_looping) = (101, true);
+        }
+        let mut d = node("d", S, KernelView::NotAttached);
+        d.entered_at = Some(100);
+        let nodes = [up("a", S), up("b", S), c, d];
+        let waiting = entering(&["e"], false);
+        let input = Input {
+            target: S,
+            stable: Some(S),
+            nodes: &nodes,
+            entering: &waiting,
+            expected_pods: 4,
+            pacing: pacing(1, 1),
+            now: 300,
+        };
+        let plan = decide(&input);
+        assert_eq!(
+            plan.failure.as_ref().map(|f| (f.node.as_str(), f.cause.contains("crash-looping"))),
+            Some(("c", true))
+        );
+        assert_eq!(plan.broken, vec!["c".to_string()]);
+        let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
+        let mut p = progress(&previous, &plan, revision(S, 1));
+        p.wanted = Some((S, "r.io/s@sha256:old"));
+        let step = advance(&p);
+        assert_eq!((step.status.phase, step.evict.clone()), (RolloutPhase::RolledBack, vec!["c".to_string()]));
+        assert!(step.admit.is_empty() && !step.roll_back && step.newly_failed.is_some());
+        assert_eq!(step.status.entering_nodes, 1);
+
+        // Recorded: c is back on revision zero (entering again), and nothing enters until a retry.
+        let failure = step.status.failed.clone();
+        let back = entering(&["c", "e"], false);
+        let plan = decide(&Input { nodes: &nodes[..2], entering: &back, ..input });
+        let mut p = progress(&previous, &plan, revision(S, 1));
+        p.failed = failure.as_ref();
+        let step = advance(&p);
+        assert_eq!((step.status.phase, step.admit.len(), step.status.entering_nodes), (RolloutPhase::RolledBack, 0, 2));
     }
 
     #[test]
@@ -1078,12 +1352,16 @@ mod tests {
             count in 1usize..14,
             joined in 0usize..3,
             broken_at in proptest::option::of(0usize..14),
+            tainted_at in proptest::option::of(0usize..14),
+            pod_delay in 0i64..30,
             canary in 0usize..3,
             max_unavailable in 1usize..4,
         ) {
-            // Node -> (labelled at, attaches); unlabelled nodes run revision zero.
+            // Node -> (labelled at, attaches); unlabelled nodes run revision zero. A labelled
+            // node's pod comes `pod_delay` after its label; the tainted node never gets one.
             let names: Vec<String> = (0..count).map(|i| format!("n{i:02}")).collect();
             let broken = broken_at.map(|b| names[b % count].clone());
+            let tainted = tainted_at.map(|t| names[t % count].clone()).filter(|t| broken.as_ref() != Some(t));
             let joined: Vec<String> = names.iter().rev().take(joined.min(count)).cloned().collect();
             let mut labelled: BTreeMap<String, i64> = BTreeMap::new();
             let p = pacing(canary, max_unavailable);
@@ -1091,15 +1369,25 @@ mod tests {
             let mut outcome = None;
             for _ in 0..(count * 40 + 40) {
                 let views: Vec<NodeView> = labelled.iter().map(|(n, at)| {
-                    let attached = broken.as_ref() != Some(n) && now >= at + 5;
-                    let mut v = node(n, T, if attached { KernelView::Attached { since: at + 5 } } else { KernelView::NotAttached });
-                    if let Some(pod) = v.pod.as_mut() { pod.created = *at; }
+                    if tainted.as_ref() == Some(n) {
+                        let no_pod = NodeView { pod: None, unfit: Some(Skip::TaintNotTolerated), ..node(n, T, KernelView::Unknown) };
+                        return NodeView { just_labelled: now < at + 120, ..no_pod };
+                    }
+                    if now < at + pod_delay {
+                        return NodeView { pod: None, just_labelled: true, ..node(n, T, KernelView::Unknown) };
+                    }
+                    let created = at + pod_delay;
+                    let attached = broken.as_ref() != Some(n) && now >= created + 5;
+                    let mut v = node(n, T, if attached { KernelView::Attached { since: created + 5 } } else { KernelView::NotAttached });
+                    if let Some(pod) = v.pod.as_mut() { pod.created = created; }
                     v
                 }).collect();
                 let waiting: Vec<Entering> = names.iter().filter(|n| !labelled.contains_key(*n))
                     .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false }).collect();
-                let plan = decide_first(&views, &waiting, p, now);
-                let switching = views.iter().filter(|v| !matches!(v.kernel, KernelView::Attached { .. })).count();
+                let expected = views.iter().filter(|v| v.unfit.is_none()).count();
+                let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, expected_pods: expected, pacing: p, now });
+                prop_assert!(tainted.is_none() || plan.failure.as_ref().map(|f| &f.node) != tainted.as_ref(), "a tainted node never fails it");
+                let switching = views.iter().filter(|v| v.unfit.is_none() && !matches!(v.kernel, KernelView::Attached { .. })).count();
                 // Leaving revision zero counts against the budget like any switch; in a first
                 // deployment even nodes that joined on their own wait for their wave.
                 let admitted = plan.admit.len();
@@ -1121,6 +1409,7 @@ mod tests {
             } else {
                 prop_assert!(plan.complete());
                 prop_assert_eq!(labelled.len(), count);
+                prop_assert_eq!(plan.skipped, tainted.into_iter().collect::<Vec<_>>());
             }
         }
     }

@@ -46,6 +46,8 @@ pub struct Observed<'a> {
     pub kernel: &'a KernelSummary,
     /// The rollout as this reconcile decided it (`None` without a DaemonSet).
     pub rollout: Option<&'a RolloutStatus>,
+    /// Which taints keep the Scheduler's pods off its selected nodes, if any do.
+    pub untolerated: Option<&'a str>,
     pub now: Time,
 }
 
@@ -410,11 +412,23 @@ fn health(obs: &Observed<'_>, rollout: &Rollout, rollout_state: Option<&RolloutS
     }
 }
 
+/// The nodes a rollout leaves out, counted by reason ("; 3 nodes skipped: 2 NodeNotReady, 1
+/// TaintNotTolerated"), or nothing.
+fn skipped_summary(rollout: Option<&RolloutStatus>) -> String {
+    let Some(reasons) = rollout.map(|r| &r.skipped_reasons).filter(|r| !r.is_empty()) else { return String::new() };
+    let total: i32 = reasons.values().sum();
+    let by: Vec<String> = reasons.iter().map(|(why, n)| format!("{n} {why}")).collect();
+    format!("; {total} node(s) skipped ({}): see status.rollout.skippedNodes", by.join(", "))
+}
+
 /// What a failed rollout of the current generation says, if it failed.
 fn rollout_failure_message(rollout: &RolloutStatus, generation: Option<i64>) -> Option<String> {
     let failed = rollout.failed.as_ref().filter(|f| Some(f.generation) == generation)?;
     let what = format!("Revision {} failed on node {}: {}", failed.revision, failed.node, failed.cause);
     Some(match (&rollout.phase, &rollout.current_revision) {
+        (RolloutPhase::RolledBack, Some(current)) if current.name == failed.revision => format!(
+            "{what}. It was taking that node over from the kernel's default scheduler (or another Scheduler): the nodes where it failed run the kernel's default scheduler again, and no other node enters until the spec changes (to retry the same spec, pause and resume the rollout)"
+        ),
         (RolloutPhase::RolledBack, Some(current)) => format!(
             "{what}. The nodes it reached run revision {} ({}) again; it is not tried again until the spec changes (to retry the same spec, pause and resume the rollout)",
             current.name, current.image
@@ -432,11 +446,23 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
     let prev_ready = find(&previous.conditions, condition::READY).filter(|c| c.observed_generation == obs.generation);
     let was_ready = prev_ready.is_some_and(|c| c.status == "True");
     let was_unavailable = prev_ready.is_some_and(|c| Reason::NodesUnavailable.is_of(c));
+    if rollout.phase == RolloutPhase::Failed {
+        // Back on revision zero: no node runs this Scheduler until the spec changes.
+        return state(
+            Reason::RolloutFailed,
+            format!(
+                "Revision {} failed and was rolled back to the kernel's default scheduler: no node runs this Scheduler until the spec changes",
+                rollout.revision
+            ),
+        );
+    }
     if rollout.desired == 0 {
-        let why = if obs.placement.lost.is_empty() {
-            "no node matches the nodeSelector, or the matching nodes have taints the Scheduler does not tolerate"
-        } else {
-            "every selected node belongs to an older Scheduler"
+        let why = match obs.untolerated {
+            Some(taints) => taints,
+            None if obs.placement.lost.is_empty() => {
+                "no node matches the nodeSelector, or the matching nodes have taints the Scheduler does not tolerate"
+            }
+            None => "every selected node belongs to an older Scheduler",
         };
         return state(Reason::NoNodesScheduled, format!("No nodes scheduled: {why}"));
     }
@@ -454,12 +480,13 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
             return state(
                 Reason::RolloutInProgress,
                 format!(
-                    "{}: {} of {} nodes run revision {}, {} of them Ready with the scheduler attached",
+                    "{}: {} of {} nodes run revision {}, {} of them Ready with the scheduler attached{}",
                     rollout.phase.as_str(),
                     rollout.updated,
                     rollout.desired,
                     rollout.revision,
-                    rollout.attached
+                    rollout.attached,
+                    skipped_summary(obs.rollout)
                 ),
             );
         }
@@ -632,6 +659,7 @@ mod tests {
                 image_error_transient: false,
                 kernel: &self.kernel,
                 rollout: rollout.as_ref(),
+                untolerated: None,
                 now: time(self.clock),
             });
             self.previous = out.status.clone();
@@ -738,7 +766,7 @@ mod tests {
         let daemonset = ds(3, 3, 1, 0, 1);
         let previous = SchedulerStatus::default();
         let kernel_summary = kernel(1, 1, "KernelAttached");
-        let running = Revision { name: "aaa".into(), image: "x/y@sha256:1".into(), generation: 2 };
+        let running = Revision { name: "aaa".into(), image: "x/y@sha256:1".into(), generation: 2, spec: None };
         let observe = |rollout: &RolloutStatus| {
             compute(&Observed {
                 generation: Some(3),
@@ -751,6 +779,7 @@ mod tests {
                 spec_error: None,
                 kernel: &kernel_summary,
                 rollout: Some(rollout),
+                untolerated: None,
                 now: time(5),
             })
         };
@@ -788,6 +817,101 @@ mod tests {
             "{}",
             degraded.message
         );
+    }
+
+    #[test]
+    fn a_first_revision_rolled_back_to_the_default_is_failed_not_in_progress() {
+        use crate::api::{Revision, RolloutFailure};
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        // Its nodes lost their labels: the DaemonSet runs no pod; one node still waits to enter.
+        let daemonset = ds(1, 1, 0, 0, 0);
+        let previous = SchedulerStatus::default();
+        let kernel_summary = kernel(0, 0, "NotAttached");
+        let failed = RolloutStatus {
+            phase: RolloutPhase::Failed,
+            update_revision: Some(Revision {
+                name: "bbb".into(),
+                image: "x/y@sha256:2".into(),
+                generation: 1,
+                spec: None,
+            }),
+            entering_nodes: 1,
+            failed: Some(RolloutFailure {
+                revision: "bbb".into(),
+                generation: 1,
+                node: "n1".into(),
+                cause: "the scheduler container is crash-looping".into(),
+                time: time(4),
+            }),
+            ..Default::default()
+        };
+        let out = compute(&Observed {
+            generation: Some(1),
+            previous: &previous,
+            daemonset: Some(&daemonset),
+            placement: &p,
+            image: None,
+            image_error: None,
+            image_error_transient: false,
+            spec_error: None,
+            kernel: &kernel_summary,
+            rollout: Some(&failed),
+            untolerated: None,
+            now: time(5),
+        });
+        for (type_, status, reason) in [
+            ("Progressing", "False", "RolloutFailed"),
+            ("Ready", "False", "RolloutFailed"),
+            ("Reconciling", "False", "RolloutFailed"),
+            ("Stalled", "True", "RolloutFailed"),
+            ("Degraded", "True", "RolloutFailed"),
+        ] {
+            let c = cond(&out.status, type_);
+            assert_eq!((c.status.as_str(), c.reason.as_str()), (status, reason), "{type_}: {}", c.message);
+        }
+        assert!(cond(&out.status, "Progressing").message.contains("kernel's default scheduler"));
+        assert!(cond(&out.status, "Degraded").message.contains("node n1: the scheduler container is crash-looping"));
+    }
+
+    #[test]
+    fn no_pod_anywhere_names_the_taints_that_keep_them_away() {
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let daemonset = ds(1, 1, 0, 0, 0);
+        let previous = SchedulerStatus::default();
+        let kernel_summary = kernel(0, 0, "NotAttached");
+        let taints = "1 selected node(s) have a taint the Scheduler does not tolerate, so no pod of it can run there: dedicated=batch:NoSchedule on n1; add a matching toleration to spec.tolerations";
+        let complete = RolloutStatus { phase: RolloutPhase::Complete, ..Default::default() };
+        let out = compute(&Observed {
+            generation: Some(1),
+            previous: &previous,
+            daemonset: Some(&daemonset),
+            placement: &p,
+            image: None,
+            image_error: None,
+            image_error_transient: false,
+            spec_error: None,
+            kernel: &kernel_summary,
+            rollout: Some(&complete),
+            untolerated: Some(taints),
+            now: time(5),
+        });
+        let ready = cond(&out.status, "Ready");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NoNodesScheduled"));
+        assert_eq!(ready.message, format!("No nodes scheduled: {taints}"));
+        assert_eq!(cond(&out.status, "Reconciling").status, "False", "nothing to wait for: the spec must change");
+    }
+
+    #[test]
+    fn skipped_nodes_are_counted_by_reason_in_the_rollout_message() {
+        let rolling = RolloutStatus {
+            skipped_reasons: BTreeMap::from([("NodeNotReady".into(), 2), ("TaintNotTolerated".into(), 1)]),
+            ..Default::default()
+        };
+        assert_eq!(
+            skipped_summary(Some(&rolling)),
+            "; 3 node(s) skipped (2 NodeNotReady, 1 TaintNotTolerated): see status.rollout.skippedNodes"
+        );
+        assert_eq!(skipped_summary(Some(&RolloutStatus::default())), "");
     }
 
     #[test]
@@ -972,6 +1096,7 @@ mod tests {
             spec_error: Some("spec.template.spec.containers[0].resources.limits: Invalid value"),
             kernel: &kernel(0, 1, "NotAttached"),
             rollout: None,
+            untolerated: None,
             now: time(5),
         });
         assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SpecInvalid")));
@@ -997,6 +1122,7 @@ mod tests {
             spec_error: None,
             kernel: &kernel_summary,
             rollout: None,
+            untolerated: None,
             now: time(5),
         };
         let out = compute(&observe(Some("signature of image \"r.io/a:v2\" is invalid")));
@@ -1026,6 +1152,7 @@ mod tests {
                 spec_error: None,
                 kernel: &kernel_summary,
                 rollout: None,
+                untolerated: None,
                 now: time(5),
             })
         };

@@ -93,6 +93,8 @@ pub struct FakeNodes {
     /// The most nodes seen at once that entered a Scheduler and have no Ready pod whose
     /// scheduler is attached.
     pub most_down: usize,
+    /// Nodes with no kubelet running: their pods stay Pending, untouched.
+    pub absent: std::collections::BTreeSet<String>,
 }
 
 impl FakeNodes {
@@ -120,6 +122,7 @@ impl FakeNodes {
             agents: BTreeMap::new(),
             history: BTreeMap::new(),
             most_down: 0,
+            absent: std::collections::BTreeSet::new(),
         }
     }
 
@@ -149,6 +152,7 @@ impl FakeNodes {
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+            .filter(|(node, _)| !self.absent.contains(node))
             .collect();
         // Agents of pods that are gone stop with them (their node now runs no scheduler).
         let gone: Vec<String> = self.agents.keys().filter(|n| !live.contains_key(*n)).cloned().collect();

@@ -36,7 +36,10 @@ struct Cluster {
     nodes: FakeNodes,
     phases: Vec<RolloutPhase>,
     flags: ControllerFlags,
-    _dir: tempfile::TempDir,
+    /// The reports server the agents report to, and its CA.
+    controller: String,
+    ca: std::path::PathBuf,
+    dir: tempfile::TempDir,
 }
 
 fn rollout(bake: i32, attach_timeout: i32) -> RolloutSpec {
@@ -61,7 +64,8 @@ async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Clus
         dir.path(),
         &reports,
     );
-    Ok(Cluster { fx, name: name.to_owned(), nodes: played, phases: Vec::new(), flags, _dir: dir })
+    let ca = tls.ca.clone();
+    Ok(Cluster { fx, name: name.to_owned(), nodes: played, phases: Vec::new(), flags, controller, ca, dir })
 }
 
 fn base_spec(name: &str, rollout: RolloutSpec) -> SchedulerSpec {
@@ -112,6 +116,16 @@ impl Cluster {
     /// How often each node's pod was replaced since the harness first saw it.
     fn replacements(&self) -> BTreeMap<String, usize> {
         self.nodes.replacements()
+    }
+
+    /// The kubelets and kernels of the pool's nodes for another Scheduler's pods (their fake
+    /// kernels in a directory of their own).
+    fn play(&self, scheduler: &str) -> Result<FakeNodes> {
+        let reports = ReportsEndpoint { address: &self.controller, ca: &self.ca, server_name: None };
+        let dir = self.dir.path().join(scheduler);
+        std::fs::create_dir_all(&dir)?;
+        let (pods, nodes) = (format!("name={scheduler}"), format!("pool={}", self.name));
+        Ok(FakeNodes::new(&self.fx.client, &self.fx.namespace, &pods, &nodes, &dir, &reports))
     }
 }
 
@@ -273,6 +287,21 @@ async fn a_revision_that_never_attaches_is_rolled_back_and_not_retried() -> Resu
     assert_eq!(c.replacements(), replaced, "the failed revision was tried again");
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "rollback", 3).await?;
     assert!(pods.values().all(|p| args(p).is_empty()), "no pod of the failed revision");
+
+    // The DaemonSet deleted by hand while the failure is recorded: made again at once, as the
+    // rollback left it (the stable revision), and every node runs that again.
+    let old = c.fx.daemonsets().get("rollback").await?;
+    c.fx.daemonsets().delete("rollback", &Default::default()).await?;
+    let again = c.fx.wait_daemonset("rollback", "made again", |d| d.uid() != old.uid()).await?;
+    let template = again.spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref());
+    let stable_name = stable.as_ref().map(|r| r.name.as_str());
+    assert_eq!(template.and_then(|l| l.get(REVISION)).map(String::as_str), stable_name, "the stable revision");
+    c.drive_until("every node back on the stable revision", |s| {
+        s.status.as_ref().is_some_and(|st| st.kernel_attached == 3) && phase(s) == Some(RolloutPhase::RolledBack)
+    })
+    .await?;
+    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "rollback", 3).await?;
+    assert!(pods.values().all(|p| args(p).is_empty()), "no pod of the failed revision");
     Ok(())
 }
 
@@ -430,6 +459,12 @@ async fn a_first_revision_that_never_attaches_goes_back_to_the_kernel_default() 
     assert_eq!(c.nodes.history.len(), 1, "19 nodes never touched: {:?}", c.nodes.history.keys());
     let failure = failed.status.and_then(|s| s.rollout).and_then(|r| r.failed).context("failure")?;
     assert!(c.nodes.history.contains_key(&failure.node));
+    // Deleted by hand while the failure is recorded, the DaemonSet is made again at once (its
+    // pods go nowhere: no node carries the label).
+    let old = c.fx.daemonsets().get("refused").await?;
+    c.fx.daemonsets().delete("refused", &Default::default()).await?;
+    c.fx.wait_daemonset("refused", "made again", |d| d.uid() != old.uid()).await?;
+    assert!(entered(&c).await?.is_empty());
 
     // Retried with a fixed spec: a canary again, then every node.
     c.patch_spec(json!({"args": ["--fixed"]})).await?;
@@ -561,5 +596,226 @@ async fn upgrading_from_a_notin_daemonset_restarts_no_pod() -> Result<()> {
     let after = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "legacy", 2).await?;
     assert_eq!(after.values().filter_map(ResourceExt::uid).collect::<BTreeSet<_>>(), uids);
     assert!(after.values().all(|p| !p.labels().contains_key(REVISION)), "the old pods, as they were");
+    Ok(())
+}
+
+/// How many nodes carry `scheduler`'s owner label without a Ready pod of it.
+async fn switching(c: &Cluster, scheduler: &str) -> Result<usize> {
+    let nodes: Api<Node> = Api::all(c.fx.client.clone());
+    let labelled = nodes.list(&ListParams::default().labels(&format!("{OWNER_LABEL}={scheduler}"))).await?;
+    let pods: Api<Pod> = Api::namespaced(c.fx.client.clone(), &c.fx.namespace);
+    let ready: BTreeSet<String> = pods
+        .list(&ListParams::default().labels(&format!("name={scheduler}")))
+        .await?
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && condition_time(p, "Ready").is_some())
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    Ok(labelled.items.iter().filter(|n| !ready.contains(&n.name_any())).count())
+}
+
+/// Sets the Node's Ready condition, as its kubelet (or the node lifecycle controller) would.
+async fn set_node_ready(c: &Cluster, node: &str, ready: bool) -> Result<()> {
+    let nodes: Api<Node> = Api::all(c.fx.client.clone());
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = if ready { "True" } else { "Unknown" };
+    let body = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "sked test",
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+    nodes.patch_status(node, &PatchParams::default(), &Patch::Merge(&body)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn when_the_winner_is_deleted_the_loser_takes_its_nodes_over_in_waves() -> Result<()> {
+    let nodes = ["t-1", "t-2", "t-3", "t-4", "t-5"];
+    let pacing = RolloutSpec { max_unavailable: Some(IntOrString::Int(2)), ..rollout(1, 60) };
+    let mut c = cluster("takeover", &nodes, base_spec("takeover", pacing.clone())).await?;
+    c.drive_until("the winner complete", |s| complete_at(s, 1)).await?;
+    // The heir selects the same pool and owns none of it while the winner is there.
+    let created = c.fx.schedulers().get("takeover").await?.metadata.creation_timestamp.context("created")?;
+    sked_tests::next_second_after(&created).await?;
+    c.fx.create_scheduler("heir", SchedulerSpec { args: vec!["--heir".into()], ..base_spec("takeover", pacing) })
+        .await?;
+    c.fx.wait_scheduler("heir", "no nodes", |s| has_condition(s, "Ready", "False", "NoNodesScheduled")).await?;
+    let mut heir = c.play("heir")?;
+
+    // The winner goes: its pods at once (the user asked for its nodes back); the heir takes the
+    // nodes over from the kernel's default, canary first, then in waves of two.
+    c.fx.schedulers().delete("takeover", &Default::default()).await?;
+    let heirs = c.fx.schedulers();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut phases: Vec<RolloutPhase> = Vec::new();
+    let (mut canary_seen, mut most_switching) = (false, 0);
+    loop {
+        for played in [&mut c.nodes, &mut heir] {
+            match played.drive().await {
+                Err(e) if !is_not_found(&e) => return Err(e),
+                _ => {}
+            }
+        }
+        // Switching: labelled for the heir, without a Ready pod of it (the winner's stale labels
+        // stay on the nodes still waiting, which run the kernel's default).
+        most_switching = most_switching.max(switching(&c, "heir").await?);
+        let s = heirs.get("heir").await?;
+        if let Some(p) = phase(&s).filter(|p| phases.last() != Some(p)) {
+            phases.push(p);
+        }
+        if phase(&s) == Some(RolloutPhase::Canary) && entering_nodes(&s) == 4 {
+            canary_seen = true;
+            assert!(heir.agents().count() <= 1, "only the canary runs the heir during the canary");
+        }
+        if complete_at(&s, 1) && s.status.as_ref().is_some_and(|st| st.kernel_attached == 5) {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the takeover did not complete: {phases:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(canary_seen, "the heir's canary, with 4 nodes waiting: {phases:?}");
+    assert_eq!(phases.iter().find(|p| **p != RolloutPhase::Complete), Some(&RolloutPhase::Canary), "{phases:?}");
+    assert!(phases.contains(&RolloutPhase::Rolling), "{phases:?}");
+    assert!(most_switching <= 2, "at most maxUnavailable (2) nodes switching at once: {most_switching}");
+    assert!(heir.replacements().values().all(|n| *n == 0), "each node entered once: {:?}", heir.replacements());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_taken_over_under_the_stable_revision_that_fails_goes_back_to_the_kernel_default() -> Result<()> {
+    let pacing = RolloutSpec { max_unavailable: Some(IntOrString::Int(1)), ..rollout(1, 3) };
+    let mut c = cluster("grows", &["g-1", "g-2"], base_spec("grows", pacing)).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    // A node joins the pool: the stable revision takes it over from the kernel's default, and
+    // there the kernel refuses it.
+    c.fx.create_node("g-3", &[]).await?;
+    c.nodes.kernel = Box::new(|node, _| if node == "g-3" { Kernel::Refuses } else { Kernel::Attaches });
+    c.fx.relabel_node("g-3", &[("pool", "grows")]).await?;
+    let failed = c
+        .drive_until("the takeover failed", |s| {
+            phase(s) == Some(RolloutPhase::RolledBack) && has_condition(s, "Stalled", "True", "RolloutFailed")
+        })
+        .await?;
+    let failure = failed.status.as_ref().and_then(|s| s.rollout.as_ref()).and_then(|r| r.failed.clone());
+    assert_eq!(failure.as_ref().map(|f| f.node.as_str()), Some("g-3"));
+    let degraded = condition(&failed, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(degraded.contains("the kernel did not run the scheduler within 3s"), "{degraded}");
+    assert!(degraded.contains("kernel's default scheduler again"), "{degraded}");
+    c.fx.wait_event("grows", "Warning", "RolledBack", 1).await?;
+    // g-3 runs the kernel's default again, without the label or a pod; g-1 and g-2 untouched.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while entered(&c).await?.contains("g-3") || c.nodes.agent("g-3").is_some() {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "g-3 still carries the label or runs a pod");
+        c.drive().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let st = c.fx.schedulers().get("grows").await?.status.context("status")?;
+    assert_eq!((st.kernel_attached, phase_of(&st)), (2, Some(RolloutPhase::RolledBack)));
+    assert!(c.replacements().values().all(|n| *n == 0), "{:?}", c.replacements());
+    Ok(())
+}
+
+fn phase_of(st: &sked_controller::SchedulerStatus) -> Option<RolloutPhase> {
+    st.rollout.as_ref().map(|r| r.phase)
+}
+
+#[tokio::test]
+async fn nodes_that_cannot_run_a_pod_are_skipped_and_do_not_fail_the_rollout() -> Result<()> {
+    let pacing = RolloutSpec { max_unavailable: Some(IntOrString::Int(1)), ..rollout(1, 3) };
+    let mut c = cluster("skips", &["s-1", "s-2", "s-3"], base_spec("skips", pacing)).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    // s-3's kubelet stops answering: its Node turns NotReady.
+    set_node_ready(&c, "s-3", false).await?;
+    // A new revision rolls over s-1 and s-2 and leaves s-3 out, past its attach timeout.
+    c.patch_spec(json!({"args": ["--v2"]})).await?;
+    let done = c
+        .drive_until("v2 complete without s-3", |s| {
+            phase(s) == Some(RolloutPhase::Complete)
+                && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| {
+                    r.current_revision.as_ref().is_some_and(|c| c.generation == 2) && r.skipped_nodes == ["s-3"]
+                })
+        })
+        .await?;
+    let r = done.status.as_ref().and_then(|s| s.rollout.clone()).context("rollout")?;
+    assert_eq!(r.skipped_reasons, BTreeMap::from([("NodeNotReady".to_owned(), 1)]));
+    assert_eq!(r.failed, None);
+    let replaced = c.replacements();
+    assert_eq!((replaced.get("s-1"), replaced.get("s-2"), replaced.get("s-3")), (Some(&1), Some(&1), Some(&0)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_pool_whose_nodes_all_have_an_untolerated_taint_says_which_and_rolls_once_tolerated() -> Result<()> {
+    let mut c = cluster("tainted", &[], base_spec("tainted", rollout(1, 60))).await?;
+    let nodes: Api<Node> = Api::all(c.fx.client.clone());
+    for n in ["x-1", "x-2"] {
+        c.fx.create_node(n, &[]).await?;
+        let taint = json!({"spec": {"taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]}});
+        nodes.patch(n, &PatchParams::default(), &Patch::Merge(&taint)).await?;
+        c.fx.relabel_node(n, &[("pool", "tainted")]).await?;
+    }
+    let s = c
+        .drive_until("no pod can run", |s| {
+            has_condition(s, "Ready", "False", "NoNodesScheduled")
+                && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.skipped_nodes.len() == 2)
+        })
+        .await?;
+    let ready = condition(&s, "Ready").map(|c| c.message.clone()).unwrap_or_default();
+    assert!(ready.contains("dedicated=batch:NoSchedule on x-1, x-2") && ready.contains("spec.tolerations"), "{ready}");
+    assert_ne!(phase(&s), Some(RolloutPhase::Rolling), "not Rolling for ever");
+    let r = s.status.as_ref().and_then(|st| st.rollout.clone()).context("rollout")?;
+    assert_eq!(r.skipped_reasons, BTreeMap::from([("TaintNotTolerated".to_owned(), 2)]));
+    assert_eq!(r.current_revision, None, "a revision that ran nowhere is not one to go back to");
+    assert!(
+        has_condition(&s, "Reconciling", "False", "AsExpected"),
+        "nothing to work on until a toleration or the taint changes"
+    );
+    // Tolerated: the pods go where the taint kept them away, and attach.
+    c.patch_spec(
+        json!({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}]}),
+    )
+    .await?;
+    let done = c
+        .drive_until("the first deployment complete", |s| {
+            complete_at(s, 2) && s.status.as_ref().is_some_and(|st| st.kernel_attached == 2)
+        })
+        .await?;
+    assert!(done.status.and_then(|s| s.rollout).is_some_and(|r| r.skipped_nodes.is_empty()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_whose_pod_no_kubelet_takes_up_is_skipped_not_a_failed_deployment() -> Result<()> {
+    let pacing = RolloutSpec { max_unavailable: Some(IntOrString::Int(1)), ..rollout(1, 3) };
+    let mut c = cluster("ghost", &["k-1", "k-2", "k-ghost"], base_spec("ghost", pacing)).await?;
+    // k-ghost's kubelet never runs: its pod stays Pending.
+    c.nodes.absent.insert("k-ghost".into());
+    let done = c
+        .drive_until("the first deployment complete without k-ghost", |s| {
+            phase(s) == Some(RolloutPhase::Complete)
+                && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.skipped_nodes == ["k-ghost"])
+        })
+        .await?;
+    let r = done.status.as_ref().and_then(|s| s.rollout.clone()).context("rollout")?;
+    assert_eq!((r.failed, r.skipped_reasons), (None, BTreeMap::from([("PodNotStarted".to_owned(), 1)])));
+    assert_eq!(done.status.as_ref().map(|st| st.kernel_attached), Some(2));
+    assert!(r.current_revision.is_some(), "the revision ran attached on every node that can run it");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_new_leader_carries_a_first_deployment_on_where_it_stood() -> Result<()> {
+    let nodes = ["o-1", "o-2", "o-3", "o-4"];
+    let mut c = cluster("onward", &nodes, base_spec("onward", rollout(2, 60))).await?;
+    c.drive_until("the canary attached", |s| {
+        phase(s) == Some(RolloutPhase::Canary)
+            && s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.attached_nodes == 1)
+    })
+    .await?;
+    // The leader goes during the canary; the new one reads where the first deployment stood.
+    c.fx.stop_controller().await;
+    c.fx.start_controller(c.flags.clone())?;
+    c.drive_until("the first deployment complete under the new leader", |s| complete_at(s, 1)).await?;
+    assert!(c.replacements().values().all(|n| *n == 0), "each node entered once: {:?}", c.replacements());
+    assert!(c.nodes.most_down <= 1, "at most maxUnavailable (1) node switching at once: {}", c.nodes.most_down);
+    assert_eq!(entered(&c).await?.len(), 4);
     Ok(())
 }
