@@ -133,6 +133,9 @@ coverage-gate:
 lint: actionlint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# The floors: built on their own (no feature unification with the controller), the API types
+	# and the deciders get no Kubernetes client and no async runtime.
+	$(CARGO) check --quiet -p sked-api -p sked-core --lib
 
 actionlint: setup
 	$(call build_tools,$(TOOLS_LINT))

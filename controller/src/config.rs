@@ -27,6 +27,21 @@ pub enum Command {
     Crd,
 }
 
+impl ControllerFlags {
+    /// How the Schedulers' DaemonSets and their agent sidecars are made, by these flags.
+    pub fn workload_settings(&self) -> crate::workload::WorkloadSettings {
+        crate::workload::WorkloadSettings {
+            namespace: self.workload_namespace.clone(),
+            agent: crate::workload::AgentSettings {
+                image: self.agent_image.clone(),
+                service_account: self.agent_service_account.clone(),
+                reports_address: self.reports_address.clone(),
+                ca_configmap: self.reports_ca_configmap.clone(),
+            },
+        }
+    }
+}
+
 /// Reconciler settings (defaults are those of the reference documentation).
 #[derive(Clone, Debug, Args)]
 pub struct ControllerFlags {

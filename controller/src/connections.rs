@@ -16,7 +16,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
-use crate::sync::lock;
+use crate::mutex::lock;
 
 /// What a report stream knows of the connection it came on (a request extension).
 #[derive(Clone, Default)]

@@ -1,4 +1,45 @@
-//! The error type of startup and of the servers (reconcile errors have their own enum).
+//! The controller's errors: [`BoxError`] for startup and the servers, [`ReconcileError`] for a
+//! reconcile (each variant a metric label).
+
+use std::time::Duration;
 
 /// An error that stops the controller (or one of its servers), with its cause chain.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a reconcile failed. Each variant maps to a metric label.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("applying DaemonSet {namespace}/{name}: {source}")]
+    ApplyDaemonSet { namespace: String, name: String, source: kube::Error },
+    #[error("deleting DaemonSet {namespace}/{name}: {source}")]
+    DeleteDaemonSet { namespace: String, name: String, source: kube::Error },
+    #[error("writing status of Scheduler {name}: {source}")]
+    WriteStatus { name: String, source: kube::Error },
+    #[error(
+        "reconciling Scheduler {name} took longer than --reconcile-timeout ({timeout:?}); it was cancelled and will be retried"
+    )]
+    Timeout { name: String, timeout: Duration },
+    #[error(transparent)]
+    Identity(#[from] crate::workload::MissingIdentity),
+    #[error("image of Scheduler {name} refused: {source}")]
+    Image { name: String, source: crate::trust::TrustError },
+    #[error(
+        "rolling Scheduler {name} back to revision {revision}: its fields are not in status.rollout.currentRevision (an older sked recorded it) and the DaemonSet's history (ControllerRevisions in {namespace}) no longer holds it; set spec back to that revision's image and args, or fix the failed one"
+    )]
+    RollbackLost { name: String, namespace: String, revision: String },
+}
+
+impl ReconcileError {
+    /// Low-cardinality label for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReconcileError::ApplyDaemonSet { .. } => "apply_daemonset",
+            ReconcileError::DeleteDaemonSet { .. } => "delete_daemonset",
+            ReconcileError::WriteStatus { .. } => "write_status",
+            ReconcileError::Timeout { .. } => "timeout",
+            ReconcileError::Identity(_) => "identity",
+            ReconcileError::Image { .. } => "image_verification",
+            ReconcileError::RollbackLost { .. } => "rollback_lost",
+        }
+    }
+}

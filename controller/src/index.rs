@@ -24,9 +24,9 @@ use crate::api::Scheduler;
 use crate::arbiter::{Arbiter, Changed, Claim, Placement};
 use crate::memo::Memo;
 use crate::metrics::Metrics;
+use crate::mutex::lock;
 use crate::nodes::NodeFacts;
 use crate::pods::SchedulerPod;
-use crate::sync::lock;
 use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
 
 /// Schedulers to reconcile, sent by the indexes, the reports server and policy changes.
@@ -50,8 +50,8 @@ pub(crate) struct Index {
 
 type NodeFactsByName = Arc<Mutex<HashMap<String, Arc<NodeFacts>>>>;
 
-/// Write side of the index: the two feeds, each run by one task ([`Feeds::schedulers`],
-/// [`Feeds::nodes`]).
+/// Write side of the index: the Scheduler, Node, pod and DaemonSet feeds, joined in one task
+/// ([`Feeds::run`]).
 pub(crate) struct Feeds {
     arbiter: Arc<Mutex<Arbiter>>,
     store: reflector::store::Writer<Scheduler>,

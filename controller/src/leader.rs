@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::sync::lock;
+use crate::mutex::lock;
 
 /// How long stepping down waits for the Lease to be released.
 const RELEASE_WITHIN: Duration = Duration::from_secs(2);

@@ -23,16 +23,16 @@ use crate::config::ControllerFlags;
 use crate::crd::CRD_NAME;
 use crate::error::BoxError;
 use crate::index::{self, Index, Triggers};
-use crate::kernel::KernelTable;
+use crate::kernel_table::KernelTable;
 use crate::leader::Leadership;
 use crate::memo::Memo;
 use crate::metrics::{Metrics, ReportStats};
-use crate::pacing::TokenBucket;
 use crate::reconcile::{Context, error_policy, reconcile};
 use crate::reports::ReportsService;
+use crate::throttle::TokenBucket;
 use crate::trust::{Trust, TrustRootSource, TrustSettings};
 use crate::webhook::WebhookState;
-use crate::workload::{FIELD_MANAGER, WorkloadSettings};
+use crate::workload::FIELD_MANAGER;
 
 /// Trust settings from the flags.
 fn trust_settings(flags: &ControllerFlags) -> TrustSettings {
@@ -251,7 +251,7 @@ async fn control(
                 client.clone(),
                 Reporter { controller: "sked".into(), instance: Some(instance.clone()) },
             ),
-            settings: WorkloadSettings::from_flags(flags),
+            settings: flags.workload_settings(),
             client: client.clone(),
             flags: flags.clone(),
             index: index.clone(),
@@ -269,11 +269,11 @@ async fn control(
             until(stop.clone(), mark_leadership(client, flags, metrics, &memo, leadership.rx.clone())),
             until(
                 stop.clone(),
-                crate::ownership::keep_owner_labels(client.clone(), index.clone(), leadership.rx.clone())
+                crate::owner_labels::keep_owner_labels(client.clone(), index.clone(), leadership.rx.clone())
             ),
             until(
                 stop.clone(),
-                crate::support::keep_support_labels(
+                crate::sched_ext_labels::keep_support_labels(
                     client.clone(),
                     index.clone(),
                     kernel.clone(),

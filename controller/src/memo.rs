@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use kube::ResourceExt;
 
 use crate::api::{Scheduler, SchedulerStatus};
-use crate::sync::lock;
+use crate::mutex::lock;
 use crate::trust::Admitted;
 
 /// A DaemonSet as this controller last applied it.

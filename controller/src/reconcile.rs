@@ -1,8 +1,10 @@
 //! The reconcile of one Scheduler: read its spec and placement from the index, apply the desired
-//! DaemonSet (server-side apply), fold DaemonSet status and kernel reports into the Scheduler's
-//! status, and record state-change events. The decisions live in [`crate::arbiter`],
-//! [`crate::workload`], [`crate::status`] and [`crate::kernel`]; startup and leadership in
-//! [`crate::manager`].
+//! DaemonSet (server-side apply), gather the rollout's inputs and carry out its step (pods to
+//! replace, owner labels to write, a rollback), fold DaemonSet status and kernel reports into the
+//! Scheduler's status, and record state-change events. What to do is decided by the pure
+//! functions of `sked_core` ([`crate::arbiter`], [`crate::workload`], [`crate::rollout`],
+//! [`crate::status`], `kernel_summary`); this module reads and writes. Startup and leadership are
+//! in [`crate::manager`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,55 +25,18 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::{Reason, RevisionSpec, RolloutFailure, RolloutStatus, Scheduler, SchedulerStatus};
 use crate::config::ControllerFlags;
+use crate::error::ReconcileError as Error;
 use crate::index::Index;
-use crate::kernel::{self, KernelTable};
+use crate::kernel_table::{self as kernel, KernelTable};
 use crate::memo::Memo;
 use crate::metrics::{Metrics, ReportStats};
-use crate::pacing::{TokenBucket, retry_delay};
+use crate::mutex::lock;
 use crate::pods::SchedulerPod;
 use crate::rollout;
 use crate::status::{self, EventKind, EventSpec, Observed};
-use crate::sync::lock;
+use crate::throttle::{TokenBucket, retry_delay};
 use crate::trust::{Trust, TrustError};
 use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
-
-/// Why a reconcile failed. Each variant maps to a metric label.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("applying DaemonSet {namespace}/{name}: {source}")]
-    ApplyDaemonSet { namespace: String, name: String, source: kube::Error },
-    #[error("deleting DaemonSet {namespace}/{name}: {source}")]
-    DeleteDaemonSet { namespace: String, name: String, source: kube::Error },
-    #[error("writing status of Scheduler {name}: {source}")]
-    WriteStatus { name: String, source: kube::Error },
-    #[error(
-        "reconciling Scheduler {name} took longer than --reconcile-timeout ({timeout:?}); it was cancelled and will be retried"
-    )]
-    Timeout { name: String, timeout: Duration },
-    #[error(transparent)]
-    Identity(#[from] workload::MissingIdentity),
-    #[error("image of Scheduler {name} refused: {source}")]
-    Image { name: String, source: TrustError },
-    #[error(
-        "rolling Scheduler {name} back to revision {revision}: the DaemonSet's history (ControllerRevisions in {namespace}) no longer holds it; set spec back to that revision's image and args, or fix the failed one"
-    )]
-    RollbackLost { name: String, namespace: String, revision: String },
-}
-
-impl Error {
-    /// Low-cardinality label for metrics and logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::ApplyDaemonSet { .. } => "apply_daemonset",
-            Error::DeleteDaemonSet { .. } => "delete_daemonset",
-            Error::WriteStatus { .. } => "write_status",
-            Error::Timeout { .. } => "timeout",
-            Error::Identity(_) => "identity",
-            Error::Image { .. } => "image_verification",
-            Error::RollbackLost { .. } => "rollback_lost",
-        }
-    }
-}
 
 /// State shared by every reconcile.
 pub struct Context {
@@ -763,7 +728,7 @@ async fn write_owner_labels(ctx: &Context, scheduler: &str, admit: &[String], ev
         if !ctx.leading() {
             return;
         }
-        match crate::ownership::write_label(&nodes, node, owner).await {
+        match crate::owner_labels::write_label(&nodes, node, owner).await {
             Ok(()) => {
                 if owner.is_some() {
                     let mut labelled = lock(&ctx.memo.labelled);

@@ -34,11 +34,11 @@ use crate::api::{KernelExit, Scheduler};
 use crate::connections::{Connection, Guarded, OpenStream};
 use crate::error::BoxError;
 use crate::index::Index;
-use crate::kernel::{KernelTable, NodeReport};
+use crate::kernel_table::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
+use crate::mutex::lock;
 use crate::pods::SchedulerPod;
 use crate::reviews::{Review, ReviewCache};
-use crate::sync::lock;
 use crate::tls::ReloadingCert;
 
 /// The reports service (cheap to clone: the state is shared).

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::TokenReviewStatus;
 
-use crate::sync::lock;
+use crate::mutex::lock;
 
 /// Longest stay of an accepted review.
 pub const MAX_KEEP_ACCEPTED: Duration = Duration::from_secs(600);

@@ -14,7 +14,7 @@ use rustls::sign::CertifiedKey;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::sync::lock;
+use crate::mutex::lock;
 
 /// How often the files are checked for a change.
 const CHECK_EVERY: Duration = Duration::from_secs(2);

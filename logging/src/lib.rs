@@ -2,6 +2,8 @@
 //! the fields `time` (RFC 3339), `level` (`INFO`, `ERROR`, `DEBUG`, ...), `msg`, `logger`
 //! (slash-separated) and `err`, plus the structured fields of the event and of its spans.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 
 pub mod exposition;

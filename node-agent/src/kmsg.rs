@@ -10,7 +10,7 @@
 //! The first line names the ops and the reason (the kernel's words for the exit kind), the
 //! second, printed right after it for errors, the detail. [`parse_record`] reads one `/dev/kmsg`
 //! record, [`classify`] recognises sched_ext's lines, and [`Tracker`] folds them into the last
-//! [`Exit`] of the node. Pure: [`crate::observe::follow_kernel_log`] reads `/dev/kmsg`.
+//! [`Exit`] of the node. Pure: [`crate::kernel_watch::follow_kernel_log`] reads `/dev/kmsg`.
 
 use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
 

@@ -1,20 +1,20 @@
 //! sked-agent: reports, for one node, whether the kernel runs this pod's sched_ext scheduler.
 //!
 //! - [`sysfs`] reads `/sys/kernel/sched_ext` (root directory injectable);
-//! - [`owner`] finds which process holds the scheduler's BPF link;
+//! - [`attacher`] finds which process holds the scheduler's BPF link;
 //! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
 //! - [`observation`] is one look at the node (what was read, the verdict, why);
-//! - [`uevent`] parses kernel uevents; [`observe`] re-reads on each one and polls as a fallback;
-//! - [`kmsg`] reads the kernel log's lines on why a scheduler left the kernel (followed by [`observe`]);
+//! - [`uevent`] parses kernel uevents; [`kernel_watch`] re-reads on each one and polls as a fallback;
+//! - [`kmsg`] reads the kernel log's lines on why a scheduler left the kernel (followed by [`kernel_watch`]);
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`.
 
+pub mod attacher;
 pub mod http;
+pub mod kernel_watch;
 pub mod kmsg;
 pub mod metrics;
 pub mod observation;
-pub mod observe;
-pub mod owner;
 pub mod privileges;
 pub mod report;
 pub mod sysfs;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
+use sked_agent::attacher::Capabilities;
+use sked_agent::kernel_watch::{self, Observer};
 use sked_agent::metrics::Metrics;
-use sked_agent::observe::{self, Observer};
-use sked_agent::owner::Capabilities;
 use sked_agent::privileges;
 use sked_agent::report::{self, Identity, ReporterConfig};
 use sked_proto::contract::{self, env};
@@ -121,9 +121,9 @@ async fn run(cli: Cli) -> ExitCode {
 
     let (exits_tx, exits_rx) = watch::channel(None);
     if !cli.kernel_log.is_empty() {
-        match observe::open_kernel_log(std::path::Path::new(&cli.kernel_log)) {
+        match kernel_watch::open_kernel_log(std::path::Path::new(&cli.kernel_log)) {
             Ok(file) => {
-                tokio::spawn(observe::follow_kernel_log(file, exits_tx, metrics.clone()));
+                tokio::spawn(kernel_watch::follow_kernel_log(file, exits_tx, metrics.clone()));
             }
             Err(e) => {
                 warn!(err = %e, path = %cli.kernel_log, "cannot read the kernel log: the reasons schedulers leave the kernel are not reported (the agent needs /dev/kmsg and CAP_SYSLOG)")

@@ -2,7 +2,7 @@
 
 pub use sked_proto::Verdict;
 
-use crate::owner::Owner;
+use crate::attacher::Owner;
 use crate::sysfs::{KernelRead, SchedState};
 
 /// Decides the verdict and says why.

@@ -2,6 +2,8 @@
 //! (package `sked.agent.v1`), and the names both sides must agree on outside the messages
 //! (environment, mount paths, port, token audience), in [`contract`].
 
+#![forbid(unsafe_code)]
+
 /// Protobuf package of the agent API.
 pub const PACKAGE: &str = "sked.agent.v1";
 

@@ -555,7 +555,7 @@ async fn a_connection_that_opens_no_stream_is_closed_after_the_stale_limit() -> 
 
 #[tokio::test]
 async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() -> Result<()> {
-    use sked_controller::kernel::KernelTable;
+    use sked_controller::kernel_table::KernelTable;
     use sked_controller::metrics::ReportStats;
     use sked_controller::reports::ReportsService;
     use std::sync::Arc;

@@ -26,7 +26,7 @@ use tracing::{error, info};
 
 use crate::image::ImageRef;
 use crate::metrics::Metrics;
-use crate::sync::lock;
+use crate::mutex::lock;
 pub use policy::{Policy, PolicyError, Requirement};
 
 /// Why an image may not run. Messages name the image, what went wrong and what to fix;

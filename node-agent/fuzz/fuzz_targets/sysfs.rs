@@ -8,6 +8,6 @@ fuzz_target!(|data: &[u8]| {
     let _ = sked_agent::sysfs::parse_events(&text);
     let _ = sked_agent::sysfs::parse_number(&text);
     let _ = sked_agent::sysfs::SchedState::parse(&text);
-    let _ = sked_agent::owner::struct_ops_link(&text);
-    let _ = sked_agent::owner::has_bpf_capability(&text);
+    let _ = sked_agent::attacher::struct_ops_link(&text);
+    let _ = sked_agent::attacher::has_bpf_capability(&text);
 });

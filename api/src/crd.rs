@@ -2,7 +2,7 @@
 
 use kube::CustomResourceExt;
 
-use crate::api::Scheduler;
+use crate::Scheduler;
 
 /// Name of the Scheduler CRD.
 pub const CRD_NAME: &str = "schedulers.sked.schedkit.io";

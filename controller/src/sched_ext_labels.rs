@@ -27,7 +27,7 @@ use tracing::{info, warn};
 
 use crate::arbiter::{SCHED_EXT_LABEL, SUPPORTED, UNSUPPORTED};
 use crate::index::Index;
-use crate::kernel::KernelTable;
+use crate::kernel_table::KernelTable;
 
 /// The kernel an unsupported node was judged on, as a label value.
 pub const KERNEL_LABEL: &str = "sked.schedkit.io/sched-ext-kernel";

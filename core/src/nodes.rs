@@ -4,7 +4,7 @@
 //! The rollout reads them: a node no pod can run on is skipped, not waited for.
 
 use k8s_openapi::api::core::v1::{Node, Taint, Toleration};
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 
 /// The taint the node lifecycle controller puts on a Node it cannot reach.
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
@@ -37,7 +37,7 @@ pub struct NodeFacts {
     /// (A Node no kubelet ever reported on has no condition: not known to be down.)
     pub down: bool,
     /// Its `NoSchedule` and `NoExecute` taints (those that keep a pod away), at most
-    /// [`MAX_TAINTS`].
+    /// `MAX_TAINTS` (16).
     pub taints: Vec<Taint>,
 }
 

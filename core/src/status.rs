@@ -15,9 +15,9 @@
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{Reason, RolloutPhase, RolloutStatus, SchedulerStatus, condition};
 use crate::arbiter::Placement;
-use crate::kernel::KernelSummary;
+use crate::kernel_summary::KernelSummary;
+use sked_api::{Reason, RolloutPhase, RolloutStatus, SchedulerStatus, condition};
 
 /// At most this many winner names are listed in a conflict message.
 const MAX_WINNERS_LISTED: usize = 3;
@@ -761,7 +761,7 @@ mod tests {
 
     #[test]
     fn ready_describes_the_running_generation_while_a_newer_one_rolls_or_fails() {
-        use crate::api::{Revision, RolloutFailure};
+        use sked_api::{Revision, RolloutFailure};
         let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
         let daemonset = ds(3, 3, 1, 0, 1);
         let previous = SchedulerStatus::default();
@@ -821,7 +821,7 @@ mod tests {
 
     #[test]
     fn a_first_revision_rolled_back_to_the_default_is_failed_not_in_progress() {
-        use crate::api::{Revision, RolloutFailure};
+        use sked_api::{Revision, RolloutFailure};
         let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
         // Its nodes lost their labels: the DaemonSet runs no pod; one node still waits to enter.
         let daemonset = ds(1, 1, 0, 0, 0);
@@ -1198,7 +1198,7 @@ mod tests {
 
     #[test]
     fn ejections_are_recorded_and_the_newest_exit_kept() {
-        use crate::api::KernelExit;
+        use sked_api::KernelExit;
         let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
         let exit = |node: &str, time: &str, ejected: bool| KernelExit {
             node: node.into(),

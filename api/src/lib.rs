@@ -1,8 +1,13 @@
-//! The `Scheduler` custom resource (`sked.schedkit.io/v1`, cluster-scoped).
+//! sked's API: the `Scheduler` custom resource (`sked.schedkit.io/v1`, cluster-scoped), its
+//! reasons and conditions, the CRD rendered as YAML ([`crd`]) and the image references its spec
+//! names ([`image`]). The controller, the tests and `kubectl sked` build on it; it holds no
+//! client and does no I/O.
 //!
 //! The schema carries as much validation as the API server can enforce on its own (required
 //! fields, image-reference shape, lengths, and CEL rules), so a bad spec is refused at
 //! `kubectl apply` with a message naming the field instead of failing later in a reconcile.
+
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 
@@ -13,6 +18,9 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::image::IMAGE_REFERENCE_PATTERN;
+
+pub mod crd;
+pub mod image;
 
 /// API group of every sked resource.
 pub const GROUP: &str = "sked.schedkit.io";

@@ -10,10 +10,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::attacher::{self, LinkMemory, Owner};
 use crate::kmsg::{self, Exit};
 use crate::metrics::Metrics;
 use crate::observation::Observation;
-use crate::owner::{self, LinkMemory, Owner};
 use crate::sysfs::{self, SchedState};
 use crate::uevent;
 use crate::verdict;
@@ -42,11 +42,11 @@ impl Observer {
         let owner = if expected_matches && link_known {
             Owner::Unknown("not checked: the ops match expectedOps".into())
         } else if enabled {
-            let maps = owner::sched_ext_map_ids(&self.proc_root);
+            let maps = attacher::sched_ext_map_ids(&self.proc_root);
             if let Err(why) = &maps {
                 debug!(reason = %why, "checking link holders without the BPF map type");
             }
-            let found = owner::find(&self.proc_root, std::process::id(), maps.as_ref().ok());
+            let found = attacher::find(&self.proc_root, std::process::id(), maps.as_ref().ok());
             self.current_enable(found, read.enable_seq)
         } else {
             Owner::NotOurs

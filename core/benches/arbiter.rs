@@ -1,11 +1,11 @@
 //! Arbiter benchmark: 5,000 nodes x 200 Schedulers with overlapping selectors.
-//! `cargo bench -p sked-controller --bench arbiter` prints the figures (not a timed test).
+//! `cargo bench -p sked-core --bench arbiter` prints the figures (not a timed test).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use sked_controller::arbiter::{Arbiter, Claim, assign};
+use sked_core::arbiter::{Arbiter, Claim, assign};
 
 const NODES: usize = 5_000;
 const SCHEDULERS: usize = 200;

@@ -1,12 +1,12 @@
 //! SHA-256 digests written as lowercase hex: whole, or the first bytes of one as a short name.
 
 /// The SHA-256 of `data`, as 64 hex digits.
-pub(crate) fn sha256_hex(data: &[u8]) -> String {
+pub fn sha256_hex(data: &[u8]) -> String {
     short_sha256_hex(data, 32)
 }
 
 /// The first `bytes` bytes of the SHA-256 of `data`, as hex (twice as many digits).
-pub(crate) fn short_sha256_hex(data: &[u8], bytes: usize) -> String {
+pub fn short_sha256_hex(data: &[u8], bytes: usize) -> String {
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data);
     digest.as_ref().iter().take(bytes).map(|b| format!("{b:02x}")).collect()
 }

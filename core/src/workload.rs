@@ -15,11 +15,10 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::{Resource, ResourceExt};
+use kube_core::{Resource, ResourceExt};
 use sked_proto::contract::{self, env};
 
-use crate::api::Scheduler;
-use crate::config::ControllerFlags;
+use sked_api::Scheduler;
 
 /// Field manager of every object sked applies.
 pub const FIELD_MANAGER: &str = "sked";
@@ -39,21 +38,6 @@ pub struct WorkloadSettings {
     /// Namespace of the DaemonSets.
     pub namespace: String,
     pub agent: AgentSettings,
-}
-
-impl WorkloadSettings {
-    /// The settings the controller's flags give.
-    pub fn from_flags(flags: &ControllerFlags) -> Self {
-        Self {
-            namespace: flags.workload_namespace.clone(),
-            agent: AgentSettings {
-                image: flags.agent_image.clone(),
-                service_account: flags.agent_service_account.clone(),
-                reports_address: flags.reports_address.clone(),
-                ca_configmap: flags.reports_ca_configmap.clone(),
-            },
-        }
-    }
 }
 
 /// How the agent sidecar runs.
@@ -315,8 +299,8 @@ fn non_empty<T>(items: Vec<T>) -> Option<Vec<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::SchedulerSpec;
     use k8s_openapi::api::core::v1::{EnvVar, Toleration};
+    use sked_api::SchedulerSpec;
 
     fn scheduler(spec: SchedulerSpec) -> Scheduler {
         let mut s = Scheduler::new("rusty", spec);
@@ -325,7 +309,15 @@ mod tests {
     }
 
     fn settings() -> WorkloadSettings {
-        WorkloadSettings::from_flags(&ControllerFlags::default())
+        WorkloadSettings {
+            namespace: "sked-system".into(),
+            agent: AgentSettings {
+                image: "ghcr.io/schedkit/sked-agent:v0.1.0".into(),
+                service_account: "sked-agent".into(),
+                reports_address: "https://sked-reports.sked-system.svc:8443".into(),
+                ca_configmap: "sked-reports-ca".into(),
+            },
+        }
     }
 
     fn pod(ds: &DaemonSet) -> &PodSpec {
@@ -426,7 +418,7 @@ mod tests {
         assert_ne!(r, revision(&args, "x/y@sha256:1"), "new args are a new revision");
         let moved = scheduler(SchedulerSpec {
             node_selector: BTreeMap::from([("pool".into(), "b".into())]),
-            rollout: Some(crate::api::RolloutSpec { paused: true, ..Default::default() }),
+            rollout: Some(sked_api::RolloutSpec { paused: true, ..Default::default() }),
             ..base.spec.clone()
         });
         assert_eq!(r, revision(&moved, "x/y@sha256:1"), "placement and pacing are not revisions");

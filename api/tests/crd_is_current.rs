@@ -2,7 +2,7 @@
 
 #[test]
 fn committed_crds_match_the_rust_types() {
-    let generated = sked_controller::crd::crd_yaml().expect("the CRD renders");
+    let generated = sked_api::crd::crd_yaml().expect("the CRD renders");
     for path in [
         concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/sked.schedkit.io_schedulers.yaml"),
         concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/sked/crds/sked.schedkit.io_schedulers.yaml"),

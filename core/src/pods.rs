@@ -4,13 +4,13 @@
 //! the rollout (what a node's pod tells) read them.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 
 use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, REVISION_LABEL, SCHEDULER_CONTAINER};
 
 /// The facts of one scheduler pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct SchedulerPod {
+pub struct SchedulerPod {
     pub name: String,
     pub uid: String,
     /// The Scheduler it belongs to (its `name` label).
@@ -45,7 +45,7 @@ const MAX_PULL_ERROR_CHARS: usize = 256;
 
 /// What tells a pod's revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum PodRevision {
+pub enum PodRevision {
     /// Its revision label.
     Labelled(String),
     /// No label (a pod made by a sked version before revisions): the scheduler container's
@@ -55,7 +55,7 @@ pub(crate) enum PodRevision {
 
 impl SchedulerPod {
     /// The facts of `pod`.
-    pub(crate) fn of(pod: &Pod) -> Self {
+    pub fn of(pod: &Pod) -> Self {
         let labels = pod.labels();
         let scheduler = labels.get(NAME_LABEL).cloned();
         let managed = labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
@@ -112,7 +112,7 @@ impl SchedulerPod {
     /// The revision the pod runs: its label, or for a pod without one `current` (adopted, so
     /// upgrading sked restarts nothing) when its scheduler container runs the same image and
     /// arguments as `current` would, else a revision of its own.
-    pub(crate) fn revision(&self, current: &str, image: &str, args: &[String]) -> String {
+    pub fn revision(&self, current: &str, image: &str, args: &[String]) -> String {
         match &self.revision {
             PodRevision::Labelled(r) => r.clone(),
             PodRevision::Unlabelled { image: Some(ran), args: ran_args } if ran == image && ran_args == args => {
@@ -122,7 +122,7 @@ impl SchedulerPod {
         }
     }
 
-    pub(crate) fn is_terminating(&self) -> bool {
+    pub fn is_terminating(&self) -> bool {
         self.terminating_since.is_some()
     }
 }

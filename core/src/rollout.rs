@@ -34,7 +34,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::{Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatus};
+use sked_api::{Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatus};
 
 /// Defaults of `spec.rollout`.
 pub const DEFAULT_CANARY: i32 = 1;

@@ -1,0 +1,289 @@
+//! The latest report per node, shared by the reports server (which fills it) and the reconcile
+//! (which reads a snapshot and folds it with [`summarize`], from `sked_core::kernel_summary`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sked_proto::Verdict;
+
+use crate::api::KernelExit;
+use crate::mutex::lock;
+
+pub use sked_core::kernel_summary::{KernelSummary, NodeReport, grace_left, same_exit, summarize};
+
+/// Latest report per node, shared by the reports server and the reconciler.
+#[derive(Debug, Default)]
+pub struct KernelTable {
+    nodes: Mutex<HashMap<String, NodeReport>>,
+    /// Nodes whose verdict changed since [`KernelTable::take_changed`] last took them (the support
+    /// labels follow verdicts), and a wake-up for whoever takes them.
+    changed_nodes: Mutex<BTreeSet<String>>,
+    verdicts: tokio::sync::Notify,
+    /// When a node was last heard from for the first time since the table was cleared: agents
+    /// coming back to a new leader.
+    last_arrival: Mutex<Option<Instant>>,
+}
+
+impl KernelTable {
+    /// Stores a node's report. Returns the Schedulers whose kernel view changed (the reporting
+    /// one, and a previous one on that node), or nothing for a heartbeat that changes nothing.
+    /// A heartbeat after `stale_after` of silence is news: the node is back.
+    pub fn record(&self, node: &str, mut report: NodeReport, stale_after: Duration) -> Vec<String> {
+        let mut nodes = lock(&self.nodes);
+        let same_pod = nodes.get(node).filter(|p| p.pod == report.pod && p.scheduler == report.scheduler);
+        let was_attached = same_pod.and_then(|p| p.attached_since);
+        if report.verdict == Verdict::Attached {
+            report.attached_since = Some(was_attached.unwrap_or_else(|| jiff::Timestamp::now().as_second()));
+            report.ejected = false;
+        } else {
+            report.attached_since = None;
+            report.ejected = was_attached.is_some() || same_pod.is_some_and(|p| p.ejected);
+        }
+        report.exit_recorded = nodes
+            .get(node)
+            .is_some_and(|p| p.exit_recorded && same_exit(p.last_exit.as_ref(), report.last_exit.as_ref()));
+        let previous = nodes.insert(node.to_owned(), report.clone());
+        if previous.is_none() {
+            *lock(&self.last_arrival) = Some(report.received);
+        }
+        if previous.as_ref().is_none_or(|p| p.verdict != report.verdict || p.stale) {
+            lock(&self.changed_nodes).insert(node.to_owned());
+            self.verdicts.notify_one();
+        }
+        match previous {
+            Some(p)
+                if p.scheduler == report.scheduler
+                    && p.pod == report.pod
+                    && p.verdict == report.verdict
+                    && p.reason == report.reason
+                    && p.last_exit == report.last_exit
+                    && report.received.saturating_duration_since(p.received) <= stale_after =>
+            {
+                Vec::new()
+            }
+            Some(p) if p.scheduler != report.scheduler => vec![report.scheduler, p.scheduler],
+            _ => vec![report.scheduler],
+        }
+    }
+
+    /// Marks the reports older than `stale_after` stale, and returns the Schedulers of those
+    /// that just went stale: each node's silence touches only its own Scheduler, once.
+    pub fn expire(&self, now: Instant, stale_after: Duration) -> Vec<String> {
+        let mut nodes = lock(&self.nodes);
+        nodes
+            .values_mut()
+            .filter(|r| !r.stale && now.saturating_duration_since(r.received) > stale_after)
+            .map(|r| {
+                r.stale = true;
+                r.scheduler.clone()
+            })
+            .collect()
+    }
+
+    /// Drops the stale reports of nodes `known` no longer names (deleted Nodes): the table holds
+    /// one entry per node that ever reported, and a fleet replaces nodes. A fresh report is kept
+    /// whatever `known` says (its Node may not be in the index yet). Returns how many went.
+    pub fn forget_unknown(&self, known: impl Fn(&str) -> bool) -> usize {
+        let mut nodes = lock(&self.nodes);
+        let before = nodes.len();
+        nodes.retain(|node, r| !r.stale || known(node));
+        before - nodes.len()
+    }
+
+    /// Marks the exits in `exits` recorded, where their nodes still report them.
+    pub fn exits_recorded(&self, exits: &[KernelExit]) {
+        let mut nodes = lock(&self.nodes);
+        for exit in exits {
+            if let Some(r) = nodes.get_mut(&exit.node)
+                && same_exit(r.last_exit.as_ref(), Some(exit))
+            {
+                r.exit_recorded = true;
+            }
+        }
+    }
+
+    /// Forgets every report: a new leadership term hears the agents afresh (what this replica
+    /// heard in an earlier term is old, and would read as stale reports of every node).
+    pub fn clear(&self) {
+        lock(&self.nodes).clear();
+        lock(&self.changed_nodes).clear();
+        *lock(&self.last_arrival) = None;
+    }
+
+    /// When a node was last heard from for the first time since the table was cleared.
+    pub fn last_arrival(&self) -> Option<Instant> {
+        *lock(&self.last_arrival)
+    }
+
+    /// Drops a node's report: what it said is about a kernel the node no longer runs.
+    pub fn forget(&self, node: &str) {
+        lock(&self.nodes).remove(node);
+    }
+
+    /// Resolves after a node's verdict changed (or at once, if one did since the last call).
+    pub async fn changed(&self) {
+        self.verdicts.notified().await;
+    }
+
+    /// The nodes whose verdict changed since the last call.
+    pub fn take_changed(&self) -> BTreeSet<String> {
+        std::mem::take(&mut *lock(&self.changed_nodes))
+    }
+
+    /// Runs `f` on the table under its lock, without copying it (a reconcile reads a few
+    /// nodes of a table that can hold thousands).
+    pub fn read<R>(&self, f: impl FnOnce(&HashMap<String, NodeReport>) -> R) -> R {
+        f(&lock(&self.nodes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(scheduler: &str, verdict: Verdict, received: Instant) -> NodeReport {
+        NodeReport {
+            scheduler: scheduler.into(),
+            pod: "p".into(),
+            verdict,
+            reason: format!("{verdict:?} here"),
+            ops: "rusty".into(),
+            received,
+            attached_since: None,
+            ejected: false,
+            stale: false,
+            last_exit: None,
+            exit_recorded: false,
+        }
+    }
+
+    fn nodes(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    const STALE: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn heartbeats_change_nothing_but_a_new_verdict_or_scheduler_does() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        assert_eq!(t.record("a", report("s", Verdict::NotAttached, now), STALE), vec!["s"]);
+        assert!(t.record("a", report("s", Verdict::NotAttached, now), STALE).is_empty());
+        assert_eq!(t.record("a", report("s", Verdict::Attached, now), STALE), vec!["s"]);
+        assert_eq!(t.record("a", report("s2", Verdict::Attached, now), STALE), vec!["s2", "s"]);
+        // Back after a silence longer than the stale limit.
+        let later = now + STALE + Duration::from_secs(1);
+        assert_eq!(t.record("a", report("s2", Verdict::Attached, later), STALE), vec!["s2"]);
+        assert_eq!(t.read(|nodes| nodes["a"].scheduler.clone()), "s2");
+        // A new pod of the same Scheduler reporting the same: its rollout waits for that pod.
+        let replaced = NodeReport { pod: "p2".into(), ..report("s2", Verdict::Attached, later) };
+        assert_eq!(t.record("a", replaced.clone(), STALE), vec!["s2"]);
+        assert!(t.record("a", replaced, STALE).is_empty());
+    }
+
+    #[test]
+    fn a_cleared_table_knows_no_node() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        assert_eq!(t.last_arrival(), Some(now), "a node new to the table arrived");
+        t.record("a", report("s", Verdict::Attached, now + STALE), STALE);
+        assert_eq!(t.last_arrival(), Some(now), "a known node's report is no arrival");
+        t.clear();
+        assert_eq!(t.last_arrival(), None);
+        assert!(t.read(|nodes| nodes.is_empty()));
+        assert!(t.take_changed().is_empty());
+        assert!(t.expire(now + STALE * 2, STALE).is_empty(), "nothing left to go stale");
+    }
+
+    #[test]
+    fn silence_expires_a_node_once_and_a_report_brings_it_back() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        t.record("b", report("s2", Verdict::Attached, now + Duration::from_secs(20)), STALE);
+        assert!(t.expire(now + STALE, STALE).is_empty(), "not older than the limit yet");
+        let later = now + STALE + Duration::from_secs(1);
+        assert_eq!(t.expire(later, STALE), vec!["s"], "only the silent node's Scheduler");
+        assert!(t.expire(later, STALE).is_empty(), "once");
+        // The node reports again: news for its Scheduler, and it may go stale again later.
+        assert_eq!(t.record("a", report("s", Verdict::Attached, later), STALE), vec!["s"]);
+        assert_eq!(t.expire(later + STALE + Duration::from_secs(1), STALE).len(), 2);
+    }
+
+    #[test]
+    fn only_stale_reports_of_unknown_nodes_are_forgotten() {
+        let t = KernelTable::default();
+        let long_ago = Instant::now();
+        for node in ["kept", "gone", "new"] {
+            t.record(node, report("s", Verdict::Attached, long_ago), STALE);
+        }
+        t.expire(long_ago + STALE * 2, STALE);
+        t.record("new", report("s", Verdict::Attached, long_ago + STALE * 2), STALE);
+        assert_eq!(t.forget_unknown(|n| n == "kept"), 1, "only the stale report of a deleted node goes");
+        let left: BTreeSet<String> = t.read(|n| n.keys().cloned().collect());
+        assert_eq!(left, nodes(&["kept", "new"]), "a fresh report of a node not indexed yet stays");
+    }
+
+    #[test]
+    fn an_ejection_is_listed_until_recorded_and_stays_recorded_while_reported() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        let stall = KernelExit {
+            node: "a".into(),
+            ops: "lavd".into(),
+            reason: "runnable task stall".into(),
+            time: "2026-12-01T00:00:01.000Z".into(),
+            ejected: true,
+            ..KernelExit::default()
+        };
+        let mut r = report("s", Verdict::NotAttached, now);
+        r.last_exit = Some(stall.clone());
+        t.record("a", r.clone(), STALE);
+        let listed = |t: &KernelTable| t.read(|n| summarize("s", &nodes(&["a"]), 1, n, now, STALE).ejections);
+        assert_eq!(listed(&t), vec![stall.clone()]);
+        t.exits_recorded(std::slice::from_ref(&stall));
+        assert!(listed(&t).is_empty());
+        // Heartbeats, and the detail line in a later report, are the same exit.
+        r.last_exit = Some(KernelExit { detail: "x[1] failed to run for 2s".into(), ..stall.clone() });
+        t.record("a", r.clone(), STALE);
+        assert!(listed(&t).is_empty());
+        // The next one is new.
+        r.last_exit = Some(KernelExit { time: "2026-12-01T00:01:00.000Z".into(), ..stall });
+        t.record("a", r, STALE);
+        assert_eq!(listed(&t).len(), 1);
+    }
+
+    #[test]
+    fn a_new_exit_is_news() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        let mut r = report("s", Verdict::NotAttached, now);
+        r.last_exit = Some(KernelExit { node: "a".into(), time: "t".into(), ..KernelExit::default() });
+        assert_eq!(t.record("a", r.clone(), STALE), vec!["s"]);
+        assert!(t.record("a", r, STALE).is_empty());
+    }
+
+    #[test]
+    fn attachment_is_dated_and_an_ejection_remembered_for_the_same_pod() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        assert_eq!(t.read(|n| (n["a"].attached_since, n["a"].ejected)), (None, false));
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        let since = t.read(|n| n["a"].attached_since);
+        assert!(since.is_some());
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        assert_eq!(t.read(|n| n["a"].attached_since), since, "a heartbeat keeps the date");
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        assert_eq!(t.read(|n| (n["a"].attached_since, n["a"].ejected)), (None, true));
+        t.record("a", report("s", Verdict::NotAttached, now), STALE);
+        assert!(t.read(|n| n["a"].ejected), "remembered while the same pod reports");
+        let mut next = report("s", Verdict::NotAttached, now);
+        next.pod = "p2".into();
+        t.record("a", next, STALE);
+        assert!(!t.read(|n| n["a"].ejected), "a new pod starts clean");
+    }
+}

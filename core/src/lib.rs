@@ -1,0 +1,23 @@
+//! sked's decisions, as pure functions of what was observed: no Kubernetes client, no async
+//! runtime, no I/O (the crate depends on neither, so the compiler keeps it so). The controller
+//! gathers the inputs, calls these and carries the results out.
+//!
+//! - [`arbiter`]: which Scheduler owns each node;
+//! - [`workload`]: the DaemonSet a Scheduler should have, and its revision;
+//! - [`rollout`]: which pods a rollout replaces next, which nodes enter, and when a revision
+//!   failed;
+//! - [`status`]: a Scheduler's status and the events to record;
+//! - [`kernel_summary`]: the agents' reports folded into the KernelAttached view;
+//! - [`pods`] and [`nodes`]: the facts read off a scheduler pod and a Node;
+//! - [`hashing`]: SHA-256 digests as hex, for revisions, admission keys and layer checks.
+
+#![forbid(unsafe_code)]
+
+pub mod arbiter;
+pub mod hashing;
+pub mod kernel_summary;
+pub mod nodes;
+pub mod pods;
+pub mod rollout;
+pub mod status;
+pub mod workload;
