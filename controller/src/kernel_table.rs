@@ -143,19 +143,15 @@ mod tests {
     use super::*;
 
     fn report(scheduler: &str, verdict: Verdict, received: Instant) -> NodeReport {
-        NodeReport {
-            scheduler: scheduler.into(),
-            pod: "p".into(),
+        NodeReport::arrived(
+            scheduler.into(),
+            "p".into(),
             verdict,
-            reason: format!("{verdict:?} here"),
-            ops: "rusty".into(),
+            format!("{verdict:?} here"),
+            "rusty".into(),
             received,
-            attached_since: None,
-            ejected: false,
-            stale: false,
-            last_exit: None,
-            exit_recorded: false,
-        }
+            None,
+        )
     }
 
     fn nodes(names: &[&str]) -> BTreeSet<String> {

@@ -502,19 +502,15 @@ impl Session {
 /// What the table keeps of a report: the node's words escaped and capped, so no raw byte from a
 /// node reaches a status, an event or a log line.
 fn node_report(report: &Report, received: Instant) -> NodeReport {
-    NodeReport {
-        scheduler: report.scheduler.clone(),
-        pod: report.pod.clone(),
-        verdict: Verdict::from_wire(report.verdict),
-        reason: escape_and_cap(&report.reason, MAX_REASON_CHARS),
-        ops: report.kernel.as_ref().map(|k| escape_and_cap(&k.ops, MAX_NAME_CHARS)).unwrap_or_default(),
+    NodeReport::arrived(
+        report.scheduler.clone(),
+        report.pod.clone(),
+        Verdict::from_wire(report.verdict),
+        escape_and_cap(&report.reason, MAX_REASON_CHARS),
+        report.kernel.as_ref().map(|k| escape_and_cap(&k.ops, MAX_NAME_CHARS)).unwrap_or_default(),
         received,
-        attached_since: None,
-        ejected: false,
-        stale: false,
-        last_exit: report.last_exit.as_ref().and_then(|e| kernel_exit(&report.node, e)),
-        exit_recorded: false,
-    }
+        report.last_exit.as_ref().and_then(|e| kernel_exit(&report.node, e)),
+    )
 }
 
 /// The node's exit, escaped and capped; `None` when its time is not a time.

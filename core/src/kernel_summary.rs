@@ -36,6 +36,34 @@ pub struct NodeReport {
     pub exit_recorded: bool,
 }
 
+impl NodeReport {
+    /// A report as its agent sent it, received at `received`: nothing kept across reports yet
+    /// (attachment time, ejection, staleness, whether its exit was recorded).
+    pub fn arrived(
+        scheduler: String,
+        pod: String,
+        verdict: Verdict,
+        reason: String,
+        ops: String,
+        received: Instant,
+        last_exit: Option<KernelExit>,
+    ) -> Self {
+        Self {
+            scheduler,
+            pod,
+            verdict,
+            reason,
+            ops,
+            received,
+            attached_since: None,
+            ejected: false,
+            stale: false,
+            last_exit,
+            exit_recorded: false,
+        }
+    }
+}
+
 /// Whether two exits are the same event (its detail may have come later).
 pub fn same_exit(a: Option<&KernelExit>, b: Option<&KernelExit>) -> bool {
     matches!((a, b), (Some(a), Some(b)) if a.is_same_as(b))
@@ -185,19 +213,15 @@ mod tests {
     use super::*;
 
     fn report(scheduler: &str, verdict: Verdict, received: Instant) -> NodeReport {
-        NodeReport {
-            scheduler: scheduler.into(),
-            pod: "p".into(),
+        NodeReport::arrived(
+            scheduler.into(),
+            "p".into(),
             verdict,
-            reason: format!("{verdict:?} here"),
-            ops: "rusty".into(),
+            format!("{verdict:?} here"),
+            "rusty".into(),
             received,
-            attached_since: None,
-            ejected: false,
-            stale: false,
-            last_exit: None,
-            exit_recorded: false,
-        }
+            None,
+        )
     }
 
     fn nodes(names: &[&str]) -> BTreeSet<String> {

@@ -711,6 +711,11 @@ mod tests {
         }
     }
 
+    /// A labelled node whose pod is not there (yet).
+    fn pod_less(name: &str) -> NodeView {
+        NodeView { pod: None, ..node(name, T, KernelView::Unknown) }
+    }
+
     fn up(name: &str, revision: &str) -> NodeView {
         node(name, revision, KernelView::Attached { since: 0 })
     }
@@ -818,15 +823,7 @@ mod tests {
 
     #[test]
     fn nodes_the_daemonset_puts_no_pod_on_do_not_hold_a_rollout() {
-        let no_pod = NodeView {
-            node: "tainted".into(),
-            pod: None,
-            kernel: KernelView::Unknown,
-            exit: None,
-            just_labelled: false,
-            unfit: None,
-            entered_at: None,
-        };
+        let no_pod = pod_less("tainted");
         let nodes = [up("a", T), up("b", S), no_pod.clone()];
         // The DaemonSet means to run two pods: the pod-less node is not one of them.
         let plan = decide_expecting(&nodes, Some(S), 2);
@@ -851,18 +848,7 @@ mod tests {
     #[test]
     fn nothing_is_complete_while_the_daemonset_expects_more_pods_than_run_attached() {
         // A pod the index has not seen yet: the node looks pod-less, the DaemonSet expects it.
-        let nodes = [
-            up("a", T),
-            NodeView {
-                node: "b".into(),
-                pod: None,
-                kernel: KernelView::Unknown,
-                exit: None,
-                just_labelled: false,
-                unfit: None,
-                entered_at: None,
-            },
-        ];
+        let nodes = [up("a", T), pod_less("b")];
         let plan = decide_expecting(&nodes, None, 2);
         assert!(!plan.complete());
         let plan = decide_expecting(&nodes[..1], None, 2);
@@ -871,15 +857,7 @@ mod tests {
         assert!(plan.complete());
         // A DaemonSet that has not counted the node yet (its owner label is on its way) does not
         // make a revision that runs nowhere complete.
-        let pod_less = [NodeView {
-            node: "b".into(),
-            pod: None,
-            kernel: KernelView::Unknown,
-            exit: None,
-            just_labelled: false,
-            unfit: None,
-            entered_at: None,
-        }];
+        let pod_less = [pod_less("b")];
         let plan = decide_expecting(&pod_less, None, 0);
         assert!(!plan.complete());
         // Nor is it looked at again on a timer: what ends the wait (a pod, the DaemonSet's
@@ -1054,15 +1032,7 @@ mod tests {
         let plan = decide_first(&[], &waiting, pacing(1, 2), 100);
         assert_eq!((plan.phase, plan.admit.clone(), plan.entering), (RolloutPhase::Canary, vec!["a".to_string()], 4));
         // The canary's label is written, its pod not made yet: it counts as switching.
-        let labelled = NodeView {
-            node: "a".into(),
-            pod: None,
-            kernel: KernelView::Unknown,
-            exit: None,
-            just_labelled: true,
-            unfit: None,
-            entered_at: None,
-        };
+        let labelled = NodeView { just_labelled: true, ..pod_less("a") };
         let plan = decide_first(&[labelled], &waiting[1..], pacing(1, 2), 101);
         assert_eq!((plan.phase, plan.admit.len()), (RolloutPhase::Canary, 0));
         // Attached at 110, baking until 140; then a wave of two.

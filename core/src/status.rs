@@ -819,14 +819,35 @@ mod tests {
         );
     }
 
+    /// The first status of generation 1, no kernel attached, nothing refused.
+    fn first_computation(
+        daemonset: &DaemonSet,
+        placement: &Placement,
+        rollout: &RolloutStatus,
+        untolerated: Option<&str>,
+    ) -> Outcome {
+        compute(&Observed {
+            generation: Some(1),
+            previous: &SchedulerStatus::default(),
+            daemonset: Some(daemonset),
+            placement,
+            image: None,
+            image_error: None,
+            image_error_transient: false,
+            spec_error: None,
+            kernel: &kernel(0, 0, "NotAttached"),
+            rollout: Some(rollout),
+            untolerated,
+            now: time(5),
+        })
+    }
+
     #[test]
     fn a_first_revision_rolled_back_to_the_default_is_failed_not_in_progress() {
         use sked_api::{Revision, RolloutFailure};
         let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
         // Its nodes lost their labels: the DaemonSet runs no pod; one node still waits to enter.
         let daemonset = ds(1, 1, 0, 0, 0);
-        let previous = SchedulerStatus::default();
-        let kernel_summary = kernel(0, 0, "NotAttached");
         let failed = RolloutStatus {
             phase: RolloutPhase::Failed,
             update_revision: Some(Revision {
@@ -845,20 +866,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let out = compute(&Observed {
-            generation: Some(1),
-            previous: &previous,
-            daemonset: Some(&daemonset),
-            placement: &p,
-            image: None,
-            image_error: None,
-            image_error_transient: false,
-            spec_error: None,
-            kernel: &kernel_summary,
-            rollout: Some(&failed),
-            untolerated: None,
-            now: time(5),
-        });
+        let out = first_computation(&daemonset, &p, &failed, None);
         for (type_, status, reason) in [
             ("Progressing", "False", "RolloutFailed"),
             ("Ready", "False", "RolloutFailed"),
@@ -877,24 +885,9 @@ mod tests {
     fn no_pod_anywhere_names_the_taints_that_keep_them_away() {
         let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
         let daemonset = ds(1, 1, 0, 0, 0);
-        let previous = SchedulerStatus::default();
-        let kernel_summary = kernel(0, 0, "NotAttached");
         let taints = "1 selected node(s) have a taint the Scheduler does not tolerate, so no pod of it can run there: dedicated=batch:NoSchedule on n1; add a matching toleration to spec.tolerations";
         let complete = RolloutStatus { phase: RolloutPhase::Complete, ..Default::default() };
-        let out = compute(&Observed {
-            generation: Some(1),
-            previous: &previous,
-            daemonset: Some(&daemonset),
-            placement: &p,
-            image: None,
-            image_error: None,
-            image_error_transient: false,
-            spec_error: None,
-            kernel: &kernel_summary,
-            rollout: Some(&complete),
-            untolerated: Some(taints),
-            now: time(5),
-        });
+        let out = first_computation(&daemonset, &p, &complete, Some(taints));
         let ready = cond(&out.status, "Ready");
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "NoNodesScheduled"));
         assert_eq!(ready.message, format!("No nodes scheduled: {taints}"));
