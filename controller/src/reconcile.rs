@@ -120,15 +120,9 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         debug!("Scheduler is being deleted; nothing to apply");
         return Ok(Action::await_change());
     }
-    let name = name.to_owned();
-    let generation = scheduler.metadata.generation;
     let uid = scheduler.uid().unwrap_or_default();
     let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
     let previous_rollout = previous.rollout.clone().unwrap_or_default();
-
-    let namespace = &ctx.settings.namespace;
-    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
-    let apply_error = |source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source };
 
     // The trust policy admits the image (whether or not the Scheduler has nodes, so its status
     // always tells) before anything is deployed; a refusal leaves the DaemonSet as it is.
@@ -137,174 +131,270 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
     }
     // The revision the spec asks for, and whether it already failed (then it is not tried again
-    // until the spec changes).
+    // until the spec changes; while the image is not admitted, the failure of this generation
+    // stands too).
     let wanted = admission.as_ref().ok().map(|a| (workload::revision(scheduler, &a.image), a.image.clone()));
-    // (While the image is not admitted, the failure of this generation stands too.)
     let failed = previous_rollout.failed.clone().filter(|f| {
-        generation == Some(f.generation) && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
+        scheduler.metadata.generation == Some(f.generation)
+            && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
     });
-
-    let mut spec_error = None;
-    let mut requeue: Option<Duration> = None;
-    // Nodes another Scheduler took keep this one's pod until their wave moves their label: the
-    // DaemonSet stays while any node carries it.
-    let wants_daemonset = placement.wants_daemonset() || !ctx.index.labelled_nodes(&name).is_empty();
-    let daemonset = match (&wanted, wants_daemonset) {
-        (Some((_, image)), true) if failed.is_none() => {
-            let mut desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
-            if let Some(key) = ctx.trust.admission_key(&scheduler.spec.sched, &scheduler.spec.pull_secret_names()) {
-                desired.annotations_mut().insert(workload::ADMITTED_ANNOTATION.to_owned(), key);
-            }
-            let hash = object_hash(&desired);
-            let live = ctx.index.daemonset(&name, namespace);
-            // Applied before, unchanged since (nobody edited its spec): nothing to write.
-            let unchanged = lock(&ctx.memo.applied).get(&name).is_some_and(|a| {
-                a.hash == hash && live.as_ref().is_some_and(|ds| ds.metadata.generation.unwrap_or(0) <= a.generation)
-            });
-            // A node that runs this Scheduler's pod keeps it only if it carries the owner
-            // label the template selects: apply once those labels are written.
-            let running: BTreeSet<String> =
-                ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
-            let waiting = ctx.index.unlabelled(&name, &running);
-            if unchanged {
-                live.map(|ds| ds.as_ref().clone())
-            } else if waiting > 0 {
-                // The label's arrival triggers this Scheduler; look again now and then anyway.
-                debug!(nodes = waiting, "waiting for the owner label on nodes that run this Scheduler");
-                requeue = Some(Duration::from_secs(5));
-                live.map(|ds| ds.as_ref().clone())
-            } else {
-                if !ctx.leading() {
-                    return Ok(Action::await_change());
-                }
-                match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await
-                {
-                    Ok(applied) => {
-                        let generation = applied.metadata.generation.unwrap_or(0);
-                        let before =
-                            lock(&ctx.memo.applied).insert(name.clone(), crate::memo::Applied { hash, generation });
-                        if before.map(|a| a.generation) != Some(generation) {
-                            info!(daemonset = %format!("{namespace}/{name}"), image = %image, "applied DaemonSet");
-                        }
-                        Some(applied)
-                    }
-                    Err(kube::Error::Api(status)) if status.code == 422 => {
-                        // The spec passed the CRD schema but the DaemonSet built from it does
-                        // not: report it on the Scheduler and wait for the user to change the spec.
-                        warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
-                        spec_error = Some(status.message.clone());
-                        daemonsets.get_opt(&name).await.map_err(apply_error)?
-                    }
-                    Err(source) => return Err(apply_error(source)),
-                }
-            }
-        }
-        // Refused image, or a revision that failed: the DaemonSet stays as it is...
-        (_, true) => match (ctx.index.daemonset(&name, namespace), &failed) {
-            (Some(ds), _) => Some(ds.as_ref().clone()),
-            // ...and one deleted by hand while a failure is recorded is made again as it was.
-            (None, Some(failure)) => {
-                Box::pin(recreate_after_failure(ctx, scheduler, &previous_rollout, failure, wanted.as_ref())).await?
-            }
-            (None, None) => None,
-        },
-        (_, false) => {
-            if !ctx.leading() {
-                return Ok(Action::await_change());
-            }
-            // Nothing to delete (none seen, none applied in this term): no write, so a Scheduler
-            // that owns no node costs nothing when it is reconciled again.
-            let present =
-                ctx.index.daemonset(&name, namespace).is_some() || lock(&ctx.memo.applied).contains_key(&name);
-            if present {
-                match daemonsets.delete(&name, &DeleteParams::background()).await {
-                    Ok(_) => {
-                        info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(source) => return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name, source }),
-                }
-                lock(&ctx.memo.applied).remove(&name);
-            }
-            None
-        }
+    let Some(deployed) =
+        Box::pin(sync_daemonset(ctx, scheduler, &placement, wanted.as_ref(), failed.as_ref(), &previous_rollout))
+            .await?
+    else {
+        return Ok(Action::await_change());
     };
+    let daemonset = deployed.daemonset.as_ref();
 
-    ctx.metrics.set_conflicting_nodes(&name, placement.lost.len());
-    let desired = daemonset.as_ref().and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
+    ctx.metrics.set_conflicting_nodes(&scheduler.name_any(), placement.lost.len());
+    let desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
     let now = std::time::Instant::now();
-    let stale_after = ctx.flags.report_stale_after;
-    // The nodes that run this Scheduler's pod (and are still its own).
-    let scheduled: BTreeSet<String> =
-        ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
-    let mut kernel =
-        ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
-    // Early in a leadership term the table holds only the agents that reconnected so far. While
-    // nodes without a report are the only thing short of the condition found, keep it as it was:
-    // until every node reported, or until a silent node would be stale anyway
-    // (`--report-stale-after`, at least one heartbeat), longer while agents are still coming
-    // back. A reported problem is news at once.
-    let heartbeat = ctx.flags.agent_heartbeat_interval;
-    let grace = ctx.flags.report_stale_after.max(heartbeat);
-    let since_arrival = ctx.kernel.last_arrival().map(|t| now.saturating_duration_since(t));
-    let grace_left = kernel::grace_left(ctx.memo.term_age(), grace, heartbeat, since_arrival);
-    kernel.settled = !kernel.awaits_reports(scheduled.len(), grace_left);
-    // Each ejection is recorded once. A new leader hears every node's last exit again: one from
-    // before its term may have been recorded by the previous leader, which its events say.
-    let heard_ejections = kernel.ejections.clone();
-    let term_began =
-        jiff::Timestamp::now().checked_sub(ctx.memo.term_age()).map(|t| format!("{t:.3}")).unwrap_or_default();
-    if kernel.ejections.iter().any(|e| e.time < term_began) {
-        let recorded = recorded_ejections(ctx, scheduler).await;
-        kernel.ejections.retain(|e| !recorded.contains(&ejection_key(&e.node, &e.time)));
-    }
-
+    let kernel = Box::pin(kernel_view(ctx, scheduler, &placement, desired, now)).await;
     // The rollout: which pods to replace, and whether the revision being rolled out failed.
     let wall = jiff::Timestamp::now().as_second();
-    let step = daemonset.as_ref().map(|ds| {
+    let step = daemonset.map(|ds| {
         rollout_step(ctx, scheduler, ds, &placement, &previous_rollout, failed.as_ref(), wanted.as_ref(), wall, now)
     });
     let rollout = step.as_ref().map(|s| s.status.clone()).or(previous.rollout.clone());
-    let roll_back_from = step.as_ref().and_then(|s| s.roll_back.clone());
-
     // Only when no pod can go anywhere does the status name what keeps them away.
     let untolerated =
         (desired == 0 && !placement.owned.is_empty()).then(|| untolerated_taints(ctx, scheduler, &placement)).flatten();
     let outcome = status::compute(&Observed {
-        generation,
+        generation: scheduler.metadata.generation,
         previous: &previous,
-        daemonset: daemonset.as_ref(),
+        daemonset,
         placement: &placement,
         image: step.as_ref().map(|s| s.image.as_str()),
-        spec_error: spec_error.as_deref(),
+        spec_error: deployed.spec_error.as_deref(),
         image_error: admission.as_ref().err().map(ToString::to_string).as_deref(),
         image_error_transient: admission.as_ref().err().is_some_and(TrustError::is_transient),
-        kernel: &kernel,
+        kernel: &kernel.summary,
         rollout: rollout.as_ref(),
         untolerated: untolerated.as_deref(),
         now: Time(jiff::Timestamp::now()),
     });
-
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
         return Ok(Action::await_change());
     }
     // The status first: it carries the rollout's state, so a new leader carries on from it.
-    if outcome.status != previous {
-        if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
-            publish(
-                ctx,
-                scheduler,
-                &EventSpec {
-                    kind: EventKind::Warning,
-                    reason: Reason::StatusUpdateFailed,
-                    message: format!("Could not save the Scheduler's status: {source}"),
-                },
-            )
-            .await;
-            return Err(Error::WriteStatus { name, source });
+    save_status(ctx, scheduler, &uid, &previous, &outcome).await?;
+    ctx.kernel.exits_recorded(&kernel.heard_ejections);
+    let rollout_recheck = match &step {
+        Some(step) => carry_out(ctx, scheduler, step, daemonset, &previous_rollout).await?,
+        None => None,
+    };
+    if let Err(source) = admission {
+        // Retried with backoff by `error_policy`; the Warning event above already says why.
+        return Err(Error::Image { name: scheduler.name_any(), source });
+    }
+    // Look again when a rollout waits for a bake or a deadline, when a new term's grace for the
+    // agents ends, and when a tag is due to be resolved again; everything else (reports, reports
+    // going stale, pods, the DaemonSet) is an event.
+    let tag_recheck = recheck_at.map(|at| at.saturating_duration_since(std::time::Instant::now()));
+    let grace_recheck = (!kernel.summary.settled).then_some(kernel.grace_left + Duration::from_millis(100));
+    Ok(match grace_recheck.into_iter().chain(tag_recheck).chain(deployed.requeue).chain(rollout_recheck).min() {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+/// The Scheduler's DaemonSet after this reconcile's write, if it has one.
+struct Deployed {
+    daemonset: Option<DaemonSet>,
+    /// Why the API server refused the DaemonSet built from the spec, if it did.
+    spec_error: Option<String>,
+    /// Look again after this long (owner labels still on their way).
+    requeue: Option<Duration>,
+}
+
+impl Deployed {
+    /// The DaemonSet as it is after this reconcile (`None`: there is none), with no refusal
+    /// and nothing to wait for.
+    fn new(daemonset: Option<DaemonSet>) -> Self {
+        Self { daemonset, spec_error: None, requeue: None }
+    }
+}
+
+/// Makes the DaemonSet what the Scheduler asks for: applied (the admitted image of a revision
+/// that has not failed), kept as it is (a refused image or a failed revision; made again if
+/// someone deleted it), or deleted (it owns no node). `None` when leadership was lost first.
+async fn sync_daemonset(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    placement: &crate::arbiter::Placement,
+    wanted: Option<&(String, String)>,
+    failed: Option<&RolloutFailure>,
+    previous: &RolloutStatus,
+) -> Result<Option<Deployed>, Error> {
+    let name = scheduler.name_any();
+    let namespace = &ctx.settings.namespace;
+    // Nodes another Scheduler took keep this one's pod until their wave moves their label: the
+    // DaemonSet stays while any node carries it.
+    let wants_daemonset = placement.wants_daemonset() || !ctx.index.labelled_nodes(&name).is_empty();
+    match (wanted, wants_daemonset, failed) {
+        (Some((_, image)), true, None) => Box::pin(apply_daemonset(ctx, scheduler, placement, image)).await,
+        // Refused image, or a revision that failed: the DaemonSet stays as it is...
+        (_, true, failed) => match (ctx.index.daemonset(&name, namespace), failed) {
+            (Some(ds), _) => Ok(Some(Deployed::new(Some(ds.as_ref().clone())))),
+            // ...and one deleted by hand while a failure is recorded is made again as it was.
+            (None, Some(failure)) => {
+                let recreated = Box::pin(recreate_after_failure(ctx, scheduler, previous, failure, wanted)).await?;
+                Ok(Some(Deployed::new(recreated)))
+            }
+            (None, None) => Ok(Some(Deployed::new(None))),
+        },
+        (_, false, _) => {
+            if !ctx.leading() {
+                return Ok(None);
+            }
+            delete_daemonset(ctx, &name).await?;
+            Ok(Some(Deployed::new(None)))
         }
-        lock(&ctx.memo.written).insert(uid, outcome.status.clone());
+    }
+}
+
+/// Applies the DaemonSet that runs `image` for the Scheduler, unless the one applied before is
+/// unchanged, or nodes that run its pod wait for their owner label (the template selects it).
+async fn apply_daemonset(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    placement: &crate::arbiter::Placement,
+    image: &str,
+) -> Result<Option<Deployed>, Error> {
+    let name = scheduler.name_any();
+    let namespace = &ctx.settings.namespace;
+    let apply_error = |source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source };
+    let mut desired = workload::desired_daemonset(scheduler, image, &ctx.settings)?;
+    if let Some(key) = ctx.trust.admission_key(&scheduler.spec.sched, &scheduler.spec.pull_secret_names()) {
+        desired.annotations_mut().insert(workload::ADMITTED_ANNOTATION.to_owned(), key);
+    }
+    let hash = object_hash(&desired);
+    let live = ctx.index.daemonset(&name, namespace).map(|ds| ds.as_ref().clone());
+    // Applied before, unchanged since (nobody edited its spec): nothing to write.
+    let unchanged = lock(&ctx.memo.applied).get(&name).is_some_and(|a| {
+        a.hash == hash && live.as_ref().is_some_and(|ds| ds.metadata.generation.unwrap_or(0) <= a.generation)
+    });
+    // A node that runs this Scheduler's pod keeps it only if it carries the owner label the
+    // template selects: apply once those labels are written.
+    let running: BTreeSet<String> = ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
+    let waiting = ctx.index.unlabelled(&name, &running);
+    if unchanged {
+        return Ok(Some(Deployed::new(live)));
+    }
+    if waiting > 0 {
+        // The label's arrival triggers this Scheduler; look again now and then anyway.
+        debug!(nodes = waiting, "waiting for the owner label on nodes that run this Scheduler");
+        return Ok(Some(Deployed { daemonset: live, spec_error: None, requeue: Some(Duration::from_secs(5)) }));
+    }
+    if !ctx.leading() {
+        return Ok(None);
+    }
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
+    match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
+        Ok(applied) => {
+            let generation = applied.metadata.generation.unwrap_or(0);
+            let before = lock(&ctx.memo.applied).insert(name.clone(), crate::memo::Applied { hash, generation });
+            if before.map(|a| a.generation) != Some(generation) {
+                info!(daemonset = %format!("{namespace}/{name}"), image = %image, "applied DaemonSet");
+            }
+            Ok(Some(Deployed::new(Some(applied))))
+        }
+        Err(kube::Error::Api(status)) if status.code == 422 => {
+            // The spec passed the CRD schema but the DaemonSet built from it does not: report it
+            // on the Scheduler and wait for the user to change the spec.
+            warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
+            let daemonset = daemonsets.get_opt(&name).await.map_err(apply_error)?;
+            Ok(Some(Deployed { daemonset, spec_error: Some(status.message.clone()), requeue: None }))
+        }
+        Err(source) => Err(apply_error(source)),
+    }
+}
+
+/// Deletes the DaemonSet of a Scheduler that owns no node. Nothing to delete (none seen, none
+/// applied in this term): no write, so a Scheduler that owns no node costs nothing when it is
+/// reconciled again.
+async fn delete_daemonset(ctx: &Context, name: &str) -> Result<(), Error> {
+    let namespace = &ctx.settings.namespace;
+    let present = ctx.index.daemonset(name, namespace).is_some() || lock(&ctx.memo.applied).contains_key(name);
+    if !present {
+        return Ok(());
+    }
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
+    match daemonsets.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {
+            info!(daemonset = %format!("{namespace}/{name}"), "deleted DaemonSet: every selected node belongs to an older Scheduler")
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(source) => {
+            return Err(Error::DeleteDaemonSet { namespace: namespace.clone(), name: name.to_owned(), source });
+        }
+    }
+    lock(&ctx.memo.applied).remove(name);
+    Ok(())
+}
+
+/// What the agents report of the Scheduler's nodes, as this reconcile sees it.
+struct KernelView {
+    summary: kernel::KernelSummary,
+    /// Every ejection heard, recorded or not (they are marked recorded once the events are out).
+    heard_ejections: Vec<crate::api::KernelExit>,
+    /// How much longer a new leader waits for agents before it judges silent nodes.
+    grace_left: Duration,
+}
+
+/// Folds the kernel reports of the nodes that run the Scheduler's pod (and are still its own).
+/// Early in a leadership term the table holds only the agents that reconnected so far: while
+/// nodes without a report are the only thing short of the condition found, it is kept as it was,
+/// until every node reported, or until a silent node would be stale anyway
+/// (`--report-stale-after`, at least one heartbeat), longer while agents are still coming back.
+/// A reported problem is news at once. Each ejection is recorded once: one from before this
+/// term may have been recorded by the previous leader, which its events say.
+async fn kernel_view(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    placement: &crate::arbiter::Placement,
+    desired: i32,
+    now: std::time::Instant,
+) -> KernelView {
+    let name = scheduler.name_any();
+    let stale_after = ctx.flags.report_stale_after;
+    let scheduled: BTreeSet<String> =
+        ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
+    let mut summary =
+        ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
+    let heartbeat = ctx.flags.agent_heartbeat_interval;
+    let grace = ctx.flags.report_stale_after.max(heartbeat);
+    let since_arrival = ctx.kernel.last_arrival().map(|t| now.saturating_duration_since(t));
+    let grace_left = kernel::grace_left(ctx.memo.term_age(), grace, heartbeat, since_arrival);
+    summary.settled = !summary.awaits_reports(scheduled.len(), grace_left);
+    let heard_ejections = summary.ejections.clone();
+    let term_began =
+        jiff::Timestamp::now().checked_sub(ctx.memo.term_age()).map(|t| format!("{t:.3}")).unwrap_or_default();
+    if summary.ejections.iter().any(|e| e.time < term_began) {
+        let recorded = recorded_ejections(ctx, scheduler).await;
+        summary.ejections.retain(|e| !recorded.contains(&ejection_key(&e.node, &e.time)));
+    }
+    KernelView { summary, heard_ejections, grace_left }
+}
+
+/// Saves the status when it changed (a failed write is a Warning event and a retried error),
+/// then records the events of the change.
+async fn save_status(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    uid: &str,
+    previous: &SchedulerStatus,
+    outcome: &status::Outcome,
+) -> Result<(), Error> {
+    if outcome.status != *previous {
+        if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
+            let message = format!("Could not save the Scheduler's status: {source}");
+            let event = EventSpec { kind: EventKind::Warning, reason: Reason::StatusUpdateFailed, message };
+            publish(ctx, scheduler, &event).await;
+            return Err(Error::WriteStatus { name: scheduler.name_any(), source });
+        }
+        lock(&ctx.memo.written).insert(uid.to_owned(), outcome.status.clone());
     } else {
         debug!("reconciled; nothing changed");
     }
@@ -312,44 +402,40 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
-    ctx.kernel.exits_recorded(&heard_ejections);
-    if let (Some((failure, newly)), Some(ds)) = (&roll_back_from, daemonset.as_ref()) {
-        roll_back(ctx, scheduler, ds, &previous_rollout, failure, *newly).await?;
-    }
-    if let Some(step) = &step {
-        replace_pods(ctx, &step.replace).await;
-        write_owner_labels(ctx, &name, &step.admit, &step.evict).await;
-        if let Some(failure) = &step.to_zero {
-            let which = if previous_rollout.current_revision.is_some() {
-                "the nodes it was taking over where it failed"
-            } else {
-                "every node it reached"
-            };
-            let message = format!(
-                "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on {which} ({})",
-                failure.revision,
-                failure.node,
-                failure.cause,
-                step.evict.len()
-            );
-            publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
-        }
-        requeue = requeue.into_iter().chain(step.recheck_in).min();
-    }
+    Ok(())
+}
 
-    if let Err(source) = admission {
-        // Retried with backoff by `error_policy`; the Warning event above already says why.
-        return Err(Error::Image { name, source });
+/// Carries out a rollout step once its status is saved: the rollback, the pods to replace, the
+/// owner labels to write, and the event of a return to the kernel's default. Returns when the
+/// rollout wants to decide again.
+async fn carry_out(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    step: &RolloutStep,
+    daemonset: Option<&DaemonSet>,
+    previous: &RolloutStatus,
+) -> Result<Option<Duration>, Error> {
+    if let (Some((failure, newly)), Some(ds)) = (&step.roll_back, daemonset) {
+        roll_back(ctx, scheduler, ds, previous, failure, *newly).await?;
     }
-    // Look again when a rollout waits for a bake or a deadline, when a new term's grace for the
-    // agents ends, and when a tag is due to be resolved again; everything else (reports, reports
-    // going stale, pods, the DaemonSet) is an event.
-    let tag_recheck = recheck_at.map(|at| at.saturating_duration_since(std::time::Instant::now()));
-    let grace_recheck = (!kernel.settled).then_some(grace_left + Duration::from_millis(100));
-    Ok(match grace_recheck.into_iter().chain(tag_recheck).chain(requeue).min() {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
-    })
+    replace_pods(ctx, &step.replace).await;
+    write_owner_labels(ctx, &scheduler.name_any(), &step.admit, &step.evict).await;
+    if let Some(failure) = &step.to_zero {
+        let which = if previous.current_revision.is_some() {
+            "the nodes it was taking over where it failed"
+        } else {
+            "every node it reached"
+        };
+        let message = format!(
+            "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on {which} ({})",
+            failure.revision,
+            failure.node,
+            failure.cause,
+            step.evict.len()
+        );
+        publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
+    }
+    Ok(step.recheck_in)
 }
 
 /// Admits the Scheduler's image, reusing its last admission while the inputs (image, pull
