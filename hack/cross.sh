@@ -27,6 +27,8 @@ RUNTIME_LIBS="ld-linux-x86-64.so.2 ld-linux-aarch64.so.1 libc.so.6 libm.so.6 lib
 librt.so.1 libresolv.so.2 libutil.so.1 libgcc_s.so.1 libstdc++.so.6 libgomp.so.1 libssl.so.3 libcrypto.so.3"
 
 say() { echo "cross: $*" >&2; }
+# shellcheck source=hack/packages.sh
+source hack/packages.sh
 fail() {
   say "$*"
   exit 1
@@ -49,22 +51,17 @@ as_root() {
 # toolchain ARCH: the C cross toolchain, the target's libelf/zlib and the Rust target.
 toolchain() {
   triple "$1"
-  local want=(make cmake pkg-config binutils) missing=()
+  local want=(make cmake pkg-config binutils)
   if ((native)); then
     want+=(gcc libelf-dev zlib1g-dev)
   else
     want+=("gcc-${gnu//_/-}" "libc6-dev-$deb-cross" "libelf-dev:$deb" "zlib1g-dev:$deb" qemu-user)
   fi
-  for pkg in "${want[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-  done
-  if ((${#missing[@]})); then
-    say "installing Debian packages: ${missing[*]}"
-    ((native)) || dpkg --print-foreign-architectures | grep -qx "$deb" || as_root dpkg --add-architecture "$deb"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq >/dev/null
-    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! ((native)) && ! dpkg --print-foreign-architectures | grep -qx "$deb"; then
+    say "adding the Debian architecture $deb"
+    as_root dpkg --add-architecture "$deb"
   fi
+  install_missing cross "${want[@]}" || exit 2
   rustup target list --installed | grep -qx "$rust" || rustup target add "$rust"
 }
 

@@ -23,20 +23,44 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=hack/debian.sh
 source "$root/hack/debian.sh"
+# shellcheck source=hack/packages.sh
+source "$root/hack/packages.sh"
 log() { echo "kernel-e2e: $*" >&2; }
 
-deps() {
-  local need=() pkg
-  for pkg in qemu-system-x86 busybox-static cpio zstd xz-utils clang libbpf-dev bpftool; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+# The virtio modules a kernel that builds them as modules (bookworm's 6.1) needs for the
+# control and relay ports.
+VIRTIO_MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console"
+
+# vm_control_loop: the end of both VMs' init scripts (busybox sh). `vm_port NAME` finds the
+# virtio port qemu named sked.NAME; then the host's commands arrive on sked.control, one per
+# line, each answered with its output and "@@done <status>", after "@@ready <kernel release>".
+vm_control_loop() {
+  cat <<'LOOP'
+vm_port() {
+  for i in $(seq 1 100); do
+    for p in /sys/class/virtio-ports/*; do
+      [ "$(cat "$p/name" 2>/dev/null)" = "sked.$1" ] && { echo "/dev/$(basename "$p")"; return; }
+    done
+    sleep 0.1
   done
-  if ((${#need[@]})); then
-    log "installing ${need[*]}"
-    local as_root=()
-    ((EUID == 0)) || as_root=(sudo -n) # a CI runner's user has password-less sudo
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  fi
+}
+control=$(vm_port control)
+LOOP
+  # A VM's own lines (relays it starts itself) go between finding the port and serving it.
+  cat
+  cat <<'LOOP'
+exec 3<>"$control"
+echo "@@ready $(uname -r)" >&3
+while read -r line <&3; do
+  sh -c "$line" >&3 2>&3 </dev/null
+  echo "@@done $?" >&3
+done
+poweroff -f
+LOOP
+}
+
+deps() {
+  install_missing kernel-e2e qemu-system-x86 busybox-static cpio zstd xz-utils clang libbpf-dev bpftool || exit 2
 }
 
 prepare() {
@@ -71,7 +95,7 @@ prepare() {
     rm -rf "$dir" && mkdir -p "$dir/x" "$dir/modules"
     dpkg-deb -x "$deb" "$dir/x"
     local m
-    for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console; do
+    for m in $VIRTIO_MODULES; do
       find "$dir/x/lib/modules" -name "$m.ko*" -exec cp {} "$dir/modules/" \;
     done
     cp "$(find "$dir/x/boot" -name 'vmlinuz-*' | head -1)" "$dir/vmlinuz.tmp"
@@ -111,7 +135,8 @@ initramfs() {
     cp "$modules"/*.ko* "$tree/lib/modules/"
   fi
   cp "$out"/*.bpf.o "$tree/sked/"
-  cat >"$tree/init" <<'INIT'
+  {
+    cat <<INIT
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -121,26 +146,17 @@ mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /tmp
 mount -t bpf bpf /sys/fs/bpf
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console; do
-  [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko 2>/dev/null
+for m in $VIRTIO_MODULES; do
+  [ -f /lib/modules/\$m.ko ] && insmod /lib/modules/\$m.ko 2>/dev/null
 done
 ip link set lo up
-for i in $(seq 1 100); do
-  relay=$(ls /dev/vport*p1 2>/dev/null | head -1); control=$(ls /dev/vport*p2 2>/dev/null | head -1)
-  [ -n "$relay" ] && [ -n "$control" ] && break
-  sleep 0.1
-done
+INIT
+    vm_control_loop <<'INIT'
+relay=$(vm_port relay)
 echo "sked-vm: relay=$relay control=$control"
 /bin/sked-vm-relay "$relay" 127.0.0.1:8443 2>/run/relay.log &
-# Commands from the host, one per line; each answers with its output and "@@done <status>".
-exec 3<>"$control"
-echo "@@ready $(uname -r)" >&3
-while read -r line <&3; do
-  sh -c "$line" >&3 2>&3 </dev/null
-  echo "@@done $?" >&3
-done
-poweroff -f
 INIT
+  } >"$tree/init"
   chmod +x "$tree/init"
   (cd "$tree" && find . | cpio -o -H newc --quiet | gzip -1 >"$out/$name.cpio.gz")
 }
@@ -262,7 +278,8 @@ INIT
   # Stage two: mounts, cgroups, modules, addresses; then commands from the host, one per line,
   # each answered with its output and "@@done <status>" (the host starts the relays,
   # containerd and the kubelet with the addresses and files of its test).
-  cat >"$tree/usr/bin/sked-node-init" <<'INIT'
+  {
+    cat <<'INIT'
 #!/usr/bin/busybox sh
 export PATH=/usr/sbin:/usr/bin
 mount -t proc proc /proc
@@ -288,22 +305,9 @@ ip link set sked0 up
 ip route add default via 10.87.0.254 dev sked0 onlink
 echo 1 >/proc/sys/net/ipv4/ip_forward
 mkdir -p /var/lib/kubelet /var/log/pods /etc/kubernetes /etc/containerd /run/sked
-control=
-for i in $(seq 1 100); do
-  for p in /sys/class/virtio-ports/*; do
-    [ "$(cat "$p/name" 2>/dev/null)" = sked.control ] && control=/dev/$(basename "$p")
-  done
-  [ -n "$control" ] && break
-  sleep 0.1
-done
-exec 3<>"$control"
-echo "@@ready $(uname -r)" >&3
-while read -r line <&3; do
-  sh -c "$line" >&3 2>&3 </dev/null
-  echo "@@done $?" >&3
-done
-poweroff -f
 INIT
+    vm_control_loop </dev/null
+  } >"$tree/usr/bin/sked-node-init"
   chmod +x "$tree/init" "$tree/usr/bin/sked-node-init"
   rm -f "$cache"/node-*.cpio
   (cd "$tree" && find . | cpio -o -H newc --quiet >"$cache/node-$key.cpio.tmp")

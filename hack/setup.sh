@@ -31,34 +31,11 @@ packages=(build-essential cmake pkg-config libelf-dev zlib1g-dev docker-registry
 read -r -a extra <<<"${SKED_SETUP_EXTRA_PACKAGES:-}"
 packages+=("${extra[@]}")
 
-installed=0
-missing=()
-for pkg in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-
-installer=()
-if ((EUID == 0)); then
-  installer=()
-elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-  installer=(sudo -n)
-else
-  installer=(none)
-fi
-
-if ((${#missing[@]})); then
-  command="apt-get update && apt-get install -y ${missing[*]}"
-  if [[ ${SKED_SETUP_NO_INSTALL:-} == 1 || ${installer[0]:-} == none ]] || ! command -v apt-get >/dev/null; then
-    say "missing Debian packages: ${missing[*]}"
-    say "install them, then run this again:  sudo sh -c '$command'"
-    exit 2
-  fi
-  say "installing Debian packages: ${missing[*]} (about a minute)"
-  export DEBIAN_FRONTEND=noninteractive
-  "${installer[@]}" apt-get update -qq >/dev/null
-  "${installer[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
-  installed=1
-fi
+# shellcheck source=hack/packages.sh
+source "$(dirname "$0")/packages.sh"
+PACKAGES_INSTALLED=0
+install_missing setup --recommends "${packages[@]}" || exit 2
+installed=$PACKAGES_INSTALLED
 
 # --- toolchains -------------------------------------------------------------------------
 # Rust and Go are not installed here (the machine's own toolchains are used); their absence
