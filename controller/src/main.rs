@@ -1,15 +1,24 @@
+//! The `sked-controller` binary: flags, the runtime, and the manager of `sked_controller`.
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;
 use sked_controller::config::{Cli, Command, refuse_legacy_flags};
 use sked_controller::{crd, manager, telemetry};
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-mod allocator;
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// The process's allocator, chosen by `make bench` (docs/performance.md): thousands of
+/// long-lived report streams each hold buffers they fill only in part, and a reconnect storm
+/// frees what it took at once, so what matters is memory handed back to the system on its own
+/// (jemalloc's background purging) without a pass that stalls the process.
+#[cfg(all(target_os = "linux", feature = "jemalloc", not(feature = "mimalloc")))]
 #[global_allocator]
-static ALLOCATOR: allocator::Allocator = allocator::Allocator;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// The alternative `make bench` compared (`--no-default-features --features mimalloc`).
+#[cfg(all(target_os = "linux", feature = "mimalloc"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Flags are parsed (and `--version`, `--help`, `crd` answered) before the async runtime
 /// starts: they need no threads, so they also answer under qemu-user, where the cross-build
@@ -41,8 +50,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    runtime.spawn(allocator::give_back_free_pages());
     runtime.block_on(run(cli))
 }
 
