@@ -207,7 +207,7 @@ async fn control(
     ready: watch::Sender<bool>,
     stop: Stop,
 ) -> Result<(), BoxError> {
-    let Control { client, flags, instance, trust, metrics, report_stats } = parts;
+    let client = parts.client;
     wait_for_crd(client).await?;
 
     let (index, feeds) = index::index();
@@ -216,7 +216,7 @@ async fn control(
     let (listed_tx, mut listed) = watch::channel(false);
     let feeds = until(
         stop.clone(),
-        feeds.run(client.clone(), &flags.workload_namespace, &memo, metrics, triggers.clone(), listed_tx),
+        feeds.run(client.clone(), &parts.flags.workload_namespace, &memo, parts.metrics, triggers.clone(), listed_tx),
     );
 
     let lead_and_reconcile = async {
@@ -240,72 +240,92 @@ async fn control(
                 kernel.clear();
             }
         };
-        let leadership = elect(client, flags, &instance, term).await?;
-        let ctx = Arc::new(Context {
-            limiter: TokenBucket::new(
-                flags.reconcile_rate_limit_qps,
-                flags.reconcile_rate_limit_burst,
-                tokio::time::Instant::now(),
-            ),
-            recorder: Recorder::new(
-                client.clone(),
-                Reporter { controller: "sked".into(), instance: Some(instance.clone()) },
-            ),
-            settings: flags.workload_settings(),
-            client: client.clone(),
-            flags: flags.clone(),
-            index: index.clone(),
-            memo: memo.clone(),
-            failures: Mutex::default(),
-            kernel: kernel.clone(),
-            report_stats: report_stats.clone(),
-            leader: leadership.rx.clone(),
-            metrics: metrics.clone(),
-            trust: trust.clone(),
-        });
-        let result = tokio::try_join!(
-            reports_server(&ctx, &triggers, stop.clone()),
-            until(stop.clone(), reverify_on_policy_change(policy, &index, &triggers)),
-            until(stop.clone(), mark_leadership(client, flags, metrics, &memo, leadership.rx.clone())),
-            until(
-                stop.clone(),
-                crate::owner_labels::keep_owner_labels(client.clone(), index.clone(), leadership.rx.clone())
-            ),
-            until(
-                stop.clone(),
-                crate::sched_ext_labels::keep_support_labels(
-                    client.clone(),
-                    index.clone(),
-                    kernel.clone(),
-                    leadership.rx.clone()
-                )
-            ),
-            until(
-                stop.clone(),
-                crate::reports::expire_stale_reports(
-                    kernel.clone(),
-                    index.clone(),
-                    triggers.clone(),
-                    flags.report_stale_after
-                )
-            ),
-            until(stop.clone(), publish_reports_ca(client, flags, leadership.rx.clone())),
-            reconcile_loop(flags, &index, ctx.clone(), trigger_rx, leadership.rx.clone(), stop.clone()),
-            // On shutdown, hand leadership over first, while the rest drains.
-            async {
-                stop.clone().requested().await;
-                leadership.step_down().await;
-                Ok(())
-            },
-        );
+        let leadership = elect(client, parts.flags, &parts.instance, term).await?;
+        let ctx = context(&parts, &index, &memo, &kernel, leadership.rx.clone());
+        let result = serve(&ctx, &leadership, policy, &triggers, trigger_rx, stop.clone()).await;
         leadership.step_down().await;
         // No longer the leader, whatever ended the term: say so on the pod and in the metric.
-        metrics.set_leader(false);
+        parts.metrics.set_leader(false);
         label_own_pod(client, false).await;
-        result.map(|_| ())
+        result
     };
     // A part that fails (the election, the reports server) stops the process, feeds included.
     tokio::try_join!(Box::pin(feeds), Box::pin(lead_and_reconcile)).map(|_| ())
+}
+
+/// The one reconcile context: what every reconcile and every part that writes shares.
+fn context(
+    parts: &Control<'_>,
+    index: &Index,
+    memo: &Arc<Memo>,
+    kernel: &Arc<KernelTable>,
+    leader: watch::Receiver<bool>,
+) -> Arc<Context> {
+    let flags = parts.flags;
+    Arc::new(Context {
+        limiter: TokenBucket::new(
+            flags.reconcile_rate_limit_qps,
+            flags.reconcile_rate_limit_burst,
+            tokio::time::Instant::now(),
+        ),
+        recorder: Recorder::new(
+            parts.client.clone(),
+            Reporter { controller: "sked".into(), instance: Some(parts.instance.clone()) },
+        ),
+        settings: flags.workload_settings(),
+        client: parts.client.clone(),
+        flags: flags.clone(),
+        index: index.clone(),
+        memo: memo.clone(),
+        failures: Mutex::default(),
+        kernel: kernel.clone(),
+        report_stats: parts.report_stats.clone(),
+        leader,
+        metrics: parts.metrics.clone(),
+        trust: parts.trust.clone(),
+    })
+}
+
+/// Runs the reports server, the label keepers, the policy re-verifier and the reconcile loop
+/// until shutdown or until one of them fails.
+async fn serve(
+    ctx: &Arc<Context>,
+    leadership: &Leadership,
+    policy: watch::Receiver<Arc<crate::trust::LoadedPolicy>>,
+    triggers: &Triggers,
+    trigger_rx: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Scheduler>>,
+    stop: Stop,
+) -> Result<(), BoxError> {
+    let (client, flags, index, kernel) = (&ctx.client, &ctx.flags, &ctx.index, &ctx.kernel);
+    let leader = || leadership.rx.clone();
+    tokio::try_join!(
+        reports_server(ctx, triggers, stop.clone()),
+        until(stop.clone(), reverify_on_policy_change(policy, index, triggers)),
+        until(stop.clone(), mark_leadership(client, flags, &ctx.metrics, &ctx.memo, leader())),
+        until(stop.clone(), crate::owner_labels::keep_owner_labels(client.clone(), index.clone(), leader())),
+        until(
+            stop.clone(),
+            crate::sched_ext_labels::keep_support_labels(client.clone(), index.clone(), kernel.clone(), leader())
+        ),
+        until(
+            stop.clone(),
+            crate::reports::expire_stale_reports(
+                kernel.clone(),
+                index.clone(),
+                triggers.clone(),
+                flags.report_stale_after
+            )
+        ),
+        until(stop.clone(), publish_reports_ca(client, flags, leader())),
+        reconcile_loop(flags, index, ctx.clone(), trigger_rx, leader(), stop.clone()),
+        // On shutdown, hand leadership over first, while the rest drains.
+        async {
+            stop.clone().requested().await;
+            leadership.step_down().await;
+            Ok(())
+        },
+    )
+    .map(|_| ())
 }
 
 /// Runs `part` until shutdown.
@@ -384,7 +404,8 @@ async fn reports_server(ctx: &Context, triggers: &Triggers, stop: Stop) -> Resul
     info!(%address, "serving agent reports");
     // The certificate is followed for as long as the server runs; the server's end is the part's.
     let follow = tls.clone().follow("reports server", stop.receiver());
-    let serve = crate::reports::serve(service, address, tls, stop.requested());
+    let gate = crate::handshake_gate::HandshakeGate::new("reports", ctx.metrics.clone());
+    let serve = crate::reports::serve(service, address, tls, gate, stop.requested());
     tokio::pin!(serve);
     let served = tokio::select! {
         served = &mut serve => served,

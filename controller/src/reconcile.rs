@@ -552,31 +552,102 @@ fn rollout_step(
     now: std::time::Instant,
 ) -> RolloutStep {
     let name = scheduler.name_any();
-    let generation = scheduler.metadata.generation.unwrap_or(0);
-    let template = &ds.spec.template;
-    let template_revision = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.as_ref())
-        .and_then(|l| l.get(workload::REVISION_LABEL))
-        .cloned()
-        .unwrap_or_default();
-    let scx =
-        template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER));
-    let image = scx.and_then(|c| c.image.clone()).unwrap_or_default();
-    let args = scx.and_then(|c| c.args.clone()).unwrap_or_default();
+    let template = TemplateRevision::of(ds);
     let stable = previous.current_revision.as_ref().map(|r| r.name.as_str());
-
-    // Each node the Scheduler owns, with its pod (a live one before a terminating one) and what
-    // that pod's agent last reported.
     let pods = ctx.index.pods_of(&name);
-    let stale_after = ctx.flags.report_stale_after;
     let (labelled, entering) = entering_nodes(ctx, scheduler, placement);
+    let nodes = node_views(ctx, scheduler, &labelled, &pods, &template, wall, now);
+    let plan = rollout::decide(&rollout::Input {
+        target: &template.name,
+        stable,
+        nodes: &nodes,
+        entering: &entering,
+        expected_pods: expected_pods(ctx, &name, ds, placement, nodes.len()),
+        pacing: rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len() + entering.len()),
+        now: wall,
+    });
+    let step = rollout::advance(&rollout::Progress {
+        previous,
+        failed,
+        plan: &plan,
+        template: crate::api::Revision {
+            name: template.name.clone(),
+            image: template.image.clone(),
+            generation: scheduler.metadata.generation.unwrap_or(0),
+            // The spec's fields, when the template is the spec's revision (not one rolled back to).
+            spec: wanted
+                .is_some_and(|(revision, _)| *revision == template.name)
+                .then(|| RevisionSpec::of(&scheduler.spec)),
+        },
+        wanted: wanted.map(|(revision, image)| (revision.as_str(), image.as_str())),
+        caught_up: caught_up(ctx, &name, ds),
+        now: Time(jiff::Timestamp::now()),
+    });
+    if let Some(failure) = &step.newly_failed {
+        warn!(revision = %failure.revision, node = %failure.node, cause = %failure.cause, "rollout failed");
+        ctx.metrics.rolled_back(&name);
+    }
+    if step.status.failed.is_none() && failed.is_some() {
+        info!(revision = %template.name, "the revision reported failed runs attached everywhere now");
+    }
+    let recheck_in =
+        plan.recheck_in.map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200));
+    RolloutStep::of(step, template.image, &pods, stable.is_none(), recheck_in)
+}
+
+impl RolloutStep {
+    /// The step `rollout::advance` decided, with the pods to replace named by uid too: a pod of
+    /// the same name made since is not the one decided on.
+    fn of(
+        step: rollout::Step,
+        image: String,
+        pods: &[Arc<SchedulerPod>],
+        first_revision: bool,
+        recheck_in: Option<Duration>,
+    ) -> Self {
+        let newly = step.newly_failed.is_some();
+        let roll_back = step.status.failed.clone().filter(|_| step.roll_back).map(|f| (f, newly));
+        // Nodes back to revision zero: a first revision failed, or a takeover under the stable one.
+        let to_zero = step.newly_failed.clone().filter(|_| first_revision || !step.evict.is_empty());
+        let replace = step
+            .replace
+            .into_iter()
+            .filter_map(|name| {
+                let uid = pods.iter().find(|p| p.name == name)?.uid.clone();
+                Some((name, uid))
+            })
+            .collect();
+        Self {
+            status: step.status,
+            image,
+            replace,
+            roll_back,
+            admit: step.admit,
+            evict: step.evict,
+            to_zero,
+            recheck_in,
+        }
+    }
+}
+
+/// Each labelled node with its pod (a live one before a terminating one) and what that pod's
+/// agent last reported, if the report is fresh.
+#[allow(clippy::too_many_arguments)]
+fn node_views(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    labelled: &[String],
+    pods: &[Arc<SchedulerPod>],
+    template: &TemplateRevision,
+    wall: i64,
+    now: std::time::Instant,
+) -> Vec<rollout::NodeView> {
+    let name = scheduler.name_any();
+    let stale_after = ctx.flags.report_stale_after;
     let attach_timeout = Duration::from_secs(
         u64::try_from(rollout::Pacing::of(scheduler.spec.rollout.as_ref(), 1).attach_timeout_seconds).unwrap_or(1),
     );
-    let template = TemplateRevision { name: &template_revision, image: &image, args: &args };
-    let nodes: Vec<rollout::NodeView> = ctx.kernel.read(|reports| {
+    ctx.kernel.read(|reports| {
         labelled
             .iter()
             .map(|node| {
@@ -585,92 +656,62 @@ fn rollout_step(
                 let report = reports
                     .get(node)
                     .filter(|r| r.scheduler == name && now.saturating_duration_since(r.received) <= stale_after);
-                node_view(ctx, scheduler, node, pod.map(|p| p.as_ref()), report, &template, wall, attach_timeout)
+                node_view(ctx, scheduler, node, pod.map(|p| p.as_ref()), report, template, wall, attach_timeout)
             })
             .collect()
-    });
-    let pacing = rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len() + entering.len());
-    // The pods the DaemonSet controller means to run; until it has counted them, one per node.
-    // (Less the nodes another Scheduler took, which keep this one's pod until their wave.)
-    let taken = ctx.index.labelled_nodes(&name).iter().filter(|n| !placement.owned.contains(*n)).count();
-    let expected_pods = ds
-        .status
+    })
+}
+
+/// The pods the DaemonSet controller means to run; until it has counted them, one per labelled
+/// node. (Less the nodes another Scheduler took, which keep this one's pod until their wave.)
+fn expected_pods(
+    ctx: &Context,
+    name: &str,
+    ds: &DaemonSet,
+    placement: &crate::arbiter::Placement,
+    labelled: usize,
+) -> usize {
+    let taken = ctx.index.labelled_nodes(name).iter().filter(|n| !placement.owned.contains(*n)).count();
+    ds.status
         .as_ref()
         .filter(|s| s.observed_generation.is_some())
-        .map_or(nodes.len(), |s| usize::try_from(s.desired_number_scheduled).unwrap_or(0))
-        .saturating_sub(taken);
-    let plan = rollout::decide(&rollout::Input {
-        target: &template_revision,
-        stable,
-        nodes: &nodes,
-        entering: &entering,
-        expected_pods,
-        pacing,
-        now: wall,
-    });
+        .map_or(labelled, |s| usize::try_from(s.desired_number_scheduled).unwrap_or(0))
+        .saturating_sub(taken)
+}
 
-    // The DaemonSet controller has seen the template, and this copy is not older than the one
-    // this controller last applied (the index may lag behind its own write).
-    let applied = lock(&ctx.memo.applied).get(&name).map_or(0, |a| a.generation);
+/// The DaemonSet controller has seen the template, and this copy is not older than the one
+/// this controller last applied (the index may lag behind its own write).
+fn caught_up(ctx: &Context, name: &str, ds: &DaemonSet) -> bool {
+    let applied = lock(&ctx.memo.applied).get(name).map_or(0, |a| a.generation);
     let ds_generation = ds.metadata.generation.unwrap_or(0);
-    let caught_up = ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds_generation
-        && ds_generation >= applied;
-    let step = rollout::advance(&rollout::Progress {
-        previous,
-        failed,
-        plan: &plan,
-        template: crate::api::Revision {
-            name: template_revision.clone(),
-            image: image.clone(),
-            generation,
-            // The spec's fields, when the template is the spec's revision (not one rolled back to).
-            spec: wanted
-                .is_some_and(|(revision, _)| *revision == template_revision)
-                .then(|| RevisionSpec::of(&scheduler.spec)),
-        },
-        wanted: wanted.map(|(revision, image)| (revision.as_str(), image.as_str())),
-        caught_up,
-        now: Time(jiff::Timestamp::now()),
-    });
-    if let Some(failure) = &step.newly_failed {
-        warn!(revision = %failure.revision, node = %failure.node, cause = %failure.cause, "rollout failed");
-        ctx.metrics.rolled_back(&name);
-    }
-    if step.status.failed.is_none() && failed.is_some() {
-        info!(revision = %template_revision, "the revision reported failed runs attached everywhere now");
-    }
-    let newly = step.newly_failed.is_some();
-    let roll_back = step.status.failed.clone().filter(|_| step.roll_back).map(|f| (f, newly));
-    // Nodes back to revision zero: a first revision failed, or a takeover under the stable one.
-    let to_zero = step.newly_failed.clone().filter(|_| stable.is_none() || !step.evict.is_empty());
-    let (status, replace, admit, evict) = (step.status, step.replace, step.admit, step.evict);
-    // By uid too: a pod of the same name made since is not the one decided on.
-    let replace = replace
-        .into_iter()
-        .filter_map(|name| {
-            let uid = pods.iter().find(|p| p.name == name)?.uid.clone();
-            Some((name, uid))
-        })
-        .collect();
-    RolloutStep {
-        status,
-        image,
-        replace,
-        roll_back,
-        admit,
-        evict,
-        to_zero,
-        recheck_in: plan
-            .recheck_in
-            .map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200)),
-    }
+    ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds_generation && ds_generation >= applied
 }
 
 /// What a pod of the DaemonSet's template runs: its revision label, image and arguments.
-struct TemplateRevision<'a> {
-    name: &'a str,
-    image: &'a str,
-    args: &'a [String],
+struct TemplateRevision {
+    name: String,
+    image: String,
+    args: Vec<String>,
+}
+
+impl TemplateRevision {
+    fn of(ds: &DaemonSet) -> Self {
+        let template = &ds.spec.template;
+        let name = template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.as_ref())
+            .and_then(|l| l.get(workload::REVISION_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        let scx =
+            template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER));
+        Self {
+            name,
+            image: scx.and_then(|c| c.image.clone()).unwrap_or_default(),
+            args: scx.and_then(|c| c.args.clone()).unwrap_or_default(),
+        }
+    }
 }
 
 /// One labelled node as the rollout sees it: its pod (a live one before a terminating one),
@@ -682,7 +723,7 @@ fn node_view(
     node: &str,
     pod: Option<&SchedulerPod>,
     report: Option<&kernel::NodeReport>,
-    template: &TemplateRevision<'_>,
+    template: &TemplateRevision,
     wall: i64,
     attach_timeout: Duration,
 ) -> rollout::NodeView {
@@ -701,7 +742,7 @@ fn node_view(
     };
     let view = pod.map(|p| rollout::PodView {
         name: p.name.clone(),
-        revision: p.revision(template.name, template.image, template.args),
+        revision: p.revision(&template.name, &template.image, &template.args),
         ready_since: p.ready_since,
         created: p.created.unwrap_or(wall),
         crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,

@@ -13,6 +13,7 @@
 //! idle costs nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -72,113 +73,158 @@ const CONCURRENT_WRITES: usize = 8;
 pub(crate) async fn keep_support_labels(
     client: Client,
     index: Index,
-    kernel: std::sync::Arc<KernelTable>,
-    mut leader: watch::Receiver<bool>,
+    kernel: Arc<KernelTable>,
+    leader: watch::Receiver<bool>,
 ) {
     let nodes: Api<Node> = Api::all(client);
     let unsupported =
         watcher::watcher(nodes.clone(), watcher::Config::default().labels(&format!("{SCHED_EXT_LABEL}={UNSUPPORTED}")));
     let mut unsupported = std::pin::pin!(unsupported);
-    // The unsupported nodes as last seen, to re-check when this replica starts leading.
-    let mut seen: HashMap<String, Node> = HashMap::new();
-    // Node -> (when, value) of this replica's recent writes.
-    let mut written: HashMap<String, (Instant, String)> = HashMap::new();
+    let mut labels =
+        SupportLabels { nodes, index, kernel, leader, seen: HashMap::new(), written: HashMap::new(), full_pass: true };
     let mut retry: Option<Duration> = None;
-    let mut full_pass = true;
     loop {
-        let leading = *leader.borrow_and_update();
-        if !leading {
-            full_pass = true;
-            kernel.take_changed();
-        }
-        let mut failed = false;
-        if leading {
-            // A write whose echo never came is looked at again.
-            full_pass |= written.values().any(|(at, _)| at.elapsed() >= ECHO_WAIT);
-            written.retain(|_, (at, _)| at.elapsed() < ECHO_WAIT);
-            // A new term looks at every node once; after that, at the nodes whose verdict changed.
-            let changed = kernel.take_changed();
-            let look_at_all = std::mem::take(&mut full_pass);
-            let drift: Vec<(String, &'static str)> = kernel.read(|reports| {
-                let wants = |node: &String| {
-                    let r = reports.get(node).filter(|r| !r.stale)?;
-                    let want = wanted(r.verdict)?;
-                    let have = index.node_label(node, SCHED_EXT_LABEL)?;
-                    let echo_pending = written.get(node).is_some_and(|(_, value)| value == want);
-                    (have.as_deref() != Some(want) && !echo_pending).then(|| (node.clone(), want))
-                };
-                if look_at_all {
-                    reports.keys().filter_map(wants).collect()
-                } else {
-                    changed.iter().filter_map(wants).collect()
-                }
-            });
-            // Owned strings: a borrowed one in these futures trips the compiler's Send inference.
-            let drift: Vec<(String, String)> = drift.into_iter().map(|(node, want)| (node, want.to_owned())).collect();
-            let writes = futures::stream::iter(drift)
-                .map(|(node, want)| {
-                    let (nodes, leader) = (nodes.clone(), leader.clone());
-                    async move {
-                        // Each write checks leadership: the lease may move during a long pass.
-                        if !*leader.borrow() {
-                            return (node, want, Ok(()));
-                        }
-                        let result = set_support(&nodes, &node, &want).await;
-                        (node, want, result)
-                    }
-                })
-                .buffer_unordered(CONCURRENT_WRITES)
-                .collect::<Vec<_>>()
-                .await;
-            for (node, want, result) in writes {
-                match result {
-                    Ok(()) => {
-                        info!(node = %node, sched_ext = want, "node sched-ext label set");
-                        written.insert(node, (Instant::now(), want));
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => {
-                        failed = true;
-                        warn!(node = %node, err = %e, "could not label the node's sched_ext support; retrying");
-                    }
-                }
-            }
-            let changed: Vec<Node> = seen.values().filter(|n| kernel_changed(n)).cloned().collect();
-            for node in changed {
-                if !*leader.borrow() {
-                    break;
-                }
-                if clear(&nodes, &node).await {
-                    // Its last report judged the old kernel.
-                    kernel.forget(&node.name_any());
-                    seen.remove(&node.name_any());
-                } else {
-                    failed = true;
-                }
-            }
-        }
-        // A failed write is looked at again on the next pass.
-        full_pass |= failed;
+        let failed = labels.pass().await;
         retry = failed.then(|| retry.map_or(Duration::from_millis(500), |r| (r * 2).min(Duration::from_secs(30))));
+        let wait = retry.is_some() || !labels.written.is_empty();
         tokio::select! {
-            () = kernel.changed() => {}
-            changed = leader.changed() => if changed.is_err() { return },
+            () = labels.kernel.changed() => {}
+            changed = labels.leader.changed() => if changed.is_err() { return },
             event = unsupported.next() => match event {
-                Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
-                    seen.insert(n.name_any(), n);
-                }
-                Some(Ok(watcher::Event::Delete(n))) => {
-                    seen.remove(&n.name_any());
-                }
-                Some(Ok(watcher::Event::Init)) => seen.clear(),
-                Some(Ok(watcher::Event::InitDone)) => {}
+                Some(Ok(event)) => labels.saw(event),
                 Some(Err(e)) => {
                     warn!(err = %e, "watching unsupported nodes failed; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
                 None => return,
             },
-            () = tokio::time::sleep(retry.unwrap_or(ECHO_WAIT)), if retry.is_some() || !written.is_empty() => {}
+            () = tokio::time::sleep(retry.unwrap_or(ECHO_WAIT)), if wait => {}
+        }
+    }
+}
+
+/// What [`keep_support_labels`] keeps between passes.
+struct SupportLabels {
+    nodes: Api<Node>,
+    index: Index,
+    kernel: Arc<KernelTable>,
+    leader: watch::Receiver<bool>,
+    /// The unsupported nodes as last seen, to re-check when this replica starts leading.
+    seen: HashMap<String, Node>,
+    /// Node -> (when, value) of this replica's recent writes.
+    written: HashMap<String, (Instant, String)>,
+    /// The next pass looks at every node, not only at those whose verdict changed.
+    full_pass: bool,
+}
+
+impl SupportLabels {
+    /// One pass while leading: the labels the reports ask for, then the unsupported nodes whose
+    /// kernel changed. Whether a write failed (it is looked at again on the next pass).
+    async fn pass(&mut self) -> bool {
+        if !*self.leader.borrow_and_update() {
+            self.full_pass = true;
+            self.kernel.take_changed();
+            return false;
+        }
+        // A write whose echo never came is looked at again.
+        self.full_pass |= self.written.values().any(|(at, _)| at.elapsed() >= ECHO_WAIT);
+        self.written.retain(|_, (at, _)| at.elapsed() < ECHO_WAIT);
+        let drift = self.drift();
+        let mut failed = self.write(drift).await;
+        failed |= self.clear_changed_kernels().await;
+        self.full_pass |= failed;
+        failed
+    }
+
+    /// The nodes whose label differs from what their fresh report asks for, with that value. A
+    /// new term looks at every node once; after that, at the nodes whose verdict changed.
+    fn drift(&mut self) -> Vec<(String, String)> {
+        let changed = self.kernel.take_changed();
+        let look_at_all = std::mem::take(&mut self.full_pass);
+        let (index, written) = (&self.index, &self.written);
+        self.kernel.read(|reports| {
+            let wants = |node: &String| {
+                let r = reports.get(node).filter(|r| !r.stale)?;
+                let want = wanted(r.verdict)?;
+                let have = index.node_label(node, SCHED_EXT_LABEL)?;
+                let echo_pending = written.get(node).is_some_and(|(_, value)| value == want);
+                // Owned strings: a borrowed one in the write futures trips the compiler's Send
+                // inference.
+                (have.as_deref() != Some(want) && !echo_pending).then(|| (node.clone(), want.to_owned()))
+            };
+            if look_at_all {
+                reports.keys().filter_map(wants).collect()
+            } else {
+                changed.iter().filter_map(wants).collect()
+            }
+        })
+    }
+
+    /// Writes the labels, a few at a time; whether one failed.
+    async fn write(&mut self, drift: Vec<(String, String)>) -> bool {
+        let writes = futures::stream::iter(drift)
+            .map(|(node, want)| {
+                let (nodes, leader) = (self.nodes.clone(), self.leader.clone());
+                async move {
+                    // Each write checks leadership: the lease may move during a long pass.
+                    if !*leader.borrow() {
+                        return (node, want, Ok(()));
+                    }
+                    let result = set_support(&nodes, &node, &want).await;
+                    (node, want, result)
+                }
+            })
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect::<Vec<_>>()
+            .await;
+        let mut failed = false;
+        for (node, want, result) in writes {
+            match result {
+                Ok(()) => {
+                    info!(node = %node, sched_ext = want, "node sched-ext label set");
+                    self.written.insert(node, (Instant::now(), want));
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    failed = true;
+                    warn!(node = %node, err = %e, "could not label the node's sched_ext support; retrying");
+                }
+            }
+        }
+        failed
+    }
+
+    /// Clears the labels of the unsupported nodes that run another kernel now; whether a write
+    /// failed.
+    async fn clear_changed_kernels(&mut self) -> bool {
+        let changed: Vec<Node> = self.seen.values().filter(|n| kernel_changed(n)).cloned().collect();
+        let mut failed = false;
+        for node in changed {
+            if !*self.leader.borrow() {
+                break;
+            }
+            if clear(&self.nodes, &node).await {
+                // Its last report judged the old kernel.
+                self.kernel.forget(&node.name_any());
+                self.seen.remove(&node.name_any());
+            } else {
+                failed = true;
+            }
+        }
+        failed
+    }
+
+    /// Follows the watch of the unsupported nodes.
+    fn saw(&mut self, event: watcher::Event<Node>) {
+        match event {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                self.seen.insert(n.name_any(), n);
+            }
+            watcher::Event::Delete(n) => {
+                self.seen.remove(&n.name_any());
+            }
+            watcher::Event::Init => self.seen.clear(),
+            watcher::Event::InitDone => {}
         }
     }
 }

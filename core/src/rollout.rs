@@ -314,28 +314,17 @@ pub fn decide(input: &Input<'_>) -> Plan {
 /// Counts the labelled nodes: what each runs, which are down, and whether a pod of the target
 /// revision failed (into `plan`: updated, attached, skipped, failure, recheck).
 fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
-    let Input { target, nodes, expected_pods, pacing, now, .. } = *input;
+    let Input { target, nodes, pacing, now, .. } = *input;
     let mut t = Tally { all_attached: true, ..Tally::default() };
-    // Nodes without a live pod are waited for only as far as the DaemonSet controller means to
-    // run pods there: a pod terminating for less than the attach timeout is being replaced; past
-    // that (its node is gone or unreachable), or with no pod at all, only as many nodes as the
-    // DaemonSet still lacks pods for, and the nodes labelled moments ago.
-    let live = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(|p| p.terminating_since.is_none())).count();
-    let recently_deleted = |p: &PodView| p.terminating_since.is_some_and(|t| now - t < pacing.attach_timeout_seconds);
-    let replacing = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(recently_deleted)).count();
-    let mut awaited_without_pod = expected_pods.saturating_sub(live + replacing);
+    let being_replaced = |p: &PodView| p.terminating_since.is_some_and(|t| now - t < pacing.attach_timeout_seconds);
+    let mut awaited_without_pod = awaited_without_pod(input, being_replaced);
     // Evidence that the target revision's image can be pulled: a node runs it attached.
     let pulled_somewhere = nodes.iter().any(|n| {
         matches!(n.kernel, KernelView::Attached { .. })
             && n.pod.as_ref().is_some_and(|p| p.revision == target && p.terminating_since.is_none())
     });
     for n in nodes {
-        let skip = match n.kernel {
-            KernelView::Unsupported => Some(Skip::KernelUnsupported),
-            KernelView::Foreign => Some(Skip::ForeignScheduler),
-            _ => n.unfit,
-        };
-        if let Some(why) = skip {
+        if let Some(why) = skip_reason(n) {
             plan.skip(&n.node, why);
             t.skipped_pods += usize::from(n.pod.is_some());
             continue;
@@ -345,7 +334,7 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
                 // Not waited for past the attach timeout (a taint may keep its pod away).
                 plan.recheck(pacing.attach_timeout_seconds);
             }
-            let replaced = n.pod.as_ref().is_some_and(recently_deleted) || n.just_labelled;
+            let replaced = n.pod.as_ref().is_some_and(being_replaced) || n.just_labelled;
             if replaced || awaited_without_pod > 0 {
                 if !replaced {
                     awaited_without_pod -= 1;
@@ -356,11 +345,7 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             }
             continue;
         };
-        let attached = match (n.kernel, pod.ready_since) {
-            (KernelView::Attached { since }, Some(ready)) => Some(since.max(ready)),
-            (KernelView::Unknown, Some(ready)) => Some(ready),
-            _ => None,
-        };
+        let attached = attached_since(n, pod);
         if pod.revision != target {
             match attached {
                 Some(_) => t.old_up.push(pod.name.clone()),
@@ -386,35 +371,74 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             continue;
         }
         plan.updated += 1;
-        if let Some(since) = attached {
-            plan.attached += 1;
-            t.newest_attach = Some(t.newest_attach.map_or(since, |t| t.max(since)));
-            continue;
-        }
-        // Under the stable revision, only a node's first switch away from revision zero is
-        // judged (a takeover); a node that ran it before and is down now is not the switch's
-        // doing, and not a reason to hold every other node back.
-        let entered = n.entered_at.is_some_and(|at| pod.created >= at);
-        if restoring && !entered && now >= deadline {
-            continue;
-        }
-        t.unavailable += 1;
-        t.all_attached = false;
-        if restoring && !entered {
-            continue;
-        }
-        if restoring {
-            if let Some(failure) = failure_of(n, pod, pacing, now, plan) {
-                plan.broken.push(n.node.clone());
-                plan.failure.get_or_insert(failure);
+        match attached {
+            Some(since) => {
+                plan.attached += 1;
+                t.newest_attach = Some(t.newest_attach.map_or(since, |t| t.max(since)));
             }
-        } else if plan.failure.is_none() {
-            plan.failure = failure_of(n, pod, pacing, now, plan);
+            None => judge_unattached(input, restoring, n, pod, &mut t, plan),
         }
     }
     t.old_down.sort();
     t.old_up.sort();
     t
+}
+
+/// How many labelled nodes without a live pod are waited for. Only as far as the DaemonSet
+/// controller means to run pods there: a pod terminating for less than the attach timeout is
+/// being replaced; past that (its node is gone or unreachable), or with no pod at all, only as
+/// many nodes as the DaemonSet still lacks pods for (and the nodes labelled moments ago, which
+/// the caller counts on its own).
+fn awaited_without_pod(input: &Input<'_>, being_replaced: impl Fn(&PodView) -> bool) -> usize {
+    let nodes = input.nodes;
+    let live = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(|p| p.terminating_since.is_none())).count();
+    let replacing = nodes.iter().filter(|n| n.pod.as_ref().is_some_and(&being_replaced)).count();
+    input.expected_pods.saturating_sub(live + replacing)
+}
+
+/// Why a labelled node is left out of the rollout by what its agent reports or what the
+/// Node says, if it is.
+fn skip_reason(n: &NodeView) -> Option<Skip> {
+    match n.kernel {
+        KernelView::Unsupported => Some(Skip::KernelUnsupported),
+        KernelView::Foreign => Some(Skip::ForeignScheduler),
+        _ => n.unfit,
+    }
+}
+
+/// Since when a node's pod runs attached and Ready (a node whose agent has not reported yet
+/// is taken at its pod's readiness).
+fn attached_since(n: &NodeView, pod: &PodView) -> Option<i64> {
+    match (n.kernel, pod.ready_since) {
+        (KernelView::Attached { since }, Some(ready)) => Some(since.max(ready)),
+        (KernelView::Unknown, Some(ready)) => Some(ready),
+        _ => None,
+    }
+}
+
+/// A node whose pod runs the target revision, not attached: unavailable, and judged (a failure
+/// or a recheck at its deadline). Under the stable revision, only a node's first switch away
+/// from revision zero is judged (a takeover); a node that ran it before and is down now is not
+/// the switch's doing, and not a reason to hold every other node back.
+fn judge_unattached(input: &Input<'_>, restoring: bool, n: &NodeView, pod: &PodView, t: &mut Tally, plan: &mut Plan) {
+    let Input { pacing, now, .. } = *input;
+    let entered = n.entered_at.is_some_and(|at| pod.created >= at);
+    if restoring && !entered && now >= pod.created + pacing.attach_timeout_seconds {
+        return;
+    }
+    t.unavailable += 1;
+    t.all_attached = false;
+    if restoring && !entered {
+        return;
+    }
+    if restoring {
+        if let Some(failure) = failure_of(n, pod, pacing, now, plan) {
+            plan.broken.push(n.node.clone());
+            plan.failure.get_or_insert(failure);
+        }
+    } else if plan.failure.is_none() {
+        plan.failure = failure_of(n, pod, pacing, now, plan);
+    }
 }
 
 /// Whether the target revision failed on node `n`, whose pod runs it and is not attached: it
@@ -565,9 +589,51 @@ pub struct Step {
 /// admits no node, unless a first revision attached everywhere after all.
 pub fn advance(p: &Progress<'_>) -> Step {
     let plan = p.plan;
-    let stable = p.previous.current_revision.as_ref().map(|r| r.name.as_str());
-    let on_stable = stable == Some(p.template.name.as_str());
-    let mut status = RolloutStatus {
+    let mut step = Step {
+        status: planned_status(p),
+        replace: plan.replace.clone(),
+        admit: plan.admit.clone(),
+        evict: Vec::new(),
+        newly_failed: None,
+        roll_back: false,
+    };
+    let wants_template = p.wanted.is_some_and(|(revision, _)| revision == p.template.name);
+    match p.failed {
+        Some(f) if p.stable().is_none() && f.revision == p.template.name && plan.complete() && plan.attached > 0 => {
+            // Nothing was rolled back, and the revision attached everywhere after all.
+            step.status.current_revision = Some(p.template.clone());
+            step.status.failed = None;
+        }
+        Some(f) => step.keep_failed(p, f),
+        None => match plan.failure.as_ref().filter(|_| !p.on_stable() || !plan.broken.is_empty()) {
+            Some(failure) => step.fail(p, failure),
+            None if plan.complete() && wants_template && plan.attached > 0 => {
+                // The revision of this generation runs everywhere, attached: the one to go back to.
+                // (A revision that ran nowhere, on no node or only on skipped ones, is not.)
+                step.status.current_revision = Some(p.template.clone());
+                step.status.failed = None;
+            }
+            // The DaemonSet does not carry the revision asked for yet (an apply on its way, or
+            // a copy older than it): not complete.
+            None if p.wanted.is_some() && !wants_template && plan.complete() => {
+                step.status.phase = RolloutPhase::Rolling;
+            }
+            None => {}
+        },
+    }
+    if !p.caught_up {
+        // The DaemonSet controller has not seen the template yet: a pod deleted now could come
+        // back as the old revision, or a node labelled now get it.
+        step.replace.clear();
+        step.hold_entering();
+    }
+    step
+}
+
+/// The rollout status as the plan counts it, before a failure or a completion is folded in.
+fn planned_status(p: &Progress<'_>) -> RolloutStatus {
+    let plan = p.plan;
+    RolloutStatus {
         phase: plan.phase,
         current_revision: p.previous.current_revision.clone(),
         // The revision's fields are kept for the current one only.
@@ -582,96 +648,86 @@ pub fn advance(p: &Progress<'_>) -> Step {
             .map(|(why, n)| (why.as_str().to_owned(), i32::try_from(*n).unwrap_or(i32::MAX)))
             .collect(),
         failed: p.failed.cloned(),
-    };
-    let mut step = Step {
-        status: status.clone(),
-        replace: plan.replace.clone(),
-        admit: plan.admit.clone(),
-        evict: Vec::new(),
-        newly_failed: None,
-        roll_back: false,
-    };
-    // Back to revision zero: every node the failed first revision reached.
-    let to_zero = if stable.is_none() { plan.labelled.clone() } else { Vec::new() };
-    let failed_phase = if stable.is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed };
-    let wants_template = p.wanted.is_some_and(|(revision, _)| revision == p.template.name);
-    match p.failed {
-        Some(f) if stable.is_none() && f.revision == p.template.name && plan.complete() && plan.attached > 0 => {
-            // Nothing was rolled back, and the revision attached everywhere after all.
-            status.current_revision = Some(p.template.clone());
-            status.failed = None;
-        }
-        Some(f) => {
-            // The nodes it reached run the current revision again once the template is set back,
-            // or, with none, go back to revision zero (their labels are removed); again, until
-            // that holds: a rollback cut short is carried on.
-            status.update_revision = p.wanted.map(|(name, image)| Revision {
-                name: name.into(),
-                image: image.into(),
-                generation: f.generation,
-                spec: None,
-            });
-            status.phase = failed_phase;
-            if !on_stable {
-                status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
-                step.admit.clear();
-                step.replace.clear();
-                step.roll_back = stable.is_some();
-                step.evict = to_zero;
-            } else {
-                // Under the stable revision, the nodes where taking them over failed go back to
-                // revision zero; after a takeover failed, no node enters until a retry.
-                step.evict = plan.broken.clone();
-                if f.revision == p.template.name {
-                    status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
-                    step.admit.clear();
-                }
-            }
-        }
-        None => match plan.failure.as_ref().filter(|_| !on_stable || !plan.broken.is_empty()) {
-            Some(failure) => {
-                let failure = RolloutFailure {
-                    revision: p.template.name.clone(),
-                    generation: p.template.generation,
-                    node: failure.node.clone(),
-                    cause: failure.cause.clone(),
-                    time: p.now.clone(),
-                };
-                status.phase = failed_phase;
-                status.failed = Some(failure.clone());
-                step.newly_failed = Some(failure);
-                status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
-                step.admit.clear();
-                if on_stable {
-                    // A takeover failed: only the nodes it switched go back to revision zero.
-                    step.evict = plan.broken.clone();
-                } else {
-                    step.roll_back = stable.is_some();
-                    step.replace.clear();
-                    step.evict = to_zero;
-                }
-            }
-            None if plan.complete() && wants_template && plan.attached > 0 => {
-                // The revision of this generation runs everywhere, attached: the one to go back to.
-                // (A revision that ran nowhere, on no node or only on skipped ones, is not.)
-                status.current_revision = Some(p.template.clone());
-                status.failed = None;
-            }
-            // The DaemonSet does not carry the revision asked for yet (an apply on its way, or
-            // a copy older than it): not complete.
-            None if p.wanted.is_some() && !wants_template && plan.complete() => status.phase = RolloutPhase::Rolling,
-            None => {}
-        },
     }
-    if !p.caught_up {
-        // The DaemonSet controller has not seen the template yet: a pod deleted now could come
-        // back as the old revision, or a node labelled now get it.
-        step.replace.clear();
-        status.entering_nodes += i32::try_from(step.admit.len()).unwrap_or(0);
-        step.admit.clear();
+}
+
+impl Progress<'_> {
+    /// The revision that last completed, if any.
+    fn stable(&self) -> Option<&str> {
+        self.previous.current_revision.as_ref().map(|r| r.name.as_str())
     }
-    step.status = status;
-    step
+
+    fn on_stable(&self) -> bool {
+        self.stable() == Some(self.template.name.as_str())
+    }
+
+    /// A failed revision is rolled back to the stable one; a first one has nothing to go back to.
+    fn failed_phase(&self) -> RolloutPhase {
+        if self.stable().is_some() { RolloutPhase::RolledBack } else { RolloutPhase::Failed }
+    }
+
+    /// The nodes that go back to revision zero when the template's revision fails: every node a
+    /// failed first revision reached.
+    fn to_zero(&self) -> Vec<String> {
+        if self.stable().is_none() { self.plan.labelled.clone() } else { Vec::new() }
+    }
+}
+
+impl Step {
+    /// The entering nodes decided on wait: none is labelled now, and they count as entering.
+    fn hold_entering(&mut self) {
+        self.status.entering_nodes += i32::try_from(self.admit.len()).unwrap_or(0);
+        self.admit.clear();
+    }
+
+    /// A failure recorded before: the nodes it reached run the current revision again once the
+    /// template is set back, or, with none, go back to revision zero (their labels are
+    /// removed); again, until that holds: a rollback cut short is carried on.
+    fn keep_failed(&mut self, p: &Progress<'_>, f: &RolloutFailure) {
+        self.status.update_revision = p.wanted.map(|(name, image)| Revision {
+            name: name.into(),
+            image: image.into(),
+            generation: f.generation,
+            spec: None,
+        });
+        self.status.phase = p.failed_phase();
+        if p.on_stable() {
+            // Under the stable revision, the nodes where taking them over failed go back to
+            // revision zero; after a takeover failed, no node enters until a retry.
+            self.evict = p.plan.broken.clone();
+            if f.revision == p.template.name {
+                self.hold_entering();
+            }
+        } else {
+            self.hold_entering();
+            self.replace.clear();
+            self.roll_back = p.stable().is_some();
+            self.evict = p.to_zero();
+        }
+    }
+
+    /// The template's revision failed in this step: recorded, and rolled back.
+    fn fail(&mut self, p: &Progress<'_>, failure: &Failure) {
+        let failure = RolloutFailure {
+            revision: p.template.name.clone(),
+            generation: p.template.generation,
+            node: failure.node.clone(),
+            cause: failure.cause.clone(),
+            time: p.now.clone(),
+        };
+        self.status.phase = p.failed_phase();
+        self.status.failed = Some(failure.clone());
+        self.newly_failed = Some(failure);
+        self.hold_entering();
+        if p.on_stable() {
+            // A takeover failed: only the nodes it switched go back to revision zero.
+            self.evict = p.plan.broken.clone();
+        } else {
+            self.roll_back = p.stable().is_some();
+            self.replace.clear();
+            self.evict = p.to_zero();
+        }
+    }
 }
 
 #[cfg(test)]

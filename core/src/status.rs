@@ -160,10 +160,46 @@ impl Health {
 /// Computes the status and the event for one reconcile.
 pub fn compute(obs: &Observed<'_>) -> Outcome {
     let rollout = Rollout::of(obs.daemonset, obs.rollout);
-    let generation = obs.generation;
+    let ds_name = daemonset_name(obs.daemonset);
+    // Rollout axis, known only once the DaemonSet controller has seen the current DaemonSet.
+    let rollout_state = rollout.observed.then(|| rollout_state(&rollout, obs, &ds_name));
+    let health = health(obs, &rollout, rollout_state.as_ref());
+    let ready_state = rollout_state.as_ref().map(|r| ready_state(r, &rollout, &ds_name));
+
+    let mut conditions = rollout_conditions(obs, &rollout, rollout_state.as_ref(), ready_state.as_ref());
+    conditions.extend(kstatus_conditions(obs, &health, rollout_state.as_ref(), &ds_name));
     let prev = &obs.previous.conditions;
-    let ds_name = obs
-        .daemonset
+    conditions.push(condition(
+        prev,
+        condition::DEGRADED,
+        health.degraded,
+        health.reason,
+        &health.message,
+        obs.generation,
+        &obs.now,
+    ));
+    // A new leader that has not heard every agent yet keeps the kernel view it found.
+    let carried = (!obs.kernel.settled).then(|| find(prev, condition::KERNEL_ATTACHED)).flatten();
+    conditions.push(carried.cloned().unwrap_or_else(|| kernel_condition(obs)));
+    // Conditions this module does not own are carried over untouched.
+    const OWNED: [&str; 6] = [
+        condition::READY,
+        condition::PROGRESSING,
+        condition::RECONCILING,
+        condition::STALLED,
+        condition::DEGRADED,
+        condition::KERNEL_ATTACHED,
+    ];
+    conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
+
+    let status = scheduler_status(obs, &rollout, carried.is_some(), conditions);
+    let event = state_event(obs, &status, &health, ready_state);
+    Outcome { status, event, kernel_event: kernel_event(obs, carried.is_some()), exit_events: exit_events(obs.kernel) }
+}
+
+/// "DaemonSet namespace/name", as conditions name it.
+fn daemonset_name(daemonset: Option<&DaemonSet>) -> String {
+    daemonset
         .map(|ds| {
             format!(
                 "DaemonSet {}/{}",
@@ -171,12 +207,39 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
                 ds.metadata.name.as_deref().unwrap_or_default()
             )
         })
-        .unwrap_or_else(|| "the DaemonSet".to_owned());
+        .unwrap_or_else(|| "the DaemonSet".to_owned())
+}
 
-    // Rollout axis, known only once the DaemonSet controller has seen the current DaemonSet.
-    let rollout_state = rollout.observed.then(|| rollout_state(&rollout, obs, &ds_name));
-    let health = health(obs, &rollout, rollout_state.as_ref());
+/// While a rollout is under way, Ready says whether the pods that run are all available.
+fn ready_state(state: &RolloutState, rollout: &Rollout, ds_name: &str) -> RolloutState {
+    match state.reason {
+        Reason::RolloutInProgress | Reason::RolloutPaused
+            if rollout.desired > 0 && rollout.available >= rollout.desired =>
+        {
+            RolloutState {
+                reason: Reason::DaemonSetReady,
+                message: format!(
+                    "{ds_name}: {} of {} pods available; {}",
+                    rollout.available, rollout.desired, state.message
+                ),
+            }
+        }
+        _ => state.clone(),
+    }
+}
 
+/// Ready and Progressing. Until the DaemonSet controller reports, both keep describing the last
+/// known state (with that state's observedGeneration).
+fn rollout_conditions(
+    obs: &Observed<'_>,
+    rollout: &Rollout,
+    state: Option<&RolloutState>,
+    ready: Option<&RolloutState>,
+) -> Vec<Condition> {
+    let prev = &obs.previous.conditions;
+    let (Some(state), Some(ready)) = (state, ready) else {
+        return [condition::READY, condition::PROGRESSING].iter().filter_map(|t| find(prev, t).cloned()).collect();
+    };
     // Ready describes the generation whose revision runs: while a newer generation is refused,
     // rolling out or rolled back, it does not claim that one.
     let settled = !rollout.rolling()
@@ -185,7 +248,38 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         && !matches!(rollout.phase, RolloutPhase::RolledBack | RolloutPhase::Failed);
     let running_generation = obs.rollout.and_then(|r| r.current_revision.as_ref()).map(|r| r.generation);
     let ready_before = find(prev, condition::READY).and_then(|c| c.observed_generation);
-    let ready_generation = if settled { generation } else { running_generation.or(ready_before).or(generation) };
+    let ready_generation =
+        if settled { obs.generation } else { running_generation.or(ready_before).or(obs.generation) };
+    vec![
+        condition(
+            prev,
+            condition::READY,
+            ready.reason == Reason::DaemonSetReady,
+            ready.reason,
+            &ready.message,
+            ready_generation,
+            &obs.now,
+        ),
+        condition(
+            prev,
+            condition::PROGRESSING,
+            state.reason == Reason::RolloutInProgress,
+            state.reason,
+            &state.message,
+            obs.generation,
+            &obs.now,
+        ),
+    ]
+}
+
+/// The kstatus pair: Reconciling while the controller works toward this generation, Stalled
+/// when it cannot get there without a change of spec.
+fn kstatus_conditions(
+    obs: &Observed<'_>,
+    health: &Health,
+    state: Option<&RolloutState>,
+    ds_name: &str,
+) -> [Condition; 2] {
     // Stalled: only a change of spec (or of the policy) gets the controller further. A registry
     // that cannot be reached is retried: that is still reconciling.
     let stalled = match health.reason {
@@ -193,96 +287,43 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         Reason::ImageVerificationFailed => !obs.image_error_transient,
         _ => false,
     };
-
-    // While a rollout is under way, Ready says whether the pods that run are all available.
-    let ready_state = rollout_state.as_ref().map(|r| match r.reason {
-        Reason::RolloutInProgress | Reason::RolloutPaused
-            if rollout.desired > 0 && rollout.available >= rollout.desired =>
-        {
-            RolloutState {
-                reason: Reason::DaemonSetReady,
-                message: format!(
-                    "{ds_name}: {} of {} pods available; {}",
-                    rollout.available, rollout.desired, r.message
-                ),
-            }
-        }
-        _ => r.clone(),
-    });
-    let mut conditions = Vec::new();
-    match (&rollout_state, &ready_state) {
-        (Some(r), Some(ready)) => {
-            let is = |want: Reason| r.reason == want;
-            conditions.push(condition(
-                prev,
-                condition::READY,
-                ready.reason == Reason::DaemonSetReady,
-                ready.reason,
-                &ready.message,
-                ready_generation,
-                &obs.now,
-            ));
-            conditions.push(condition(
-                prev,
-                condition::PROGRESSING,
-                is(Reason::RolloutInProgress),
-                r.reason,
-                &r.message,
-                generation,
-                &obs.now,
-            ));
-        }
-        // Until the DaemonSet controller reports, the rollout conditions keep describing the
-        // last known state (with that state's observedGeneration).
-        _ => {
-            conditions.extend([condition::READY, condition::PROGRESSING].iter().filter_map(|t| find(prev, t).cloned()))
-        }
-    }
-    // The kstatus pair: Reconciling while the controller works toward this generation, Stalled
-    // when it cannot get there without a change of spec.
     let retrying = health.reason == Reason::ImageVerificationFailed && obs.image_error_transient;
     let reconciling = !stalled
-        && (retrying
-            || rollout_state
-                .as_ref()
-                .is_none_or(|r| matches!(r.reason, Reason::RolloutInProgress | Reason::RolloutPaused)));
-    let (reconciling_reason, reconciling_message) = match &rollout_state {
+        && (retrying || state.is_none_or(|r| matches!(r.reason, Reason::RolloutInProgress | Reason::RolloutPaused)));
+    let (reconciling_reason, reconciling_message) = match state {
         _ if retrying => (health.reason, health.message.clone()),
         Some(r) => (r.reason, r.message.clone()),
         None => (Reason::RolloutInProgress, format!("Waiting for the DaemonSet controller to observe {ds_name}")),
     };
-    conditions.push(condition(
-        prev,
-        condition::RECONCILING,
-        reconciling,
-        if reconciling || stalled { reconciling_reason } else { Reason::AsExpected },
-        &reconciling_message,
-        generation,
-        &obs.now,
-    ));
-    conditions.push(condition(
-        prev,
-        condition::STALLED,
-        stalled,
-        if stalled { health.reason } else { Reason::AsExpected },
-        if stalled { &health.message } else { "Nothing stops the controller from reaching the current generation" },
-        generation,
-        &obs.now,
-    ));
-    conditions.push(condition(
-        prev,
-        condition::DEGRADED,
-        health.degraded,
-        health.reason,
-        &health.message,
-        generation,
-        &obs.now,
-    ));
+    let prev = &obs.previous.conditions;
+    [
+        condition(
+            prev,
+            condition::RECONCILING,
+            reconciling,
+            if reconciling || stalled { reconciling_reason } else { Reason::AsExpected },
+            &reconciling_message,
+            obs.generation,
+            &obs.now,
+        ),
+        condition(
+            prev,
+            condition::STALLED,
+            stalled,
+            if stalled { health.reason } else { Reason::AsExpected },
+            if stalled { &health.message } else { "Nothing stops the controller from reaching the current generation" },
+            obs.generation,
+            &obs.now,
+        ),
+    ]
+}
+
+/// KernelAttached as the agents' reports tell it, with the selected nodes that have no
+/// sched_ext named.
+fn kernel_condition(obs: &Observed<'_>) -> Condition {
     let k = obs.kernel;
-    // A new leader that has not heard every agent yet keeps the kernel view it found.
-    let carried = (!k.settled).then(|| find(prev, condition::KERNEL_ATTACHED)).flatten();
     let unsupported = &obs.placement.unsupported;
-    let kernel_message = if unsupported.is_empty() {
+    let message = if unsupported.is_empty() {
         k.message.clone()
     } else {
         let names: Vec<&str> = unsupported.iter().take(MAX_WINNERS_LISTED).map(String::as_str).collect();
@@ -295,30 +336,27 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             names.join(", ")
         )
     };
-    match carried {
-        Some(c) => conditions.push(c.clone()),
-        None => conditions.push(condition(
-            prev,
-            condition::KERNEL_ATTACHED,
-            k.is_true,
-            k.reason,
-            &kernel_message,
-            generation,
-            &obs.now,
-        )),
-    }
-    // Conditions this module does not own are carried over untouched.
-    const OWNED: [&str; 6] = [
-        condition::READY,
-        condition::PROGRESSING,
-        condition::RECONCILING,
-        condition::STALLED,
-        condition::DEGRADED,
+    condition(
+        &obs.previous.conditions,
         condition::KERNEL_ATTACHED,
-    ];
-    conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
+        k.is_true,
+        k.reason,
+        &message,
+        obs.generation,
+        &obs.now,
+    )
+}
 
-    let attached = if carried.is_some() { obs.previous.kernel_attached } else { k.attached };
+/// The status fields around the conditions; `kernel_carried` keeps the kernel count found
+/// alongside the KernelAttached condition kept.
+fn scheduler_status(
+    obs: &Observed<'_>,
+    rollout: &Rollout,
+    kernel_carried: bool,
+    conditions: Vec<Condition>,
+) -> SchedulerStatus {
+    let k = obs.kernel;
+    let attached = if kernel_carried { obs.previous.kernel_attached } else { k.attached };
     // The newest exit replaces the one kept, and so does the same exit with its detail now.
     let newer_exit = k.last_exit.as_ref().filter(|e| {
         obs.previous
@@ -326,18 +364,9 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
             .as_ref()
             .is_none_or(|known| e.is_newer_than(known) || (e.is_same_as(known) && *e != known))
     });
-    let exit_events = k
-        .ejections
-        .iter()
-        .map(|e| EventSpec {
-            kind: EventKind::Warning,
-            reason: Reason::KernelEjected,
-            message: format!("Node {}: {}", e.node, e.describe()),
-        })
-        .collect();
     let kernel_attached = attached.min(rollout.desired);
-    let status = SchedulerStatus {
-        observed_generation: generation,
+    SchedulerStatus {
+        observed_generation: obs.generation,
         resolved_image: obs.image.map(str::to_owned).or_else(|| obs.previous.resolved_image.clone()),
         desired_number_scheduled: rollout.desired,
         number_ready: rollout.ready,
@@ -345,40 +374,60 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
         kernel_attached,
         kernel_attached_summary: Some(format!("{kernel_attached}/{}", rollout.desired)),
         conflicting_nodes: i32::try_from(obs.placement.lost.len()).unwrap_or(i32::MAX),
-        unsupported_nodes: i32::try_from(unsupported.len()).unwrap_or(i32::MAX),
+        unsupported_nodes: i32::try_from(obs.placement.unsupported.len()).unwrap_or(i32::MAX),
         updated_number_scheduled: obs.rollout.map_or(0, |r| r.updated_nodes),
         rollout: obs.rollout.cloned().or_else(|| obs.previous.rollout.clone()),
         last_exit: newer_exit.cloned().or_else(|| obs.previous.last_exit.clone()),
         conditions,
-    };
+    }
+}
 
-    // A rollout state carried over while the DaemonSet controller catches up is not news;
-    // a conflict or a refused spec is.
-    let key = state_key(&status);
-    let event = (key.is_some() && key != state_key(obs.previous))
-        .then(|| {
-            if health.degraded {
-                Some(EventSpec { kind: EventKind::Warning, reason: health.reason, message: health.message.clone() })
-            } else {
-                ready_state.map(|r| EventSpec { kind: EventKind::Normal, reason: r.reason, message: r.message })
-            }
-        })
-        .flatten();
+/// The rollout or health event, when the state an event describes changed. A rollout state
+/// carried over while the DaemonSet controller catches up is not news; a conflict or a refused
+/// spec is.
+fn state_event(
+    obs: &Observed<'_>,
+    status: &SchedulerStatus,
+    health: &Health,
+    ready: Option<RolloutState>,
+) -> Option<EventSpec> {
+    let key = state_key(status);
+    if key.is_none() || key == state_key(obs.previous) {
+        return None;
+    }
+    if health.degraded {
+        return Some(EventSpec { kind: EventKind::Warning, reason: health.reason, message: health.message.clone() });
+    }
+    ready.map(|r| EventSpec { kind: EventKind::Normal, reason: r.reason, message: r.message })
+}
 
-    // Kernel events: on a change of the KernelAttached reason, once there is something to say
-    // (not for the first "nothing scheduled yet").
-    let prev_kernel = find(prev, condition::KERNEL_ATTACHED);
+/// The kernel event: on a change of the KernelAttached reason, once there is something to say
+/// (not for the first "nothing scheduled yet"), and never while the condition is carried.
+fn kernel_event(obs: &Observed<'_>, kernel_carried: bool) -> Option<EventSpec> {
+    let k = obs.kernel;
+    let prev_kernel = find(&obs.previous.conditions, condition::KERNEL_ATTACHED);
     let first_and_idle = prev_kernel.is_none() && k.reason == Reason::NotAttached;
-    let kernel_event =
-        (carried.is_none() && !prev_kernel.is_some_and(|c| k.reason.is_of(c)) && !first_and_idle).then(|| EventSpec {
-            kind: match k.reason {
-                Reason::KernelAttached | Reason::NotAttached => EventKind::Normal,
-                _ => EventKind::Warning,
-            },
-            reason: k.reason,
-            message: k.message.clone(),
-        });
-    Outcome { status, event, kernel_event, exit_events }
+    (!kernel_carried && !prev_kernel.is_some_and(|c| k.reason.is_of(c)) && !first_and_idle).then(|| EventSpec {
+        kind: match k.reason {
+            Reason::KernelAttached | Reason::NotAttached => EventKind::Normal,
+            _ => EventKind::Warning,
+        },
+        reason: k.reason,
+        message: k.message.clone(),
+    })
+}
+
+/// One Warning per ejection the kernel summary holds.
+fn exit_events(kernel: &KernelSummary) -> Vec<EventSpec> {
+    kernel
+        .ejections
+        .iter()
+        .map(|e| EventSpec {
+            kind: EventKind::Warning,
+            reason: Reason::KernelEjected,
+            message: format!("Node {}: {}", e.node, e.describe()),
+        })
+        .collect()
 }
 
 /// The Degraded condition: a refused spec, then a refused image, then a conflict, then pods

@@ -248,14 +248,7 @@ impl Trust {
 
         let reference = Reference::try_from(image)
             .map_err(|e| TrustError::Reference { image: image.to_owned(), detail: e.to_string() })?;
-        let documents = self.pull_secret_documents(client, image, pull_secrets).await?;
-        let auth = registry::credentials_for(reference.resolve_registry(), documents.iter().map(|d| d.0.as_slice()))
-            .map_err(|e| TrustError::PullSecret {
-                image: image.to_owned(),
-                namespace: self.settings.secrets_namespace.clone(),
-                name: pull_secrets.join(","),
-                detail: e.to_string(),
-            })?;
+        let auth = self.credentials(client, image, &reference, pull_secrets).await?;
         let (digest, resolved_at) = self.resolve(image, &reference, &auth).await?;
         if let Some(pinned) = &parsed.digest
             && pinned != &digest
@@ -274,6 +267,44 @@ impl Trust {
             return Ok(Admitted { image: deployed, outcome: Outcome::Cached, from_tag, resolved_at });
         }
 
+        self.verify_signature(image, rule, &reference, &digest, &auth).await?;
+        let mut verified = lock(&self.verified);
+        if verified.len() >= CACHE_CAPACITY {
+            verified.clear();
+        }
+        verified.insert(key);
+        Ok(Admitted { image: deployed, outcome: Outcome::Verified, from_tag, resolved_at })
+    }
+
+    /// The registry credentials the Scheduler's pull secrets hold for `reference`.
+    async fn credentials(
+        &self,
+        client: &Client,
+        image: &str,
+        reference: &Reference,
+        pull_secrets: &[String],
+    ) -> Result<oci_client::secrets::RegistryAuth, TrustError> {
+        let documents = self.pull_secret_documents(client, image, pull_secrets).await?;
+        registry::credentials_for(reference.resolve_registry(), documents.iter().map(|d| d.0.as_slice())).map_err(|e| {
+            TrustError::PullSecret {
+                image: image.to_owned(),
+                namespace: self.settings.secrets_namespace.clone(),
+                name: pull_secrets.join(","),
+                detail: e.to_string(),
+            }
+        })
+    }
+
+    /// Checks the signatures stored for `digest` against the rule's requirement (a keyless one
+    /// against the Sigstore trust root).
+    async fn verify_signature(
+        &self,
+        image: &str,
+        rule: &policy::Rule,
+        reference: &Reference,
+        digest: &str,
+        auth: &oci_client::secrets::RegistryAuth,
+    ) -> Result<(), TrustError> {
         let root = match rule.requirement {
             Requirement::Keyless { .. } => Some(self.trust_root(image).await?),
             _ => None,
@@ -290,30 +321,24 @@ impl Trust {
         let signed = OciReference::with_digest(
             reference.resolve_registry().to_owned(),
             reference.repository().to_owned(),
-            digest.clone(),
+            digest.to_owned(),
         );
-        let sigstore_auth = Auth::from(&auth);
+        let sigstore_auth = Auth::from(auth);
         let layers = self
-            .bounded(image, &reference, cosign.trusted_signature_layers(&sigstore_auth, &signed))
+            .bounded(image, reference, cosign.trusted_signature_layers(&sigstore_auth, &signed))
             .await?
             .map_err(|e| TrustError::Unreachable {
-            image: image.to_owned(),
-            registry: reference.resolve_registry().to_owned(),
-            detail: sked_logging::error_chain(&e),
-        })?;
+                image: image.to_owned(),
+                registry: reference.resolve_registry().to_owned(),
+                detail: sked_logging::error_chain(&e),
+            })?;
         verify::satisfies(&rule.requirement, &layers).map_err(|why| TrustError::SignatureInvalid {
             image: image.to_owned(),
-            digest: digest.clone(),
+            digest: digest.to_owned(),
             rule: rule.repository.clone(),
             line: rule.line,
             detail: why.to_string(),
-        })?;
-        let mut verified = lock(&self.verified);
-        if verified.len() >= CACHE_CAPACITY {
-            verified.clear();
-        }
-        verified.insert(key);
-        Ok(Admitted { image: deployed, outcome: Outcome::Verified, from_tag, resolved_at })
+        })
     }
 
     /// The digest `image` names in its registry, and when the registry was asked: a resolution
