@@ -8,7 +8,8 @@
 //! - [`manager`]: startup, servers, leadership terms and shutdown;
 //! - [`kernel_table`] and [`reports`]: the agents' kernel reports and the KernelAttached view;
 //!   [`reviews`]: TokenReview results kept by token hash; `connections`: report connections,
-//!   bounded in number and closed when they carry no stream;
+//!   bounded in number and closed when they carry no stream; [`handshake_gate`]: the door of a
+//!   TLS port (silent peers dropped, pending handshakes bounded per source address);
 //! - [`trust`], [`webhook`]: image trust and admission.
 
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@ use sked_core::{hashing, pods};
 pub mod config;
 mod connections;
 pub mod error;
+pub mod handshake_gate;
 pub mod index;
 pub mod kernel_table;
 pub mod leader;

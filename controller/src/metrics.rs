@@ -57,6 +57,8 @@ pub struct Metrics {
     verifications: Family<Labels, Counter>,
     policy_reloads: Family<Labels, Counter>,
     rollbacks: Family<Labels, Counter>,
+    tls_connections: Family<Labels, Counter>,
+    tls_dropped: Family<Labels, Counter>,
     report_stats: Arc<ReportStats>,
 }
 
@@ -72,6 +74,8 @@ impl Metrics {
         let verifications = Family::<Labels, Counter>::default();
         let policy_reloads = Family::<Labels, Counter>::default();
         let rollbacks = Family::<Labels, Counter>::default();
+        let tls_connections = Family::<Labels, Counter>::default();
+        let tls_dropped = Family::<Labels, Counter>::default();
         registry.register("reconciles", "Scheduler reconciles by result", reconciles.clone());
         registry.register("reconcile_errors", "Failed reconciles by error kind", reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Time a reconcile took", reconcile_duration.clone());
@@ -114,6 +118,16 @@ impl Metrics {
             "Rollouts stopped because the new revision failed (rolled back, or nothing to roll back to), by Scheduler",
             rollbacks.clone(),
         );
+        registry.register(
+            "tls_connections",
+            "TCP connections taken on a TLS port (reports, webhook), before their handshake",
+            tls_connections.clone(),
+        );
+        registry.register(
+            "tls_connections_dropped",
+            "Connections closed before they were served, by port and reason (source_limit, silent, handshake_failed, handshake_timeout)",
+            tls_dropped.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -125,6 +139,8 @@ impl Metrics {
             verifications,
             policy_reloads,
             rollbacks,
+            tls_connections,
+            tls_dropped,
             report_stats,
         }
     }
@@ -137,6 +153,16 @@ impl Metrics {
         if let Some(kind) = error {
             self.reconcile_errors.get_or_create(&vec![("error".into(), kind.into())]).inc();
         }
+    }
+
+    /// Counts a connection taken on a TLS port.
+    pub fn tls_connection(&self, port: &'static str) {
+        self.tls_connections.get_or_create(&vec![("port".into(), port.into())]).inc();
+    }
+
+    /// Counts a connection closed before it was served.
+    pub fn tls_connection_dropped(&self, port: &'static str, reason: &'static str) {
+        self.tls_dropped.get_or_create(&vec![("port".into(), port.into()), ("reason".into(), reason.into())]).inc();
     }
 
     /// Records one image admission decision.

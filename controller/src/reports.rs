@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 use crate::api::{KernelExit, Scheduler};
 use crate::connections::{Connection, Guarded, OpenStream};
 use crate::error::BoxError;
+use crate::handshake_gate::{Dropped, HandshakeGate};
 use crate::index::Index;
 use crate::kernel_table::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
@@ -568,11 +569,13 @@ fn listen(address: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Serves the reports service over TLS until `shutdown` resolves.
+/// Serves the reports service over TLS until `shutdown` resolves; every connection passes `gate`
+/// before its handshake.
 pub async fn serve(
     service: ReportsService,
     address: SocketAddr,
     tls: Arc<ReloadingCert>,
+    gate: Arc<HandshakeGate>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), BoxError> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config(&[b"h2"])?);
@@ -600,15 +603,23 @@ pub async fn serve(
                     continue;
                 }
             };
-            let (acceptor, tx, handshakes) = (acceptor.clone(), tx.clone(), handshakes.clone());
+            let (acceptor, tx, handshakes, gate) = (acceptor.clone(), tx.clone(), handshakes.clone(), gate.clone());
             tokio::spawn(async move {
+                // Silent peers and a flood from one address stop here, before a handshake slot.
+                let Ok(pending) = gate.admit(&tcp).await else { return };
                 let Ok(_permit) = handshakes.acquire_owned().await else { return };
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
+                        drop(pending);
                         let _ = tx.send(Ok(Guarded::new(stream, idle_after, place))).await;
                     }
-                    Ok(Err(e)) => debug!(err = %e, "reports TLS handshake failed"),
-                    Err(_) => debug!("reports TLS handshake timed out"),
+                    Ok(Err(e)) => {
+                        debug!(err = %e, "reports TLS handshake failed");
+                        gate.dropped(Dropped::HandshakeFailed, pending.source());
+                    }
+                    Err(_) => {
+                        gate.dropped(Dropped::HandshakeTimeout, pending.source());
+                    }
                 }
             });
         }

@@ -1,6 +1,9 @@
 //! The validating admission webhook for Schedulers, served over HTTPS by every replica
 //! (leader or not). It refuses a Scheduler whose spec is invalid, whose repository the trust
-//! policy does not allow, or whose signature does not satisfy its rule.
+//! policy does not allow, whose caller the policy does not let deploy that image, or whose
+//! signature does not satisfy its rule. Deleting is never refused, so a Scheduler can always be
+//! stopped; the controller's status writes go to the status subresource, which the webhook does
+//! not see.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +13,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use kube::Client;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -19,10 +22,15 @@ use tracing::{debug, info};
 
 use crate::api::{Scheduler, SchedulerSpec};
 use crate::error::BoxError;
+use crate::handshake_gate::{GatedAcceptor, HandshakeGate};
 use crate::image::ImageRef;
 use crate::metrics::Metrics;
 use crate::tls::ReloadingCert;
 use crate::trust::Trust;
+
+/// A TLS handshake that takes longer is dropped (once its first bytes came: see
+/// [`crate::handshake_gate`]).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Path the ValidatingWebhookConfiguration calls.
 pub const VALIDATE_PATH: &str = "/validate-scheduler";
@@ -48,7 +56,7 @@ pub async fn serve(
         .map_err(|e| format!("webhook certificate (--webhook-cert-dir): {e}"))?;
     let tls = RustlsConfig::from_config(cert.server_config(&[b"http/1.1"])?);
     tokio::spawn(cert.follow("webhook", shutdown.clone()));
-    let app = Router::new().route(VALIDATE_PATH, post(validate)).with_state(state);
+    let app = Router::new().route(VALIDATE_PATH, post(validate)).with_state(state.clone());
     let handle = axum_server::Handle::new();
     let drain = handle.clone();
     tokio::spawn(async move {
@@ -56,7 +64,10 @@ pub async fn serve(
         drain.graceful_shutdown(Some(Duration::from_secs(10)));
     });
     info!(logger = "webhook", address = %address, path = VALIDATE_PATH, "serving the admission webhook");
-    axum_server::bind_rustls(address, tls)
+    let gate = HandshakeGate::new("webhook", state.metrics.clone());
+    let acceptor = GatedAcceptor::new(RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT), gate);
+    axum_server::bind(address)
+        .acceptor(acceptor)
         .handle(handle)
         .serve(app.into_make_service())
         .await
@@ -88,7 +99,17 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
     let name = request.name.clone();
     let new = spec_of(request.object.as_ref()).map_err(|e| format!("Scheduler {name:?}: {e}"))?;
     spec_problem(&new).map_or(Ok(()), |p| Err(format!("Scheduler {name:?}: {p}")))?;
-    if let Ok(old) = spec_of(request.old_object.as_ref())
+    let old = spec_of(request.old_object.as_ref()).ok();
+    if old.as_ref() == Some(&new) {
+        // Labels, annotations, finalizers: who may change those is RBAC's business alone.
+        return Ok(());
+    }
+    check_caller(state, request, &new).map_err(|e| {
+        state.metrics.verified("webhook", CALLER_NOT_ALLOWED);
+        info!(logger = "webhook", scheduler = %name, image = %new.sched, err = %e, "caller refused");
+        format!("Scheduler {name:?}: {e}")
+    })?;
+    if let Some(old) = old
         && old.sched == new.sched
         && old.pull_secret_names() == new.pull_secret_names()
     {
@@ -117,6 +138,24 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
             Err(format!("Scheduler {name:?}: spec.sched: {e}"))
         }
     }
+}
+
+/// The verification outcome of a request whose caller the trust policy does not allow.
+pub const CALLER_NOT_ALLOWED: &str = "caller_not_allowed";
+
+/// Whether the trust policy lets the request's caller deploy `spec`'s image.
+fn check_caller(
+    state: &WebhookState,
+    request: &AdmissionRequest<DynamicObject>,
+    spec: &SchedulerSpec,
+) -> Result<(), crate::trust::policy::CallerRefused> {
+    let repository = ImageRef::parse(&spec.sched).map(|r| r.repository).unwrap_or_default();
+    let user = &request.user_info;
+    let caller = crate::trust::policy::Caller {
+        username: user.username.as_deref().unwrap_or_default(),
+        groups: user.groups.as_deref().unwrap_or_default(),
+    };
+    state.trust.policy().policy.check_caller(&repository, caller)
 }
 
 fn spec_of(object: Option<&DynamicObject>) -> Result<SchedulerSpec, String> {

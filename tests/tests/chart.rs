@@ -67,9 +67,23 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     assert!(out.status.success(), "{}", text(&out));
     let manifests = fx.cluster.dir.join("chart-manifests.yaml");
     std::fs::write(&manifests, &out.stdout)?;
+    // The NetworkPolicy that lets only scheduler pods reach the reports port is among them.
+    let rendered = String::from_utf8_lossy(&out.stdout).into_owned();
+    let policy = rendered
+        .split("\n---")
+        .find(|doc| doc.contains("kind: NetworkPolicy"))
+        .ok_or_else(|| anyhow::anyhow!("no NetworkPolicy rendered:\n{rendered}"))?;
+    for needle in ["port: reports", "kubernetes.io/metadata.name: sked-chart", "app.kubernetes.io/managed-by: sked"] {
+        assert!(policy.contains(needle), "{needle} in {policy}");
+    }
     let out =
         fx.cluster.kubectl(&["apply", "--dry-run=server", "--server-side", "-f", &manifests.to_string_lossy()])?;
     assert!(out.status.success(), "server-side dry run refused the chart:\n{}", text(&out));
+    assert!(text(&out).contains("networkpolicy.networking.k8s.io/sked-controller"), "{}", text(&out));
+    let mut without = template.clone();
+    without.extend(["--set", "reports.networkPolicy.enabled=false"]);
+    let out = helm(&fx, &without)?;
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("kind: NetworkPolicy"), "a value turns it off");
 
     // With cert-manager, a Certificate for the reports Service is rendered.
     let out = helm(

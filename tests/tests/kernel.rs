@@ -553,6 +553,64 @@ async fn a_connection_that_opens_no_stream_is_closed_after_the_stale_limit() -> 
     Ok(())
 }
 
+/// Holds one connection to the reports port from 127.0.0.2 that never starts TLS, and opens it
+/// again whenever the server closes it (a pause between, so the flood is 1,000 connections, not
+/// a busy loop on the test machine's cores).
+async fn hold_silent_connection(port: u16) {
+    use tokio::io::AsyncReadExt;
+    loop {
+        let connected = async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(([127, 0, 0, 2], 0).into())?;
+            socket.connect(([127, 0, 0, 1], port).into()).await
+        };
+        if let Ok(mut tcp) = connected.await {
+            let mut buf = [0u8; 16];
+            while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The value of one metric line (`name{labels}`) in a Prometheus text exposition.
+fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_flood_of_silent_connections_keeps_no_agent_out() -> Result<()> {
+    let s = setup("flood").await?;
+    let port: u16 = s.controller.rsplit(':').next().and_then(|p| p.parse().ok()).context("the reports port")?;
+    let flood: Vec<_> = (0..1000).map(|_| tokio::spawn(hold_silent_connection(port))).collect();
+    let dropped = |reason: &str| format!(r#"sked_tls_connections_dropped_total{{port="reports",reason="{reason}"}}"#);
+    // The flood is there: the server has closed connections for both reasons.
+    wait_for("the flood to be met at the door", || async {
+        let metrics = s.fx.scrape_metrics().await?;
+        let met =
+            ["source_limit", "silent"].iter().all(|r| metric_value(&metrics, &dropped(r)).is_some_and(|n| n > 0.0));
+        Ok(met.then_some(()))
+    })
+    .await?;
+
+    let started = Instant::now();
+    let agent = s.agent("k-1").await?;
+    agent.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    s.wait_kernel("k-1's report in the status while the flood goes on", 1, "NotAttached").await?;
+    eprintln!(
+        "measured: with 1,000 silent connections from one address, an agent's report reached the status {:?} after the agent started",
+        started.elapsed()
+    );
+    let metrics = s.fx.scrape_metrics().await?;
+    assert!(
+        metric_value(&metrics, r#"sked_tls_connections_total{port="reports"}"#).is_some_and(|n| n > 1000.0),
+        "{metrics}"
+    );
+    for task in flood {
+        task.abort();
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() -> Result<()> {
     use sked_controller::kernel_table::KernelTable;
@@ -581,6 +639,10 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
         service,
         ([127, 0, 0, 1], port).into(),
         sked_controller::tls::ReloadingCert::load(&s.tls.cert, &s.tls.key).map_err(anyhow::Error::msg)?,
+        sked_controller::handshake_gate::HandshakeGate::new(
+            "reports",
+            Arc::new(sked_controller::metrics::Metrics::new(stats.clone())),
+        ),
         async move {
             let _ = stop_rx.await;
         },

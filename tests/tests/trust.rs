@@ -519,3 +519,91 @@ async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<(
     drop(dir);
     Ok(())
 }
+
+/// `kubectl apply` of `yaml` as `user` in `groups`; what it printed, and whether it went through.
+fn apply_as(fx: &Fixture, yaml: &str, user: &str, groups: &[&str]) -> Result<(bool, String)> {
+    let mut flags = vec![format!("--as={user}")];
+    flags.extend(groups.iter().map(|g| format!("--as-group={g}")));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let out = tokio::task::block_in_place(|| fx.kubectl_apply_with(yaml, &flags))?;
+    let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.success(), printed))
+}
+
+/// RBAC lets every member of group `editors` create, change and delete Schedulers.
+const EDITORS_RBAC: &str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: trust-test-scheduler-editor}
+rules:
+  - apiGroups: [sked.schedkit.io]
+    resources: [schedulers]
+    verbs: [get, list, watch, create, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: trust-test-scheduler-editors}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: trust-test-scheduler-editor}
+subjects:
+  - {apiGroup: rbac.authorization.k8s.io, kind: Group, name: editors}
+";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_callers_the_policy_names_may_deploy_and_anyone_may_delete() -> Result<()> {
+    let (fx, world, dir, flags) = start(true).await?;
+    apply_ok(&fx, EDITORS_RBAC)?;
+    let host = &world.host;
+    // Team A's CI may deploy team A's repository; only the platform group may deploy the rest.
+    let policy = format!(
+        "callers:\n  groups: [platform]\nrules:\n  - repository: {host}/team-a/**\n    callers:\n      serviceAccounts: [team-a:ci]\n    unsigned: allow\n  - repository: {host}/**\n    unsigned: allow\n"
+    );
+    replace_file(&flags.trust_policy.clone().context("policy path")?, &policy)?;
+    let other = format!("{host}/other/lavd:v1");
+    let team = format!("{host}/team-a/rusty:v1");
+    let bob = ("bob", &["editors"][..]);
+    let ci = ("system:serviceaccount:team-a:ci", &["editors"][..]);
+    let alice = ("alice", &["editors", "platform"][..]);
+    // Wait until the new policy is in force: bob's dry run refused for who he is.
+    wait_for("the policy with callers in force", || async {
+        let yaml = scheduler_yaml("callers-probe", &other);
+        let out = tokio::task::block_in_place(|| {
+            fx.kubectl_apply_with(&yaml, &["--dry-run=server", "--as=bob", "--as-group=editors"])
+        })?;
+        // Refused for who asks, not for an image the old policy does not allow.
+        Ok(String::from_utf8_lossy(&out.stderr).contains("may not create or change").then_some(()))
+    })
+    .await?;
+
+    let (ok, printed) = apply_as(&fx, &scheduler_yaml("callers-bob", &other), bob.0, bob.1)?;
+    assert!(!ok, "bob is in no list: {printed}");
+    assert!(printed.contains("user \"bob\" (groups: editors"), "{printed}");
+    assert!(
+        printed.contains(&format!("may not create or change Schedulers that run images of {host}/other/lavd: the trust policy allows for every image: groups platform (line 2)")),
+        "{printed}"
+    );
+    assert!(printed.contains("added to `callers`"), "{printed}");
+
+    let (ok, printed) = apply_as(&fx, &scheduler_yaml("callers-ci", &team), ci.0, ci.1)?;
+    assert!(ok, "team A's CI deploys team A's repository: {printed}");
+    let (ok, printed) = apply_as(&fx, &scheduler_yaml("callers-ci-other", &other), ci.0, ci.1)?;
+    assert!(!ok, "but not another: {printed}");
+    assert!(printed.contains("service account team-a:ci (groups: editors"), "{printed}");
+
+    let (ok, printed) = apply_as(&fx, &scheduler_yaml("callers-alice", &other), alice.0, alice.1)?;
+    assert!(ok, "the platform group deploys anything allowed: {printed}");
+    // The controller's own status writes go through.
+    for name in ["callers-ci", "callers-alice"] {
+        fx.wait_scheduler(name, "its status written", |s| {
+            s.status.as_ref().is_some_and(|st| st.resolved_image.is_some())
+        })
+        .await?;
+    }
+    // Bob may not deploy, but he may stop a Scheduler.
+    let out = fx.cluster.kubectl(&["--as=bob", "--as-group=editors", "delete", "scheduler", "callers-alice"])?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metrics = fx.scrape_metrics().await?;
+    let refusals = r#"sked_image_verifications_total{caller="webhook",outcome="caller_not_allowed"}"#;
+    let counted = metrics.lines().find_map(|l| l.strip_prefix(refusals)).and_then(|n| n.trim().parse::<u64>().ok());
+    assert!(counted.is_some_and(|n| n >= 2), "refusals counted: {counted:?}");
+    drop(dir);
+    Ok(())
+}

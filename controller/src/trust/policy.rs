@@ -4,7 +4,15 @@
 //! file is YAML:
 //!
 //! ```yaml
+//! callers:                    # who may create or change Schedulers; absent: anyone RBAC lets in
+//!   groups: [platform]
 //! rules:                      # tried in order; the first matching repository decides
+//!   - repository: registry.example.com/team-a/**
+//!     callers:                # who else may deploy what this rule matches
+//!       serviceAccounts: [team-a:ci]
+//!     publicKey: |
+//!       -----BEGIN PUBLIC KEY-----
+//!       ...
 //!   - repository: ghcr.io/schedkit/*
 //!     keyless:
 //!       issuer: https://token.actions.githubusercontent.com
@@ -20,6 +28,11 @@
 //! In a repository pattern `*` stands for any characters within one path component and `**`
 //! for any characters across components. Repositories are compared in their full form:
 //! `busybox` is `docker.io/library/busybox`.
+//!
+//! Callers are users, groups and service accounts (`namespace:name` or
+//! `system:serviceaccount:namespace:name`) as the API server authenticated them. The callers who
+//! may deploy an image are the policy's list and its rule's list together; where neither has one,
+//! anyone whom RBAC lets create Schedulers may.
 
 use std::fmt;
 
@@ -43,6 +56,8 @@ pub const GITHUB_ACTIONS_ISSUER: &str = "https://token.actions.githubusercontent
 #[derive(Clone, Debug)]
 pub struct Policy {
     rules: Vec<Rule>,
+    /// Who may deploy any image the rules allow; `None`: anyone RBAC lets in.
+    callers: Option<Callers>,
 }
 
 /// One rule: a repository pattern and what a signature must show.
@@ -52,9 +67,63 @@ pub struct Rule {
     pub repository: String,
     pattern: Regex,
     pub requirement: Requirement,
+    /// Who else may deploy the images this rule matches.
+    pub callers: Option<Callers>,
     /// 1-based line of the rule in the policy file, for messages.
     pub line: u64,
 }
+
+/// Who may create or change Schedulers: users, groups and service accounts (kept as the user
+/// names the API server gives them, `system:serviceaccount:namespace:name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Callers {
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+    pub service_accounts: Vec<String>,
+    /// 1-based line of the list in the policy file, for messages.
+    pub line: u64,
+}
+
+/// Who asks, as the admission request names them.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller<'a> {
+    pub username: &'a str,
+    pub groups: &'a [String],
+}
+
+/// The service-account user name prefix.
+const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
+
+impl Callers {
+    pub fn admits(&self, caller: Caller<'_>) -> bool {
+        self.users.iter().chain(&self.service_accounts).any(|u| u == caller.username)
+            || self.groups.iter().any(|g| caller.groups.contains(g))
+    }
+}
+
+impl fmt::Display for Callers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if !self.users.is_empty() {
+            parts.push(format!("users {}", self.users.join(", ")));
+        }
+        if !self.groups.is_empty() {
+            parts.push(format!("groups {}", self.groups.join(", ")));
+        }
+        if !self.service_accounts.is_empty() {
+            let short: Vec<&str> =
+                self.service_accounts.iter().map(|sa| sa.strip_prefix(SERVICE_ACCOUNT_PREFIX).unwrap_or(sa)).collect();
+            parts.push(format!("service accounts {}", short.join(", ")));
+        }
+        write!(f, "{} (line {})", parts.join("; "), self.line)
+    }
+}
+
+/// Why a caller may not deploy an image. The message names the caller, the lists that applied
+/// and how to be allowed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct CallerRefused(pub String);
 
 /// What an image matched by a rule must carry.
 #[derive(Clone, Debug)]
@@ -111,6 +180,18 @@ struct RawPolicy {
     /// Required, so that an empty or half-written file is an error rather than a policy that
     /// refuses everything; `rules: []` refuses everything on purpose.
     rules: Vec<Spanned<RawRule>>,
+    callers: Option<Spanned<RawCallers>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawCallers {
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    #[serde(default)]
+    service_accounts: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -120,6 +201,7 @@ struct RawRule {
     keyless: Option<RawKeyless>,
     public_key: Option<String>,
     unsigned: Option<String>,
+    callers: Option<Spanned<RawCallers>>,
 }
 
 #[derive(Deserialize)]
@@ -141,7 +223,8 @@ impl Policy {
         }
         let raw: RawPolicy = serde_saphyr::from_str(text).map_err(|e| yaml_error(&e.to_string()))?;
         let rules = raw.rules.into_iter().map(check_rule).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { rules })
+        let callers = raw.callers.map(check_callers).transpose()?;
+        Ok(Self { rules, callers })
     }
 
     /// The built-in default policy.
@@ -149,7 +232,7 @@ impl Policy {
         match Self::parse(DEFAULT_POLICY) {
             Ok(policy) => policy,
             // The constant is covered by a unit test; an empty policy refuses everything.
-            Err(_) => Self { rules: Vec::new() },
+            Err(_) => Self { rules: Vec::new(), callers: None },
         }
     }
 
@@ -162,6 +245,63 @@ impl Policy {
     pub fn rules(&self) -> &[Rule] {
         &self.rules
     }
+
+    /// Whether `caller` may create or change a Scheduler that runs an image of `repository`:
+    /// the policy's list and the matching rule's list together decide; with neither, anyone
+    /// may (RBAC has let them in).
+    pub fn check_caller(&self, repository: &str, caller: Caller<'_>) -> Result<(), CallerRefused> {
+        let rule = self.rule_for(repository);
+        let lists: Vec<&Callers> = self.callers.iter().chain(rule.and_then(|r| r.callers.as_ref())).collect();
+        if lists.is_empty() || lists.iter().any(|l| l.admits(caller)) {
+            return Ok(());
+        }
+        let who = match caller.username.strip_prefix(SERVICE_ACCOUNT_PREFIX) {
+            Some(sa) => format!("service account {sa}"),
+            None => format!("user {:?}", caller.username),
+        };
+        let groups = if caller.groups.is_empty() { "no groups".to_owned() } else { caller.groups.join(", ") };
+        let allowed: Vec<String> = lists
+            .iter()
+            .map(|l| match rule.filter(|r| r.callers.as_ref() == Some(*l)) {
+                Some(r) => format!("for {:?}: {l}", r.repository),
+                None => format!("for every image: {l}"),
+            })
+            .collect();
+        Err(CallerRefused(format!(
+            "{who} (groups: {groups}) may not create or change Schedulers that run images of {}: the trust policy allows {}; ask for your user, one of your groups or your service account to be added to `callers` in the trust policy",
+            full_repository(repository),
+            allowed.join(", and ")
+        )))
+    }
+}
+
+fn check_callers(spanned: Spanned<RawCallers>) -> Result<Callers, PolicyError> {
+    let line = spanned.referenced.line();
+    let raw = spanned.value;
+    let err = |message: String| PolicyError { line, message };
+    let service_accounts = raw
+        .service_accounts
+        .iter()
+        .map(|sa| {
+            let (namespace, name) = sa.strip_prefix(SERVICE_ACCOUNT_PREFIX).unwrap_or(sa).split_once(':').unwrap_or(("", ""));
+            if namespace.is_empty() || name.is_empty() || name.contains(':') {
+                return Err(err(format!(
+                    "`callers.serviceAccounts` entry {sa:?} is not a service account: write namespace:name or system:serviceaccount:namespace:name"
+                )));
+            }
+            Ok(format!("{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let blank = raw.users.iter().chain(&raw.groups).any(|u| u.trim().is_empty());
+    if blank {
+        return Err(err("`callers` has an empty user or group name; remove it or write the name".into()));
+    }
+    if raw.users.is_empty() && raw.groups.is_empty() && service_accounts.is_empty() {
+        return Err(err(
+            "`callers` lists no one, which would let no one deploy: name `users`, `groups` or `serviceAccounts`, or remove `callers` to let anyone RBAC allows".into(),
+        ));
+    }
+    Ok(Callers { users: raw.users, groups: raw.groups, service_accounts, line })
 }
 
 /// serde-saphyr reports a location as "line N" / "at line N column M" somewhere in its message.
@@ -220,7 +360,8 @@ fn check_rule(spanned: Spanned<RawRule>) -> Result<Rule, PolicyError> {
             )));
         }
     };
-    Ok(Rule { repository, pattern, requirement, line })
+    let callers = raw.callers.map(check_callers).transpose()?;
+    Ok(Rule { repository, pattern, requirement, callers, line })
 }
 
 /// Turns a repository glob into an anchored regular expression.
@@ -357,5 +498,70 @@ mod tests {
         let err = Policy::parse("rules:\n  - repository: a.io/*\n    colour: red\n").unwrap_err();
         assert!(err.message.contains("colour"), "{err}");
         assert!(err.line >= 2, "{err}");
+    }
+
+    const TEAM_POLICY: &str = "callers:\n  groups: [platform]\nrules:\n  - repository: reg.example/team-a/**\n    callers:\n      serviceAccounts: [team-a:ci]\n    unsigned: allow\n  - repository: reg.example/**\n    unsigned: allow\n";
+
+    fn caller<'a>(username: &'a str, groups: &'a [String]) -> Caller<'a> {
+        Caller { username, groups }
+    }
+
+    #[test]
+    fn team_ci_deploys_its_repository_and_only_the_platform_group_the_rest() {
+        let policy = Policy::parse(TEAM_POLICY).unwrap();
+        let platform = vec!["platform".to_owned(), "system:authenticated".to_owned()];
+        let none: Vec<String> = Vec::new();
+        let ci = "system:serviceaccount:team-a:ci";
+        assert!(policy.check_caller("reg.example/team-a/rusty", caller(ci, &none)).is_ok());
+        assert!(policy.check_caller("reg.example/team-a/rusty", caller("alice", &platform)).is_ok());
+        assert!(policy.check_caller("reg.example/other/lavd", caller("alice", &platform)).is_ok());
+        let refused = policy.check_caller("reg.example/other/lavd", caller(ci, &none)).unwrap_err().0;
+        assert!(refused.starts_with("service account team-a:ci (groups: no groups) may not create or change Schedulers that run images of reg.example/other/lavd: the trust policy allows for every image: groups platform (line 2)"), "{refused}");
+        assert!(refused.contains("added to `callers`"), "{refused}");
+        let refused = policy.check_caller("reg.example/team-a/x", caller("bob", &none)).unwrap_err().0;
+        assert!(refused.contains("user \"bob\""), "{refused}");
+        assert!(refused.contains("for \"reg.example/team-a/**\": service accounts team-a:ci (line 6)"), "{refused}");
+    }
+
+    #[test]
+    fn without_lists_anyone_rbac_lets_in_may_deploy() {
+        let policy = Policy::parse("rules:\n  - repository: a.io/**\n    unsigned: allow\n  - repository: b.io/**\n    callers:\n      users: [alice]\n    unsigned: allow\n").unwrap();
+        let none: Vec<String> = Vec::new();
+        assert!(policy.check_caller("a.io/x", caller("anyone", &none)).is_ok());
+        assert!(policy.check_caller("c.io/x", caller("anyone", &none)).is_ok(), "no rule: the image check refuses it");
+        assert!(policy.check_caller("b.io/x", caller("alice", &none)).is_ok());
+        assert!(policy.check_caller("b.io/x", caller("anyone", &none)).is_err());
+    }
+
+    #[test]
+    fn service_accounts_are_written_short_or_in_full() {
+        let policy = Policy::parse(
+            "callers:\n  serviceAccounts: [ci:deployer, 'system:serviceaccount:ops:sked']\n  users: [carol]\nrules: []\n",
+        )
+        .unwrap();
+        let none: Vec<String> = Vec::new();
+        for user in ["system:serviceaccount:ci:deployer", "system:serviceaccount:ops:sked", "carol"] {
+            assert!(policy.check_caller("r.io/x", caller(user, &none)).is_ok(), "{user}");
+        }
+        for user in ["ci:deployer", "system:serviceaccount:ci:other", "Carol"] {
+            assert!(policy.check_caller("r.io/x", caller(user, &none)).is_err(), "{user}");
+        }
+    }
+
+    #[test]
+    fn caller_mistakes_name_their_line() {
+        let cases = [
+            ("callers: {}\nrules: []\n", 1, "lists no one"),
+            ("rules:\n  - repository: a.io/*\n    unsigned: allow\n    callers:\n      users: []\n", 5, "lists no one"),
+            ("callers:\n  serviceAccounts: [deployer]\nrules: []\n", 2, "not a service account"),
+            ("callers:\n  serviceAccounts: ['a:b:c']\nrules: []\n", 2, "not a service account"),
+            ("callers:\n  users: ['']\nrules: []\n", 2, "empty user or group"),
+            ("callers:\n  teams: [x]\nrules: []\n", 2, "teams"),
+        ];
+        for (doc, line, needle) in cases {
+            let err = Policy::parse(doc).unwrap_err();
+            assert!(err.to_string().contains(needle), "{doc}: {err}");
+            assert_eq!(err.line, line, "{doc}: {err}");
+        }
     }
 }
