@@ -21,6 +21,8 @@ use crate::image::IMAGE_REFERENCE_PATTERN;
 
 pub mod crd;
 pub mod image;
+pub mod labels;
+pub mod pod_kernel;
 
 /// API group of every sked resource.
 pub const GROUP: &str = "sked.schedkit.io";

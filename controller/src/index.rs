@@ -226,16 +226,6 @@ impl Index {
     }
 }
 
-fn claim_of(s: &Scheduler) -> Claim {
-    Claim {
-        name: s.name_any(),
-        uid: s.uid().unwrap_or_default(),
-        created: s.creation_timestamp().map_or(0, |t| t.0.as_second()),
-        generation: s.metadata.generation.unwrap_or(0),
-        selector: s.spec.node_selector.clone(),
-    }
-}
-
 /// Whether the Scheduler is being deleted (a finalizer or foreground deletion holds it).
 fn terminating(s: &Scheduler) -> bool {
     s.metadata.deletion_timestamp.is_some()
@@ -334,7 +324,7 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
             self.metrics.forget_scheduler(name);
         }
         self.memo.retain_live(&all);
-        let live = all.iter().filter(|s| !terminating(s)).map(claim_of).collect();
+        let live = all.iter().filter(|s| !terminating(s)).map(Claim::of).collect();
         let mut changed = arbiter.replace_schedulers(live);
         // Every Scheduler is reconciled after a (re)list, as a fresh watch would.
         changed.extend(all.iter().map(ResourceExt::name_any));
@@ -346,7 +336,7 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
         let mut changed = if terminating(&s) {
             arbiter.remove_scheduler(&s.name_any())
         } else {
-            arbiter.upsert_scheduler(claim_of(&s))
+            arbiter.upsert_scheduler(Claim::of(&s))
         };
         // Any change of the Scheduler itself is reconciled, placement moved or not.
         changed.insert(s.name_any());

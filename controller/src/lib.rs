@@ -7,6 +7,7 @@
 //! - [`reconcile`]: the reconcile that applies the DaemonSet and writes status;
 //! - [`manager`]: startup, servers, leadership terms and shutdown;
 //! - [`kernel_table`] and [`reports`]: the agents' kernel reports and the KernelAttached view;
+//!   `pod_conditions`: each scheduler pod's KernelAttached condition, written when it changes;
 //!   [`reviews`]: TokenReview results kept by token hash; `connections`: report connections,
 //!   bounded in number and closed when they carry no stream; [`handshake_gate`]: the door of a
 //!   TLS port (silent peers dropped, pending handshakes bounded per source address);
@@ -17,7 +18,7 @@
 pub use sked_api as api;
 pub use sked_api::{crd, image};
 pub use sked_core::{arbiter, nodes, rollout, status, workload};
-use sked_core::{hashing, pods};
+use sked_core::{hashing, pod_conditions as pod_condition, pods};
 
 pub mod config;
 mod connections;
@@ -31,6 +32,7 @@ mod memo;
 pub mod metrics;
 pub mod mutex;
 mod owner_labels;
+mod pod_conditions;
 pub mod reconcile;
 pub mod reports;
 pub mod reports_ca;

@@ -9,6 +9,7 @@ use kube::ResourceExt;
 
 use crate::api::{Scheduler, SchedulerStatus};
 use crate::mutex::lock;
+use crate::pods::KernelCondition;
 use crate::trust::Admitted;
 
 /// A DaemonSet as this controller last applied it.
@@ -47,7 +48,13 @@ pub(crate) struct Memo {
     /// When this term set each node's owner label: until its pod appears (or the attach timeout
     /// passes) the node counts as switching, so the next wave does not start before it.
     pub(crate) labelled: Mutex<HashMap<String, Instant>>,
+    /// Per Scheduler, the pod conditions this term wrote that the pod watch has not shown yet,
+    /// by pod uid: each with what the pod carried when it was written.
+    pub(crate) pod_conditions: Mutex<HashMap<String, HashMap<String, SentCondition>>>,
 }
+
+/// A pod condition written, and what the pod carried then.
+type SentCondition = (KernelCondition, Option<KernelCondition>);
 
 impl Default for Memo {
     fn default() -> Self {
@@ -58,6 +65,7 @@ impl Default for Memo {
             admissions: Mutex::default(),
             recorded_ejections: Mutex::default(),
             labelled: Mutex::default(),
+            pod_conditions: Mutex::default(),
         }
     }
 }
@@ -70,6 +78,7 @@ impl Memo {
         lock(&self.applied).clear();
         lock(&self.recorded_ejections).clear();
         lock(&self.labelled).clear();
+        lock(&self.pod_conditions).clear();
     }
 
     /// How long the current term has lasted.

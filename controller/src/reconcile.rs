@@ -62,7 +62,7 @@ pub struct Context {
 
 impl Context {
     /// Writes are allowed only while this replica holds the leader lease.
-    fn leading(&self) -> bool {
+    pub(crate) fn leading(&self) -> bool {
         *self.leader.borrow()
     }
 }
@@ -184,16 +184,19 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         Some(step) => carry_out(ctx, scheduler, step, daemonset, &previous_rollout).await?,
         None => None,
     };
+    let pods_recheck = crate::pod_conditions::sync(ctx, name, kernel.grace_left.is_zero()).await;
     if let Err(source) = admission {
         // Retried with backoff by `error_policy`; the Warning event above already says why.
         return Err(Error::Image { name: scheduler.name_any(), source });
     }
     // Look again when a rollout waits for a bake or a deadline, when a new term's grace for the
-    // agents ends, and when a tag is due to be resolved again; everything else (reports, reports
+    // agents ends, when a tag is due to be resolved again, and when pod conditions are left to
+    // write; everything else (reports, reports
     // going stale, pods, the DaemonSet) is an event.
     let tag_recheck = recheck_at.map(|at| at.saturating_duration_since(std::time::Instant::now()));
     let grace_recheck = (!kernel.summary.settled).then_some(kernel.grace_left + Duration::from_millis(100));
-    Ok(match grace_recheck.into_iter().chain(tag_recheck).chain(deployed.requeue).chain(rollout_recheck).min() {
+    let rechecks = [grace_recheck, tag_recheck, deployed.requeue, rollout_recheck, pods_recheck];
+    Ok(match rechecks.into_iter().flatten().min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })

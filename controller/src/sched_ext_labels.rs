@@ -30,8 +30,7 @@ use crate::arbiter::{SCHED_EXT_LABEL, SUPPORTED, UNSUPPORTED};
 use crate::index::Index;
 use crate::kernel_table::KernelTable;
 
-/// The kernel an unsupported node was judged on, as a label value.
-pub const KERNEL_LABEL: &str = "sked.schedkit.io/sched-ext-kernel";
+pub use sked_api::labels::KERNEL_LABEL;
 
 /// The label a node's fresh report asks for: `None` when the report says nothing about support
 /// (another scheduler attached, nothing attached yet).

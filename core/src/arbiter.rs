@@ -15,11 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-/// Whether a node's kernel runs sched_ext: `supported` once a scheduler attached there,
-/// `unsupported` once an agent found no sched_ext (until the node's kernel changes).
-pub const SCHED_EXT_LABEL: &str = "sked.schedkit.io/sched-ext";
-pub const SUPPORTED: &str = "supported";
-pub const UNSUPPORTED: &str = "unsupported";
+pub use sked_api::labels::{SCHED_EXT_LABEL, SUPPORTED, UNSUPPORTED};
 
 /// Whether a node with `labels` is known to have no sched_ext.
 pub fn unsupported(labels: &BTreeMap<String, String>) -> bool {
@@ -40,6 +36,18 @@ pub struct Claim {
 }
 
 impl Claim {
+    /// The claim of a Scheduler as the API server returned it.
+    pub fn of(s: &sked_api::Scheduler) -> Self {
+        use kube_core::ResourceExt;
+        Claim {
+            name: s.name_any(),
+            uid: s.uid().unwrap_or_default(),
+            created: s.creation_timestamp().map_or(0, |t| t.0.as_second()),
+            generation: s.metadata.generation.unwrap_or(0),
+            selector: s.spec.node_selector.clone(),
+        }
+    }
+
     /// Whether this Scheduler's selector matches a node with `labels`.
     pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
         self.selector.iter().all(|(k, v)| labels.get(k) == Some(v))

@@ -9,6 +9,7 @@
 //! - [`status`]: a Scheduler's status and the events to record;
 //! - [`kernel_summary`]: the agents' reports folded into the KernelAttached view;
 //! - [`pods`] and [`nodes`]: the facts read off a scheduler pod and a Node;
+//! - [`pod_conditions`]: each scheduler pod's KernelAttached condition, and when to write it;
 //! - [`hashing`]: SHA-256 digests as hex, for revisions, admission keys and layer checks.
 
 #![forbid(unsafe_code)]
@@ -17,6 +18,7 @@ pub mod arbiter;
 pub mod hashing;
 pub mod kernel_summary;
 pub mod nodes;
+pub mod pod_conditions;
 pub mod pods;
 pub mod rollout;
 pub mod status;

@@ -70,11 +70,19 @@ impl NodeFacts {
 
     /// The first taint that keeps a pod with `tolerations` (and a DaemonSet pod's own) away.
     pub fn untolerated<'a>(&'a self, tolerations: &[Toleration]) -> Option<&'a Taint> {
-        self.taints
-            .iter()
-            .filter(|t| !DAEMONSET_TOLERATED.contains(&(t.key.as_str(), t.effect.as_str())))
-            .find(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+        self.taints.iter().find(|t| keeps_away(t, tolerations))
     }
+
+    /// Every taint that keeps a pod with `tolerations` (and a DaemonSet pod's own) away.
+    pub fn all_untolerated(&self, tolerations: &[Toleration]) -> Vec<&Taint> {
+        self.taints.iter().filter(|t| keeps_away(t, tolerations)).collect()
+    }
+}
+
+/// Whether `taint` keeps away a DaemonSet pod with `tolerations`.
+fn keeps_away(taint: &Taint, tolerations: &[Toleration]) -> bool {
+    !DAEMONSET_TOLERATED.contains(&(taint.key.as_str(), taint.effect.as_str()))
+        && !tolerations.iter().any(|tol| tolerates(tol, taint))
 }
 
 /// A taint as `kubectl describe node` shows it: `key=value:Effect`.

@@ -5,6 +5,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube_core::ResourceExt;
+use sked_api::pod_kernel::POD_CONDITION;
 
 use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, REVISION_LABEL, SCHEDULER_CONTAINER};
 
@@ -36,6 +37,18 @@ pub struct SchedulerPod {
     pub created: Option<i64>,
     /// Since when it is terminating (seconds since the epoch).
     pub terminating_since: Option<i64>,
+    /// Its `sked.schedkit.io/KernelAttached` condition, as last written.
+    pub kernel: Option<KernelCondition>,
+}
+
+/// A pod's `sked.schedkit.io/KernelAttached` condition (see [`crate::pod_conditions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelCondition {
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// Its `lastTransitionTime` (seconds since the epoch).
+    pub since: i64,
 }
 
 /// The waiting reasons of a container whose image the kubelet cannot pull.
@@ -106,6 +119,15 @@ impl SchedulerPod {
                 || status.and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| !cs.is_empty()),
             created: pod.creation_timestamp().map(|t| t.0.as_second()),
             terminating_since: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+            kernel: status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == POD_CONDITION))
+                .map(|c| KernelCondition {
+                    status: c.status.clone(),
+                    reason: c.reason.clone().unwrap_or_default(),
+                    message: c.message.clone().unwrap_or_default(),
+                    since: c.last_transition_time.as_ref().map_or(0, |t| t.0.as_second()),
+                }),
         }
     }
 
@@ -151,7 +173,9 @@ mod tests {
             "status": {
                 "conditions": [
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-01T09:59:00Z"},
-                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:01:00Z"}
+                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:01:00Z"},
+                    {"type": "sked.schedkit.io/KernelAttached", "status": "True", "reason": "KernelAttached",
+                     "message": "ops rusty attached", "lastTransitionTime": "2026-12-01T10:00:30Z"}
                 ],
                 "containerStatuses": [
                     {"name": "agent", "ready": true, "restartCount": 9, "image": "i", "imageID": "id"},
@@ -195,6 +219,12 @@ mod tests {
                 pull_error: None,
                 created: at("2026-12-01T10:00:00Z"),
                 terminating_since: at("2026-12-01T11:00:00Z"),
+                kernel: Some(KernelCondition {
+                    status: "True".into(),
+                    reason: "KernelAttached".into(),
+                    message: "ops rusty attached".into(),
+                    since: at("2026-12-01T10:00:30Z").unwrap_or_default(),
+                }),
             }
         );
         assert!(facts.is_terminating());

@@ -22,15 +22,9 @@ use sked_api::Scheduler;
 
 /// Field manager of every object sked applies.
 pub const FIELD_MANAGER: &str = "sked";
-/// Pod label selecting a Scheduler's pods (`kubectl get pods -l name=<scheduler>`).
-pub const NAME_LABEL: &str = "name";
-/// Label marking objects sked manages.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const MANAGED_BY: &str = "sked";
-/// Name of the container that runs the scheduler binary.
-pub const SCHEDULER_CONTAINER: &str = "scx";
-/// Name of the agent sidecar.
-pub const AGENT_CONTAINER: &str = "agent";
+pub use sked_api::labels::{
+    AGENT_CONTAINER, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL, REVISION_LABEL, SCHEDULER_CONTAINER,
+};
 
 /// Controller settings that shape every DaemonSet.
 #[derive(Clone, Debug)]
@@ -51,11 +45,6 @@ pub struct AgentSettings {
     pub ca_configmap: String,
 }
 
-/// The label on a Node that names the Scheduler owning it (kept by the controller from the
-/// arbiter); a Scheduler's DaemonSet selects it, so ownership never enters a pod template.
-pub const OWNER_LABEL: &str = "sked.schedkit.io/scheduler";
-/// The pod label naming the revision a pod runs (see [`revision`]).
-pub const REVISION_LABEL: &str = "sked.schedkit.io/revision";
 /// The DaemonSet annotation holding the admission key (`Trust::admission_key`) of the image its
 /// template runs: a leader that cannot reach the registry keeps a digest admitted for the same
 /// inputs instead of calling the Scheduler degraded. On the DaemonSet, not its pods: writing it

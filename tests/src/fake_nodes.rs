@@ -131,6 +131,23 @@ impl FakeNodes {
         self.agents.get(node).map(|p| &p.agent)
     }
 
+    /// Stops the agent of `node`'s pod, as if it hung or its node lost the network: the pod
+    /// stays, and no further agent is started for it.
+    pub fn stop_agent(&mut self, node: &str) {
+        if let Some(p) = self.agents.get_mut(node) {
+            p.agent.stop();
+            p.stage = Stage::Settled;
+        }
+    }
+
+    /// The kernel of `node` ejects its pod's scheduler now (a runnable task stall).
+    pub fn eject(&mut self, node: &str) -> Result<()> {
+        match self.agents.get_mut(node) {
+            Some(p) => eject(p),
+            None => Err(anyhow!("no agent runs for node {node}")),
+        }
+    }
+
     /// The agents of every node, by node.
     pub fn agents(&self) -> impl Iterator<Item = (&String, &AgentProcess)> {
         self.agents.iter().map(|(n, p)| (n, &p.agent))
@@ -259,21 +276,24 @@ impl FakeNodes {
                 p.agent.set_kernel("enabled", Some(&p.ops), 1)?;
                 p.stage = Stage::Attached(Instant::now());
             }
-            (Kernel::AttachesThenEjected, Stage::Attached(since)) if since.elapsed() >= eject_after => {
-                let (name, usec) = (&p.ops, uptime_usec()?);
-                let exit = format!("3,101,{usec},-;sched_ext: BPF scheduler \"{name}\" disabled (runnable task stall)");
-                p.agent.kernel_logs(&exit)?;
-                let detail =
-                    format!("3,102,{},-;sched_ext: {name}: kworker/1:2[91] failed to run for 31.004s", usec + 2000);
-                p.agent.kernel_logs(&detail)?;
-                p.agent.set_kernel("disabled", None, 1)?;
-                p.stage = Stage::Settled;
-            }
+            (Kernel::AttachesThenEjected, Stage::Attached(since)) if since.elapsed() >= eject_after => eject(p)?,
             (Kernel::Attaches, Stage::Attached(_)) | (Kernel::Refuses | Kernel::Foreign, _) => p.stage = Stage::Settled,
             _ => {}
         }
         Ok(())
     }
+}
+
+/// The kernel ejects `p`'s scheduler for a runnable task stall, as its log says.
+fn eject(p: &mut Played) -> Result<()> {
+    let (name, usec) = (&p.ops, uptime_usec()?);
+    let exit = format!("3,101,{usec},-;sched_ext: BPF scheduler \"{name}\" disabled (runnable task stall)");
+    p.agent.kernel_logs(&exit)?;
+    let detail = format!("3,102,{},-;sched_ext: {name}: kworker/1:2[91] failed to run for 31.004s", usec + 2000);
+    p.agent.kernel_logs(&detail)?;
+    p.agent.set_kernel("disabled", None, 1)?;
+    p.stage = Stage::Settled;
+    Ok(())
 }
 
 /// Microseconds since boot, as a `/dev/kmsg` record stamps it (the agent turns it into a time

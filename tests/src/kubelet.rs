@@ -36,7 +36,8 @@ pub async fn set_pod_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<(
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
         ],
     }});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+    // A strategic merge, as the kubelet keeps the conditions others own (sked's KernelAttached).
+    pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&body)).await?;
     Ok(())
 }
 
