@@ -1,0 +1,92 @@
+//! The API server, with the user's kubeconfig and RBAC: the reads every command shares, each
+//! failure naming the call that failed.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ListParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use sked_api::Scheduler;
+use sked_api::labels::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL};
+
+use crate::cli::Global;
+use crate::error::{Error, Result};
+use crate::fleet::Fleet;
+
+/// A client, and the namespace of the scheduler pods.
+pub struct Cluster {
+    pub client: Client,
+    pub namespace: String,
+}
+
+/// Whether a command needs the Nodes or can do without them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Nodes {
+    Required,
+    IfAllowed,
+}
+
+impl Cluster {
+    pub async fn connect(global: &Global) -> Result<Self> {
+        let options = KubeConfigOptions { context: global.context.clone(), ..KubeConfigOptions::default() };
+        let config = match &global.kubeconfig {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .map_err(|e| Error::Other(format!("reading the kubeconfig {}: {e}", path.display())))?;
+                Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(|e| e.to_string())
+            }
+            None if global.context.is_some() => Config::from_kubeconfig(&options).await.map_err(|e| e.to_string()),
+            None => Config::infer().await.map_err(|e| e.to_string()),
+        }
+        .map_err(|e| Error::Other(format!("loading the kubeconfig: {e}; set KUBECONFIG or pass --kubeconfig")))?;
+        let client = Client::try_from(config).map_err(|e| Error::Other(format!("building a client: {e}")))?;
+        Ok(Cluster { client, namespace: global.namespace.clone() })
+    }
+
+    pub fn schedulers(&self) -> Api<Scheduler> {
+        Api::all(self.client.clone())
+    }
+
+    pub async fn scheduler(&self, name: &str) -> Result<Scheduler> {
+        self.schedulers().get(name).await.map_err(|e| match Error::api(format!("getting Scheduler {name}"), e) {
+            Error::NotFound(_) => {
+                Error::NotFound(format!("Scheduler {name} not found (kubectl get schedulers lists them)"))
+            }
+            other => other,
+        })
+    }
+
+    /// The Schedulers (one, or all), their pods, and the Nodes as `nodes` asks.
+    pub async fn fleet(&self, scheduler: Option<&str>, nodes: Nodes) -> Result<Fleet> {
+        let schedulers = match scheduler {
+            Some(name) => vec![self.scheduler(name).await?],
+            None => {
+                self.schedulers()
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| Error::api("listing Schedulers", e))?
+                    .items
+            }
+        };
+        let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+        if let Some(name) = scheduler {
+            selector.push_str(&format!(",{NAME_LABEL}={name}"));
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pods = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| Error::api(format!("listing scheduler pods in namespace {} (-n sets it)", self.namespace), e))?
+            .items;
+        let nodes = match Api::<Node>::all(self.client.clone()).list(&ListParams::default()).await {
+            Ok(list) => Some(list.items),
+            Err(e) => match (nodes, Error::api("listing Nodes", e)) {
+                (Nodes::IfAllowed, Error::Forbidden { .. }) => {
+                    eprintln!("note: you may not list Nodes; nodes without a scheduler pod are left out");
+                    None
+                }
+                (_, e) => return Err(e),
+            },
+        };
+        Ok(Fleet { schedulers, pods, nodes })
+    }
+}
