@@ -150,7 +150,7 @@ fmt:
 demo: setup
 	@echo "demo: building the control plane and sked side by side (about 10 min the first time on 2 cores)" >&2
 	@hack/build-tools.sh $(TOOLS_BIN) $(TOOLS_DEMO) >/dev/null & tools=$$!; \
-	  $(CARGO) build --quiet -p sked-controller -p sked-agent -p sked-tests --bin sked-controller --bin sked-agent --bin sked-demo; \
+	  $(CARGO) build --quiet -p sked-controller -p sked-agent -p sked-tests -p kubectl-sked --bin sked-controller --bin sked-agent --bin sked-demo --bin kubectl-sked; \
 	  rust=$$?; wait $$tools || exit 1; exit $$rust
 	@$(CARGO) run --quiet -p sked-tests --bin sked-demo
 

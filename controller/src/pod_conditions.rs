@@ -93,9 +93,10 @@ fn decide(
         pods.iter()
             .filter_map(|pod| {
                 let report = pod.node.as_ref().and_then(|n| reports.get(n));
+                let reported = report.is_some_and(|r| r.pod == pod.name);
                 let age = pod.created.map_or(0, |c| wall.saturating_sub(c).max(0).cast_unsigned());
                 let old_enough = Duration::from_secs(age) > stale_after;
-                if grace_over && !old_enough {
+                if grace_over && !old_enough && !reported && pod.started && !pod.is_terminating() {
                     let due = stale_after.saturating_sub(Duration::from_secs(age)) + MORE_AFTER;
                     recheck = Some(recheck.map_or(due, |r| r.min(due)));
                 }

@@ -30,7 +30,12 @@ pub fn diagnose(fleet: &Fleet, node: &Node, namespace: &str) -> Diagnosis {
     let mut facts = Vec::new();
     let mut advice = Vec::new();
     let mut fact = |what: &str, value: String| facts.push((what.to_owned(), value));
-    let kernel_version = node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.kernel_version.clone());
+    let kernel_version = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.kernel_version.clone())
+        .filter(|v| !v.is_empty());
     fact("kernel", kernel_version.clone().unwrap_or_else(|| "unknown".into()));
     fact(
         "sched_ext",

@@ -457,6 +457,7 @@ fn sha256(data: &[u8]) -> Vec<u8> {
     aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data).as_ref().to_vec()
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+/// SHA-256 of `data`, as hex.
+pub fn sha256_hex(data: &[u8]) -> String {
     sha256(data).iter().map(|b| format!("{b:02x}")).collect()
 }

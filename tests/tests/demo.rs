@@ -30,6 +30,7 @@ fn most_down(text: &str) -> Option<usize> {
 fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<()> {
     workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?;
     sked_tests::agents::agent_binary()?;
+    workspace_binary("kubectl-sked", "SKED_KUBECTL_SKED_BIN")?;
     let demo = workspace_binary("sked-demo", "SKED_DEMO_BIN")?;
     let out = Command::new(&demo)
         .env("DEMO_SCRIPT", "1")
@@ -51,6 +52,16 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     assert!(phases.starts_with("Canary") && phases.ends_with("Complete") && phases.contains("Rolling"), "{one}");
     assert!(most_down(one).is_some_and(|n| (1..=2).contains(&n)), "{one}");
     assert!(one.contains("5/5"), "every node attached at the end: {one}");
+    // `kubectl sked status`, during the rollout and after it: a row per node with its kernel.
+    let during = one.split("$ kubectl sked status scx-rusty\n").nth(1).context("kubectl sked status during step 1")?;
+    assert!(during.starts_with("scx-rusty: KERNEL-ATTACHED "), "{one}");
+    let rows = |text: &str| text.lines().filter(|l| l.starts_with("demo-node-")).take(5).count();
+    assert_eq!(rows(during), 5, "one row per node: {one}");
+    let after = one.rsplit("$ kubectl sked status scx-rusty\n").next().unwrap_or_default();
+    assert!(after.starts_with("scx-rusty: KERNEL-ATTACHED 5/5  UP-TO-DATE 5  READY 5  PHASE Complete"), "{one}");
+    let attached_rows =
+        after.lines().filter(|l| l.starts_with("demo-node-") && l.contains(" current ") && l.contains(" attached "));
+    assert_eq!(attached_rows.count(), 5, "{one}");
     let stable = line_after(one, "revisions running: ").context("revisions after step 1")?;
     assert!(stable.ends_with(" on 5 nodes") && !stable.contains(','), "{one}");
 

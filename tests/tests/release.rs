@@ -198,6 +198,49 @@ fn the_cross_build_check_refuses_a_binary_that_needs_a_library_the_runtime_image
     Ok(())
 }
 
+#[test]
+fn the_plugin_archives_are_reproducible_and_the_krew_manifest_names_their_checksums() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let bin = dir.path().join("kubectl-sked");
+    std::fs::write(&bin, "#!/bin/sh\necho sked\n")?;
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let dist = dir.path().join("dist");
+    let dist_arg = dist.to_string_lossy().into_owned();
+    let bin_arg = bin.to_string_lossy().into_owned();
+    for arch in ["amd64", "arm64"] {
+        let out = run("plugin-release.sh", &["archive", "linux", arch, &bin_arg, &dist_arg])?;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let archive = dist.join("kubectl-sked-linux-amd64.tar.gz");
+    let first = std::fs::read(&archive)?;
+    let out = run("plugin-release.sh", &["archive", "linux", "amd64", &bin_arg, &dist_arg])?;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&archive)?, first, "a re-run packs the same bytes");
+    let listed = Command::new("tar").arg("-tzf").arg(&archive).output()?;
+    assert_eq!(stdout(&listed), "LICENSE\nkubectl-sked\n");
+    let sum = sked_tests::registry::sha256_hex(&first);
+    let recorded = std::fs::read_to_string(dist.join("kubectl-sked-linux-amd64.tar.gz.sha256"))?;
+    assert_eq!(recorded, format!("{sum}  kubectl-sked-linux-amd64.tar.gz\n"), "sha256sum -c reads it");
+
+    let base = "https://github.com/schedkit/sked/releases/download/v1.2.3";
+    let out = run("plugin-release.sh", &["manifest", "v1.2.3", base, &dist_arg])?;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let manifest: Yaml = serde_saphyr::from_str(&std::fs::read_to_string(dist.join("sked.yaml"))?)?;
+    assert_eq!(text(&manifest["kind"]), "Plugin");
+    assert_eq!(text(&manifest["metadata"]["name"]), "sked", "installed as kubectl sked");
+    assert_eq!(text(&manifest["spec"]["version"]), "v1.2.3");
+    let platforms = manifest["spec"]["platforms"].as_array().context("platforms")?;
+    assert_eq!(platforms.len(), 2);
+    let amd64 = platforms.iter().find(|p| p["selector"]["matchLabels"]["arch"] == "amd64").context("amd64")?;
+    assert_eq!(text(&amd64["selector"]["matchLabels"]["os"]), "linux");
+    assert_eq!(text(&amd64["uri"]), format!("{base}/kubectl-sked-linux-amd64.tar.gz"));
+    assert_eq!(text(&amd64["sha256"]), sum);
+    assert_eq!(text(&amd64["bin"]), "kubectl-sked");
+    let out = run("plugin-release.sh", &["manifest", "main", base, &dist_arg])?;
+    assert!(!out.status.success() && stderr(&out).contains("not a release tag"), "{}", stderr(&out));
+    Ok(())
+}
+
 // --- the workflow files ----------------------------------------------------------------------
 
 type Yaml = serde_json::Value;

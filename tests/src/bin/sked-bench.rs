@@ -12,8 +12,10 @@
 //! - API writes and registry requests in an idle minute with 5,000 streams open;
 //! - the leader's RSS and CPU at rest;
 //! - one node's kernel change to its Scheduler's status: p50 and p99;
+//! - the fleet-wide change of the pods' KernelAttached conditions when the agents first report:
+//!   how long until every pod says True, and how many pod status writes it took;
 //! - the leader killed: time until the new leader accepted all agents, its TokenReviews, and
-//!   condition changes and events it caused (goal: none).
+//!   condition changes, events and pod condition writes it caused (goal: none).
 //!
 //! Sizes come from `BENCH_NODES`, `BENCH_SCHEDULERS` and `BENCH_IDLE_SECONDS` (defaults 5000,
 //! 200, 60) for a quick try at a smaller scale. The controller binary is `SKED_CONTROLLER_BIN`.
@@ -222,11 +224,16 @@ async fn run() -> Result<()> {
     let agents = agent_identities(&client, &pods).await?;
 
     step(started, &format!("starting {} simulated agents", agents.len()));
+    let before_agents = cluster.apiserver_requests()?;
     let fleet = AgentFleet::start(agents, vec![leader.reports_address(), standby.reports_address()], &tls.ca).await?;
     let t0 = Instant::now();
     fleet.wait_accepted_by(0, None).await?;
     figures.agents_connected = t0.elapsed();
     view.wait("every owning Scheduler KernelAttached", |v| v.all_attached(&sizes)).await?;
+    // The fleet-wide change of the pods' KernelAttached conditions: none to True on every pod.
+    wait_pod_conditions(&client, sizes.nodes).await?;
+    figures.pod_conditions_true = t0.elapsed();
+    figures.pod_condition_writes = pod_status_patches(&writes_between(&before_agents, &cluster.apiserver_requests()?));
 
     step(started, "an idle minute");
     let requests_before = cluster.apiserver_requests()?;
@@ -250,6 +257,7 @@ async fn run() -> Result<()> {
     step(started, "killing the leader");
     let conditions_before = view.conditions();
     let events_before = scheduler_events(&client).await?;
+    let before_kill = cluster.apiserver_requests()?;
     let mut leader = leader;
     leader.kill();
     let killed = Instant::now();
@@ -266,6 +274,7 @@ async fn run() -> Result<()> {
     }
     figures.failover_changes = changed.len();
     figures.failover_events = scheduler_events(&client).await? - events_before;
+    figures.failover_pod_writes = pod_status_patches(&writes_between(&before_kill, &cluster.apiserver_requests()?));
 
     figures.print(&sizes);
     drop(fleet);
@@ -391,6 +400,39 @@ async fn wait_bound_pods(client: &Client, count: usize) -> Result<Vec<Pod>> {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+}
+
+/// Waits until every one of `count` scheduler pods carries a True KernelAttached condition.
+async fn wait_pod_conditions(client: &Client, count: usize) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let attached = pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|p| {
+                let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+                conditions.is_some_and(|cs| {
+                    cs.iter().any(|c| c.type_ == "sked.schedkit.io/KernelAttached" && c.status == "True")
+                })
+            })
+            .count();
+        if attached >= count {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{attached} of {count} pods say KernelAttached=True after {PATIENCE:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The pod status patches among `writes` (the controller's pod conditions; the bench's own
+/// readiness marks come before and are not counted).
+fn pod_status_patches(writes: &BTreeMap<(String, String, String), u64>) -> u64 {
+    writes.iter().filter(|((r, s, v), _)| r == "pods" && s == "status" && v == "PATCH").map(|(_, n)| n).sum()
 }
 
 async fn mark_ready(client: &Client, pods: &[Pod]) -> Result<()> {
@@ -1062,6 +1104,10 @@ struct Figures {
     failover_token_reviews: f64,
     failover_changes: usize,
     failover_events: i64,
+    /// From the agents' start until every pod says KernelAttached=True.
+    pod_conditions_true: Duration,
+    pod_condition_writes: u64,
+    failover_pod_writes: u64,
 }
 
 impl Figures {
@@ -1113,6 +1159,11 @@ impl Figures {
         );
         println!("agents connected (first time)     {:>8.1} s", self.agents_connected.as_secs_f64());
         println!(
+            "pod conditions: all True          {:>8.1} s after the agents started ({} pod status writes)",
+            self.pod_conditions_true.as_secs_f64(),
+            self.pod_condition_writes
+        );
+        println!(
             "idle {:.0} s: API writes              {:>8}    (goal 0) {}",
             self.idle_seconds,
             total(&self.idle_writes, false),
@@ -1147,5 +1198,6 @@ impl Figures {
         println!("failover: TokenReviews            {:>8}", self.failover_token_reviews);
         println!("failover: condition changes       {:>8}    (goal 0)", self.failover_changes);
         println!("failover: events                  {:>8}    (goal 0)", self.failover_events);
+        println!("failover: pod condition writes    {:>8}    (goal 0)", self.failover_pod_writes);
     }
 }

@@ -172,6 +172,23 @@ fn show(cluster: &TestCluster, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Prints `kubectl sked ARGS` as typed and what the plugin printed.
+fn show_sked(cluster: &TestCluster, args: &[&str]) -> Result<()> {
+    println!("\n$ kubectl sked {}", args.join(" "));
+    let plugin = sked_tests::agents::workspace_binary("kubectl-sked", "SKED_KUBECTL_SKED_BIN")?;
+    let out = Command::new(plugin)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .args(["-n", NAMESPACE])
+        .args(args)
+        .output()?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        bail!("kubectl sked {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
 fn shell_word(a: &str) -> String {
     if a.contains(['{', ' ', '"', '[']) { format!("'{a}'") } else { a.to_owned() }
 }
@@ -252,7 +269,8 @@ fn what_to_try(cluster: &TestCluster) -> String {
         "\nThe demo cluster is running. Its nodes' kubelets and kernels are played by the demo: each pod\n\
          gets its own sked-agent on a fake sched_ext tree, whose kernel attaches the pod's scheduler\n\
          a moment after it starts. In another shell:\n\
-         \n  export KUBECONFIG={kubeconfig}\n  export PATH={tools}:$PATH\n  kubectl get schedulers -w\n\
+         \n  export KUBECONFIG={kubeconfig}\n  export PATH={tools}:{plugin}:$PATH\n  kubectl get schedulers -w\n\
+         \nEach node's kernel, and a rollout as it goes:\n  kubectl sked -n {NAMESPACE} status {NAME}\n  kubectl sked rollout status {NAME}\n\
          \nThen try, one at a time:\n\
          - A new revision, paced by the kernel: one canary node, a 5 s bake, then waves of two\n    \
          (PHASE Canary -> Rolling -> Complete, UP-TO-DATE counting up):\n    {args}\n\
@@ -265,6 +283,10 @@ fn what_to_try(cluster: &TestCluster) -> String {
          \nController log: {log}\nDEMO_SCRIPT=1 make demo runs these steps itself. Press Ctrl-C to stop and clean up.",
         kubeconfig = cluster.kubeconfig.display(),
         tools = cluster::tools_dir().display(),
+        plugin = sked_tests::agents::workspace_binary("kubectl-sked", "SKED_KUBECTL_SKED_BIN")
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.display().to_string()))
+            .unwrap_or_default(),
         args = patch(r#"{"spec":{"args":["--slice-us","8000"]}}"#),
         broken = patch(r#"{"spec":{"args":["--demo-never-attach"]}}"#),
         eject = patch(r#"{"spec":{"args":["--demo-eject"]}}"#),
@@ -291,6 +313,7 @@ async fn tour_report(demo: &Demo, phases: &[RolloutPhase]) -> Result<()> {
     println!("most nodes without an attached, Ready scheduler at once: {down} (maxUnavailable {MAX_UNAVAILABLE})");
     show(&demo.cluster, &TABLE)?;
     show(&demo.cluster, &CONDITIONS)?;
+    show_sked(&demo.cluster, &["status", NAME])?;
     print_revisions(demo).await
 }
 
@@ -311,7 +334,15 @@ async fn print_revisions(demo: &Demo) -> Result<()> {
 async fn tour(demo: &Demo) -> Result<()> {
     show(&demo.cluster, &TABLE)?;
     tour_step(demo, "1. a new revision, paced by the kernel", r#"{"spec":{"args":["--slice-us","8000"]}}"#).await?;
-    let phases = wait_scheduler(demo, "the new revision complete", complete).await?;
+    // Each node's kernel, while the waves go.
+    let under_way = |s: &Scheduler| {
+        let current = s.status.as_ref().is_some_and(|st| st.observed_generation == s.metadata.generation);
+        current && matches!(phase(s), Some(RolloutPhase::Canary | RolloutPhase::Rolling | RolloutPhase::Complete))
+    };
+    let mut phases = wait_scheduler(demo, "the new revision under way", under_way).await?;
+    show_sked(&demo.cluster, &["status", NAME])?;
+    phases.extend(wait_scheduler(demo, "the new revision complete", complete).await?);
+    phases.dedup();
     tour_report(demo, &phases).await?;
 
     tour_step(demo, "2. a revision that never attaches", r#"{"spec":{"args":["--demo-never-attach"]}}"#).await?;
