@@ -412,19 +412,28 @@ mod tests {
         let f = fleet();
         let a = f.assignment().unwrap_or_default();
         let rows = f.node_rows(&a);
-        let seen: Vec<(&str, &str, Option<&str>, &str, Vec<String>)> = rows
+        let seen: Vec<String> = rows
             .iter()
-            .map(|r| (r.node.as_str(), r.sched_ext.as_str(), r.owner.as_deref(), r.kernel, r.conflicts.clone()))
+            .map(|r| {
+                format!(
+                    "{} {} {} {} {}",
+                    r.node,
+                    r.sched_ext,
+                    r.owner.as_deref().unwrap_or("-"),
+                    r.kernel,
+                    r.conflicts.join(",")
+                )
+            })
             .collect();
         assert_eq!(
             seen,
-            vec![
-                ("n1", "supported", Some("rusty"), "ours", vec![]),
-                ("n2", "unknown", Some("rusty"), "foreign", vec![]),
-                ("n3", "unknown", None, "unknown", vec![]),
-                ("n4", "unsupported", None, "unknown", vec![]),
-                ("n5", "unknown", Some("old"), "unknown", vec!["rusty".to_owned()]),
-                ("n6", "unknown", Some("rusty"), "none", vec![]),
+            [
+                "n1 supported rusty ours ",
+                "n2 unknown rusty foreign ",
+                "n3 unknown - unknown ",
+                "n4 unsupported - unknown ",
+                "n5 unknown old unknown rusty",
+                "n6 unknown rusty none ",
             ]
         );
         assert_eq!(rows[3].unsupported_kernel.as_deref(), Some("6.1.0"));

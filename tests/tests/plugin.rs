@@ -147,8 +147,11 @@ fn complete(s: &Scheduler) -> bool {
         && st.desired_number_scheduled > 0
 }
 
-/// Each node's row in `status -o json`: kernel, ops, last exit's reason.
-fn rows(json: &str) -> Result<BTreeMap<String, (String, Option<String>, Option<String>)>> {
+/// A node's row in `status -o json`: kernel, ops, last exit's reason.
+type Row = (String, Option<String>, Option<String>);
+
+/// Each node's row in `status -o json`.
+fn rows(json: &str) -> Result<BTreeMap<String, Row>> {
     let reports: Value = serde_json::from_str(json).context("status -o json")?;
     let nodes = reports[0]["nodes"].as_array().context("nodes")?;
     Ok(nodes
