@@ -721,7 +721,7 @@ async fn a_renewed_reports_certificate_is_served_without_a_restart() -> Result<(
 }
 
 #[tokio::test]
-async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Result<()> {
+async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_only_its_status_and_pod_condition() -> Result<()> {
     let s = setup("idle").await?;
     let a1 = s.agent("k-1").await?;
     let a2 = s.agent("k-2").await?;
@@ -785,20 +785,40 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_status_only() -> Re
     };
     assert_eq!(daemonset_writes(&poked), daemonset_writes(&writes), "no DaemonSet write for a Scheduler without one");
 
-    // A kernel report that changes something changes the status, and nothing else.
+    // A kernel report that changes something changes the Scheduler's status, its events and
+    // the node's pod condition (once detached, once back), and nothing else.
+    let k1_condition = || async {
+        let pods: kube::Api<Pod> = kube::Api::namespaced(s.fx.client.clone(), &s.fx.namespace);
+        let list = pods.list(&kube::api::ListParams::default().labels(&format!("name={}", s.name))).await?;
+        let pod = list.items.into_iter().find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("k-1"));
+        let conditions = pod.and_then(|p| p.status).and_then(|s| s.conditions).unwrap_or_default();
+        let c = conditions.into_iter().find(|c| c.type_ == "sked.schedkit.io/KernelAttached");
+        Ok::<_, anyhow::Error>(c.and_then(|c| c.reason))
+    };
     a1.set_kernel("disabled", None, 1)?;
     s.wait_kernel("k-1 detached", 1, "NotAttached").await?;
+    wait_for("k-1's pod says not attached", || async {
+        Ok((k1_condition().await?.as_deref() == Some("NotAttached")).then_some(()))
+    })
+    .await?;
     a1.set_kernel("enabled", Some("rusty_1.0.0_x86_64_unknown_linux_gnu"), 2)?;
     s.wait_kernel("k-1 back", 2, "KernelAttached").await?;
+    wait_for("k-1's pod says attached", || async {
+        Ok((k1_condition().await?.as_deref() == Some("KernelAttached")).then_some(()))
+    })
+    .await?;
     let after = s.fx.apiserver_writes()?;
     let changed: Vec<_> = after.iter().filter(|(k, v)| poked.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
     assert!(
-        changed
-            .iter()
-            .all(|(resource, subresource, _)| (resource == "schedulers" && subresource == "status")
-                || resource == "events"),
-        "only the Scheduler's status and its events were written: {changed:?}"
+        changed.iter().all(|(resource, subresource, _)| (resource == "schedulers" && subresource == "status")
+            || (resource == "pods" && subresource == "status")
+            || resource == "events"),
+        "only the Scheduler's status, its events and the pod's condition were written: {changed:?}"
     );
+    let pod_status = |w: &std::collections::BTreeMap<(String, String, String), u64>| -> u64 {
+        w.iter().filter(|((r, sub, _), _)| r == "pods" && sub == "status").map(|(_, n)| n).sum()
+    };
+    assert_eq!(pod_status(&after) - pod_status(&poked), 2, "the pod's condition, once each way");
     assert_eq!(
         s.fx.metric_total("sked_image_verifications_total").await?,
         checks,
