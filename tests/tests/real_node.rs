@@ -108,6 +108,30 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
     let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
     ensure!(ops.trim() == "sked_canary", "the kernel runs the canary: {ops:?}");
 
+    // kubectl sked reads the same from the pod's condition: the node's row, and doctor.
+    let plugin = sked_tests::agents::workspace_binary("kubectl-sked", "SKED_KUBECTL_SKED_BIN")?;
+    let sked = |args: &[&str]| {
+        std::process::Command::new(&plugin)
+            .arg("--kubeconfig")
+            .arg(&fx.cluster.kubeconfig)
+            .args(["-n", NS])
+            .args(args)
+            .output()
+    };
+    let status = wait_for_within("kubectl sked status: the node attached", SLOW, || async {
+        let said = text(&sked(&["status", "canary"])?);
+        let row = said.lines().any(|l| l.starts_with(NODE) && l.contains(" attached ") && l.contains(" sked_canary "));
+        Ok(row.then_some(said))
+    })
+    .await?;
+    eprintln!("{status}");
+    let doctor = text(&sked(&["doctor", NODE])?);
+    ensure!(
+        doctor.contains("Nothing to do: the kernel runs canary's scheduler (ops sked_canary)"),
+        "kubectl sked doctor {NODE}:\n{doctor}"
+    );
+    ensure!(doctor.contains("sched_ext:") && doctor.contains("supported"), "kubectl sked doctor {NODE}:\n{doctor}");
+
     // The agent's /metrics, scraped from the pod's address.
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).context("the pod's IP")?;
     let metrics = node.vm.run(&format!("wget -qO- http://{ip}:{}/metrics", sked_proto::contract::AGENT_PORT)).await?;
