@@ -24,8 +24,8 @@ archive() {
   install -m 0755 "$bin" "$stage/kubectl-sked"
   cp LICENSE "$stage/LICENSE"
   mkdir -p "$dir"
-  # Reproducible: fixed owner, order and times, so a re-run gives the same bytes and checksum.
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$stage" -cf - kubectl-sked LICENSE |
+  # Reproducible: fixed owner, order (as listed) and times, so a re-run gives the same bytes and checksum.
+  tar --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$stage" -cf - LICENSE kubectl-sked |
     gzip -n >"$dir/$name"
   (cd "$dir" && sha256sum "$name" >"$name.sha256")
   say "$dir/$name ($(cut -d' ' -f1 "$dir/$name.sha256"))"
