@@ -810,9 +810,9 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_only_its_status_and
     let after = s.fx.apiserver_writes()?;
     let changed: Vec<_> = after.iter().filter(|(k, v)| poked.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
     assert!(
-        changed.iter().all(|(resource, subresource, _)| (resource == "schedulers" && subresource == "status")
-            || (resource == "pods" && subresource == "status")
-            || resource == "events"),
+        changed.iter().all(|(resource, subresource, _)| {
+            (["schedulers", "pods"].contains(&resource.as_str()) && subresource == "status") || resource == "events"
+        }),
         "only the Scheduler's status, its events and the pod's condition were written: {changed:?}"
     );
     let pod_status = |w: &std::collections::BTreeMap<(String, String, String), u64>| -> u64 {
