@@ -138,9 +138,9 @@ impl Fleet {
         let mut rows: Vec<StatusRow> = self.pods_of(&name).map(|p| pod_row(s, p)).collect();
         let with_pod: BTreeSet<String> = rows.iter().map(|r| r.node.clone()).collect();
         if let (Some(placement), Some(nodes)) = (assignment.and_then(|a| a.get(&name)), self.nodes.as_ref()) {
-            let owner = |node: &str| {
-                nodes.iter().find(|n| n.name_any() == node).and_then(|n| n.labels().get(OWNER_LABEL).cloned())
-            };
+            let owners: BTreeMap<String, Option<&String>> =
+                nodes.iter().map(|n| (n.name_any(), n.labels().get(OWNER_LABEL))).collect();
+            let owner = |node: &str| owners.get(node).copied().flatten();
             let mut empty = |node: &String, kernel: &str, message: String| {
                 if !with_pod.contains(node) {
                     rows.push(StatusRow::empty(&name, node, kernel, message));
@@ -148,7 +148,7 @@ impl Fleet {
             };
             for node in &placement.owned {
                 let message = match owner(node) {
-                    Some(o) if o == name => "its pod is not there yet".to_owned(),
+                    Some(o) if *o == name => "its pod is not there yet".to_owned(),
                     _ => "runs the kernel's default scheduler until its wave".to_owned(),
                 };
                 empty(node, "no-pod", message);
@@ -260,18 +260,20 @@ impl Fleet {
                 losers.entry(node).or_default().push(scheduler.clone());
             }
         }
+        // Each node's live sked pod, found once (a fleet has thousands of both).
+        let pod_on: BTreeMap<&str, &Pod> = self
+            .pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| Some((p.spec.as_ref()?.node_name.as_deref()?, p)))
+            .collect();
         let nodes = self.nodes.as_deref().unwrap_or_default();
         nodes
             .iter()
             .map(|n| {
                 let name = n.name_any();
                 let labels = n.labels();
-                let pod = self
-                    .pods
-                    .iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()));
-                let state = pod.and_then(|p| pod_kernel(p).0);
+                let state = pod_on.get(name.as_str()).and_then(|p| pod_kernel(p).0);
                 let kernel = match &state {
                     Some(PodKernel::Attached { .. }) => "ours",
                     Some(PodKernel::Foreign { .. }) => "foreign",

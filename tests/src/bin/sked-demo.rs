@@ -28,6 +28,10 @@ const NAMESPACE: &str = "sked-system";
 /// The example's rollout, made quick enough to watch: bake 5 s, give up on an attach after 15 s,
 /// two nodes at a time after the canary.
 const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2}}}"#;
+/// The same for the example's first deployment, with more time to attach: on a machine still
+/// busy (the first build, a test run beside it) its agents may take longer than 15 s to start,
+/// and a first deployment that fails leaves nothing to show.
+const FIRST_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":90,"maxUnavailable":2}}}"#;
 const MAX_UNAVAILABLE: usize = 2;
 
 /// One line per step of the demo's start.
@@ -85,7 +89,7 @@ async fn start() -> Result<Demo> {
     step("applying examples/scx-rusty.yaml, with a rollout quick enough to watch (bake 5 s)");
     let example = cluster::workspace_root().join("examples/scx-rusty.yaml");
     kubectl(&cluster, &["apply", "-f", &example.to_string_lossy()])?;
-    kubectl(&cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", QUICK_ROLLOUT])?;
+    kubectl(&cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", FIRST_ROLLOUT])?;
 
     step("playing each node's kubelet and kernel: an agent per pod on a fake sched_ext tree");
     let address = format!("https://localhost:{reports_port}");
@@ -105,6 +109,8 @@ async fn start() -> Result<Demo> {
 
     let demo = Demo { cluster, client, nodes, controller, _tls: tls };
     wait_scheduler(&demo, "every node attached", complete).await?;
+    // Pacing is not part of a revision: this restarts nothing.
+    kubectl(&demo.cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", QUICK_ROLLOUT])?;
     step(&format!("ready in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(demo)
 }
@@ -238,7 +244,13 @@ async fn wait_scheduler(demo: &Demo, what: &str, pred: impl Fn(&Scheduler) -> bo
             }
         }
         if Instant::now() > deadline {
-            bail!("the demo's Scheduler never got to: {what}");
+            let why = schedulers.get_opt(NAME).await?.and_then(|s| s.status).and_then(|st| {
+                let failed = st.rollout.and_then(|r| r.failed).map(|f| format!("; its rollout failed: {}", f.cause));
+                failed.or_else(|| {
+                    st.conditions.iter().find(|c| c.type_ == "Ready").map(|c| format!("; Ready: {}", c.message))
+                })
+            });
+            bail!("the demo's Scheduler never got to: {what}{}", why.unwrap_or_default());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
