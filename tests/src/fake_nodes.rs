@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
+use sked_controller::Scheduler;
 use sked_controller::workload::OWNER_LABEL;
 use sked_proto::contract::env;
 
@@ -137,6 +138,37 @@ impl FakeNodes {
         if let Some(p) = self.agents.get_mut(node) {
             p.agent.stop();
             p.stage = Stage::Settled;
+        }
+    }
+
+    /// Drives the nodes, a move every 300 ms as a kubelet's probes would, until the Scheduler
+    /// `name` satisfies `pred` (at most 90 s); `seen` gets every copy read on the way. A pod
+    /// deleted between the list and the kubelet's move is left to the next move.
+    pub async fn drive_until(
+        &mut self,
+        name: &str,
+        what: &str,
+        mut seen: impl FnMut(&Scheduler),
+        pred: impl Fn(&Scheduler) -> bool,
+    ) -> Result<Scheduler> {
+        let schedulers: Api<Scheduler> = Api::all(self.client.clone());
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            match self.drive().await {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e),
+            }
+            let s = schedulers.get(name).await?;
+            seen(&s);
+            if pred(&s) {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                let status = serde_json::to_string_pretty(&s.status)?;
+                bail!("Scheduler {name}: timed out waiting for {what}; last status: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 

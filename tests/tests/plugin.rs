@@ -18,7 +18,7 @@ use sked_controller::api::{RolloutPhase, RolloutSpec};
 use sked_controller::config::ControllerFlags;
 use sked_controller::{Scheduler, SchedulerSpec};
 use sked_tests::agents::{ReportsEndpoint, ReportsTls, workspace_binary};
-use sked_tests::fake_nodes::{FOREIGN_OPS, FakeNodes, Kernel, is_not_found, ops_of_image};
+use sked_tests::fake_nodes::{FOREIGN_OPS, FakeNodes, Kernel, ops_of_image};
 use sked_tests::{Fixture, spec_on, wait_for};
 
 const IMAGE: &str = "ghcr.io/schedkit/scx_rusty:v1";
@@ -69,23 +69,7 @@ fn quick() -> RolloutSpec {
 impl Pool {
     /// Drives the nodes until the Scheduler satisfies `pred`.
     async fn drive_until(&mut self, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
-        loop {
-            match self.nodes.drive().await {
-                Ok(()) => {}
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(e),
-            }
-            let s = self.fx.schedulers().get(&self.name).await?;
-            if pred(&s) {
-                return Ok(s);
-            }
-            if std::time::Instant::now() > deadline {
-                bail!("Scheduler {}: timed out waiting for {what}; last status: {:?}", self.name, s.status);
-            }
-            // Poll as a kubelet would.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        self.nodes.drive_until(&self.name, what, |_| {}, pred).await
     }
 
     /// Runs `kubectl sked -n <workload namespace> ARGS` with `kubeconfig`.

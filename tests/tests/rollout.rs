@@ -76,35 +76,15 @@ impl Cluster {
     /// One move of every node's kubelet and kernel, and the rollout phase it led to.
     async fn drive(&mut self) -> Result<()> {
         self.nodes.drive().await?;
-        if let Some(phase) = self.fx.schedulers().get(&self.name).await?.status.and_then(|s| s.rollout).map(|r| r.phase)
-            && self.phases.last() != Some(&phase)
-        {
-            self.phases.push(phase);
-        }
+        let s = self.fx.schedulers().get(&self.name).await?;
+        record_phase(&mut self.phases, &s);
         Ok(())
     }
 
-    /// Drives the nodes until the Scheduler satisfies `pred`.
+    /// Drives the nodes until the Scheduler satisfies `pred`, recording the phases on the way.
     async fn drive_until(&mut self, what: &str, pred: impl Fn(&Scheduler) -> bool) -> Result<Scheduler> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
-        loop {
-            match self.drive().await {
-                Ok(()) => {}
-                // A pod deleted between the list and the kubelet's move: the next move skips it.
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(e),
-            }
-            let s = self.fx.schedulers().get(&self.name).await?;
-            if pred(&s) {
-                return Ok(s);
-            }
-            if std::time::Instant::now() > deadline {
-                let status = serde_json::to_string_pretty(&s.status)?;
-                anyhow::bail!("Scheduler {}: timed out waiting for {what}; last status: {status}", self.name);
-            }
-            // Poll as a kubelet would (its probes run every few seconds).
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        let phases = &mut self.phases;
+        self.nodes.drive_until(&self.name, what, |s| record_phase(phases, s), pred).await
     }
 
     async fn patch_spec(&self, spec: serde_json::Value) -> Result<()> {
@@ -126,6 +106,15 @@ impl Cluster {
         std::fs::create_dir_all(&dir)?;
         let (pods, nodes) = (format!("name={scheduler}"), format!("pool={}", self.name));
         Ok(FakeNodes::new(&self.fx.client, &self.fx.namespace, &pods, &nodes, &dir, &reports))
+    }
+}
+
+/// Appends the Scheduler's rollout phase to `phases` when it is a new one.
+fn record_phase(phases: &mut Vec<RolloutPhase>, s: &Scheduler) {
+    if let Some(phase) = s.status.as_ref().and_then(|st| st.rollout.as_ref()).map(|r| r.phase)
+        && phases.last() != Some(&phase)
+    {
+        phases.push(phase);
     }
 }
 
