@@ -4,6 +4,7 @@
 //! the pure deciders are `sked_core` (re-exported as [`arbiter`], [`workload`], [`rollout`],
 //! [`status`], [`nodes`]); this crate holds what talks to the API server and the agents:
 //! - [`index`]: the watch-fed Scheduler store, the arbiter's view of Nodes, the scheduler pods;
+//! - [`context`]: the one `Context` every reconcile shares;
 //! - [`reconcile`]: the reconcile that applies the DaemonSet and writes status;
 //! - [`manager`]: startup, servers, leadership terms and shutdown;
 //! - [`kernel_table`] and [`reports`]: the agents' kernel reports and the KernelAttached view;
@@ -22,6 +23,7 @@ use sked_core::{hashing, pod_conditions as pod_condition, pods};
 
 pub mod config;
 mod connections;
+pub mod context;
 pub mod error;
 pub mod handshake_gate;
 pub mod index;

@@ -15,10 +15,10 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use crate::api::pod_kernel::POD_CONDITION;
+use crate::context::Context;
 use crate::mutex::lock;
 use crate::pod_condition;
 use crate::pods::{KernelCondition, SchedulerPod};
-use crate::reconcile::Context;
 use crate::workload::FIELD_MANAGER;
 
 /// Most pod conditions one reconcile writes; the rest go in the next one, soon after.

@@ -6,9 +6,9 @@
 //! [`crate::status`], `kernel_summary`); this module reads and writes. Startup and leadership are
 //! in [`crate::manager`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
@@ -16,56 +16,23 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use sked_proto::Verdict;
-use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::{Reason, RevisionSpec, RolloutFailure, RolloutStatus, Scheduler, SchedulerStatus};
-use crate::config::ControllerFlags;
+pub use crate::context::Context;
 use crate::error::ReconcileError as Error;
-use crate::index::Index;
-use crate::kernel_table::{self as kernel, KernelTable};
-use crate::memo::Memo;
-use crate::metrics::{Metrics, ReportStats};
+use crate::kernel_table as kernel;
 use crate::mutex::lock;
 use crate::pods::SchedulerPod;
 use crate::rollout;
 use crate::status::{self, EventKind, EventSpec, Observed};
-use crate::throttle::{TokenBucket, retry_delay};
-use crate::trust::{Trust, TrustError};
-use crate::workload::{self, FIELD_MANAGER, WorkloadSettings};
-
-/// State shared by every reconcile.
-pub struct Context {
-    pub client: Client,
-    pub flags: ControllerFlags,
-    pub settings: WorkloadSettings,
-    /// The Schedulers and their placements.
-    pub(crate) index: Index,
-    pub(crate) recorder: Recorder,
-    pub(crate) limiter: TokenBucket,
-    pub(crate) memo: Arc<Memo>,
-    /// Consecutive failures per Scheduler, for the retry delay.
-    pub(crate) failures: Mutex<HashMap<String, u32>>,
-    /// Latest kernel report per node.
-    pub kernel: Arc<KernelTable>,
-    pub report_stats: Arc<ReportStats>,
-    /// Whether this replica leads; every write checks it.
-    pub(crate) leader: watch::Receiver<bool>,
-    pub metrics: Arc<Metrics>,
-    /// Decides which images may run and resolves them to digests.
-    pub trust: Arc<Trust>,
-}
-
-impl Context {
-    /// Writes are allowed only while this replica holds the leader lease.
-    pub(crate) fn leading(&self) -> bool {
-        *self.leader.borrow()
-    }
-}
+use crate::throttle::retry_delay;
+use crate::trust::TrustError;
+use crate::workload::{self, FIELD_MANAGER};
 
 static RECONCILE_IDS: AtomicU64 = AtomicU64::new(0);
 
