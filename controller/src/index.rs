@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::mutex::lock;
 use crate::nodes::NodeFacts;
 use crate::pods::SchedulerPod;
-use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
+use crate::workload::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
 
 /// Schedulers to reconcile, sent by the indexes, the reports server and policy changes.
 pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
@@ -523,9 +523,16 @@ impl Feeds {
         let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let scheduler_pods =
             watcher::watcher(Api::<Pod>::namespaced(client.clone(), workload_namespace), managed.clone());
-        // Managed fields are read by no one here: dropped, like most of each pod.
+        // Of the managed fields, only who else wrote the object is read (not what they wrote):
+        // see `workload::applied_unchanged`.
         let scheduler_daemonsets = watcher::watcher(Api::<DaemonSet>::namespaced(client, workload_namespace), managed)
-            .modify(|ds| ds.managed_fields_mut().clear());
+            .modify(|ds| {
+                let others = ds.managed_fields_mut();
+                others.retain(|m| {
+                    m.manager.as_deref() != Some(FIELD_MANAGER) && m.subresource.as_deref().is_none_or(str::is_empty)
+                });
+                others.iter_mut().for_each(|m| m.fields_v1 = None);
+            });
         let feed = SchedulerFeed { store: &mut store, memo, metrics };
         futures::join!(
             feed_arbiter(

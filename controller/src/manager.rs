@@ -507,13 +507,22 @@ fn leadership_gained(leader: watch::Receiver<bool>) -> impl futures::Stream<Item
 }
 
 /// Creates the workload namespace if needed and sets its Pod Security labels, so the
-/// privileged scheduler pods are admitted however sked was installed.
+/// privileged scheduler pods are admitted however sked was installed; a namespace that carries
+/// them already is not written (a new leader writes nothing it need not).
 async fn ensure_workload_namespace(client: &Client, flags: &ControllerFlags) {
     let level = flags.workload_namespace_pod_security.as_str();
     if level.is_empty() {
         return;
     }
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let modes = ["enforce", "audit", "warn"].map(|mode| format!("pod-security.kubernetes.io/{mode}"));
+    // Labelled already (by an earlier leader, or the chart): a new leader writes nothing.
+    if let Ok(Some(existing)) = namespaces.get_opt(&flags.workload_namespace).await {
+        let labels = existing.metadata.labels.unwrap_or_default();
+        if modes.iter().all(|m| labels.get(m).map(String::as_str) == Some(level)) {
+            return;
+        }
+    }
     let ns = json!({
         "apiVersion": "v1",
         "kind": "Namespace",

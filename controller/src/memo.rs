@@ -13,10 +13,10 @@ use crate::pods::KernelCondition;
 use crate::trust::Admitted;
 
 /// A DaemonSet as this controller last applied it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Applied {
-    /// Hash of the object sent.
-    pub(crate) hash: u64,
+    /// Digest of the object sent (`workload::applied_digest`).
+    pub(crate) hash: String,
     /// The `metadata.generation` the API server gave it.
     pub(crate) generation: i64,
 }

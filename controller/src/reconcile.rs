@@ -239,12 +239,10 @@ async fn apply_daemonset(
     if let Some(key) = ctx.trust.admission_key(&scheduler.spec.sched, &scheduler.spec.pull_secret_names()) {
         desired.annotations_mut().insert(workload::ADMITTED_ANNOTATION.to_owned(), key);
     }
-    let hash = object_hash(&desired);
+    let hash = workload::applied_digest(&desired);
+    desired.annotations_mut().insert(workload::APPLIED_ANNOTATION.to_owned(), hash.clone());
     let live = ctx.index.daemonset(&name, namespace).map(|ds| ds.as_ref().clone());
-    // Applied before, unchanged since (nobody edited its spec): nothing to write.
-    let unchanged = lock(&ctx.memo.applied).get(&name).is_some_and(|a| {
-        a.hash == hash && live.as_ref().is_some_and(|ds| ds.metadata.generation.unwrap_or(0) <= a.generation)
-    });
+    let unchanged = applied_unchanged(ctx, &name, &hash, live.as_ref());
     // A node that runs this Scheduler's pod keeps it only if it carries the owner label the
     // template selects: apply once those labels are written.
     let running: BTreeSet<String> = ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
@@ -264,7 +262,8 @@ async fn apply_daemonset(
     match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
         Ok(applied) => {
             let generation = applied.metadata.generation.unwrap_or(0);
-            let before = lock(&ctx.memo.applied).insert(name.clone(), crate::memo::Applied { hash, generation });
+            let before =
+                lock(&ctx.memo.applied).insert(name.clone(), crate::memo::Applied { hash: hash.clone(), generation });
             if before.map(|a| a.generation) != Some(generation) {
                 info!(daemonset = %format!("{namespace}/{name}"), image = %image, "applied DaemonSet");
             }
@@ -278,6 +277,24 @@ async fn apply_daemonset(
             Ok(Some(Deployed { daemonset, spec_error: Some(status.message.clone()), requeue: None }))
         }
         Err(source) => Err(apply_error(source)),
+    }
+}
+
+/// Whether the DaemonSet `name` needs no apply: applied in this term with the same digest and not
+/// edited since (its generation did not move past the one the apply got), or, not applied in
+/// this term (a new leader), carrying the digest with no other writer
+/// ([`workload::applied_unchanged`]); then remembered as applied at its generation.
+fn applied_unchanged(ctx: &Context, name: &str, hash: &str, live: Option<&DaemonSet>) -> bool {
+    let mut applied = lock(&ctx.memo.applied);
+    let Some(live) = live else { return false };
+    let generation = live.metadata.generation.unwrap_or(0);
+    match applied.get(name) {
+        Some(a) => a.hash == hash && generation <= a.generation,
+        None if workload::applied_unchanged(live, hash) => {
+            applied.insert(name.to_owned(), crate::memo::Applied { hash: hash.to_owned(), generation });
+            true
+        }
+        None => false,
     }
 }
 
@@ -480,14 +497,6 @@ fn deployed_admission(ctx: &Context, scheduler: &Scheduler, secrets: &[String]) 
     let pod = ds.spec.template.spec.as_ref()?;
     let running = pod.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER)?.image.as_deref();
     ctx.trust.recorded_admission(&scheduler.spec.sched, secrets, recorded, running)
-}
-
-/// A hash of an object as it would be sent.
-fn object_hash(object: &impl serde::Serialize) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_vec(object).unwrap_or_default().hash(&mut hasher);
-    hasher.finish()
 }
 
 /// One step of a Scheduler's rollout, decided but not yet carried out.

@@ -51,6 +51,32 @@ pub struct AgentSettings {
 /// restarts nothing.
 pub const ADMITTED_ANNOTATION: &str = "sked.schedkit.io/admitted";
 
+/// The DaemonSet annotation holding the digest of the object sked last applied (without this
+/// annotation): a new leader, which remembers no apply of its own, leaves a DaemonSet alone when
+/// it carries the digest of what it would apply and nobody else has written its spec since
+/// ([`applied_unchanged`]). A failover then writes no DaemonSet.
+pub const APPLIED_ANNOTATION: &str = "sked.schedkit.io/applied";
+
+/// The digest [`APPLIED_ANNOTATION`] holds for `desired` (16 hex digits of its SHA-256).
+pub fn applied_digest(desired: &DaemonSet) -> String {
+    crate::hashing::short_sha256_hex(&serde_json::to_vec(desired).unwrap_or_default(), 8)
+}
+
+/// Whether the live DaemonSet is what sked would apply (`digest`, from [`applied_digest`]): it
+/// carries that digest, and no other field manager has written its object (an entry of another
+/// manager that is not for the status subresource: a `kubectl edit`, a `rollout restart`, another
+/// tool's apply). Either way round, applying again is what undoes the edit.
+pub fn applied_unchanged(live: &DaemonSet, digest: &str) -> bool {
+    let carries = live.metadata.annotations.as_ref().and_then(|a| a.get(APPLIED_ANNOTATION)).map(String::as_str);
+    let edited = live
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|m| m.manager.as_deref() != Some(FIELD_MANAGER) && m.subresource.as_deref().is_none_or(str::is_empty));
+    carries == Some(digest) && !edited
+}
+
 /// The revision of a Scheduler's pods: a short hash of what the Scheduler's spec puts into them
 /// (image, args, env, resources, expected ops, priority class, pull secrets, tolerations).
 /// Placement (the nodeSelector) and sked's own settings (the agent's image, the namespace) are
@@ -491,5 +517,31 @@ mod tests {
         let a = desired_daemonset(&s, "x/y", &settings()).unwrap();
         let b = desired_daemonset(&s, "x/y", &settings()).unwrap();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_daemonset_carrying_its_digest_and_written_by_no_one_else_is_left_alone() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let s = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
+        let desired = desired_daemonset(&s, "x/y", &settings()).unwrap();
+        let digest = applied_digest(&desired);
+        assert_eq!(digest.len(), 16);
+        let entry = |manager: &str, subresource: Option<&str>| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            subresource: subresource.map(Into::into),
+            ..Default::default()
+        };
+        let mut live = desired.clone();
+        live.annotations_mut().insert(APPLIED_ANNOTATION.into(), digest.clone());
+        live.metadata.managed_fields =
+            Some(vec![entry(FIELD_MANAGER, None), entry("kube-controller-manager", Some("status"))]);
+        assert!(applied_unchanged(&live, &digest), "sked's own apply and the DaemonSet controller's status");
+        assert!(!applied_unchanged(&live, "0123456789abcdef"), "another digest: the spec changed");
+        let mut edited = live.clone();
+        edited.metadata.managed_fields.get_or_insert_default().push(entry("kubectl-edit", None));
+        assert!(!applied_unchanged(&edited, &digest), "edited by hand: applied again to undo it");
+        let mut legacy = live.clone();
+        legacy.annotations_mut().remove(APPLIED_ANNOTATION);
+        assert!(!applied_unchanged(&legacy, &digest), "made by an older sked");
     }
 }

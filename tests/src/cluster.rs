@@ -46,6 +46,67 @@ pub(crate) fn tool(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The API server's audit policy: every request that can change something (any verb but get,
+/// list and watch), once, when its response is complete, without bodies.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
+rules:\n- level: None\n  verbs: [get, list, watch]\n- level: Metadata\n";
+
+/// The API server's audit log, in the cluster's directory.
+const AUDIT_LOG: &str = "audit.log";
+
+/// One write the API server served, from its audit log: who asked, what, and when it arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditedWrite {
+    /// The authenticated user (a client certificate's common name, a service account).
+    pub user: String,
+    /// The request's verb as the audit log names it: create, update, patch, delete,
+    /// deletecollection.
+    pub verb: String,
+    pub resource: String,
+    /// Empty for the resource itself; `status` for its status.
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    /// The HTTP status code of the answer.
+    pub code: u16,
+    pub received: jiff::Timestamp,
+}
+
+impl AuditedWrite {
+    /// `resource[/subresource] verb`, as the tests count writes.
+    pub fn kind(&self) -> String {
+        match self.subresource.as_str() {
+            "" => format!("{} {}", self.resource, self.verb),
+            sub => format!("{}/{sub} {}", self.resource, self.verb),
+        }
+    }
+
+    /// Whether the write can change an object the cluster keeps: a request for a review
+    /// (TokenReview, SubjectAccessReview) only asks a question.
+    pub fn changes_state(&self) -> bool {
+        !self.resource.ends_with("reviews")
+    }
+
+    fn parse(line: &str) -> Result<Self> {
+        let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("audit line: {line}"))?;
+        let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_owned();
+        let object = &v["objectRef"];
+        Ok(Self {
+            user: text(&v["user"]["username"]),
+            verb: text(&v["verb"]),
+            resource: text(&object["resource"]),
+            subresource: text(&object["subresource"]),
+            namespace: text(&object["namespace"]),
+            name: text(&object["name"]),
+            code: v["responseStatus"]["code"].as_u64().and_then(|c| u16::try_from(c).ok()).unwrap_or_default(),
+            received: v["requestReceivedTimestamp"]
+                .as_str()
+                .context("an audit event without requestReceivedTimestamp")?
+                .parse()?,
+        })
+    }
+}
+
 /// A running control plane.
 pub struct TestCluster {
     pub dir: PathBuf,
@@ -183,6 +244,7 @@ impl TestCluster {
         let admin_key = write("admin.key", &pki.admin_key)?;
         let sa_key = write("sa.key", &pki.sa_key)?;
         let sa_pub = write("sa.pub", &pki.sa_pub)?;
+        let audit_policy = write("audit-policy.yaml", AUDIT_POLICY)?;
 
         let mut cluster = TestCluster {
             kubeconfig: dir.join("kubeconfig"),
@@ -238,6 +300,10 @@ impl TestCluster {
             // Service-referenced webhooks are dialled at the address an EndpointSlice names
             // (see controller_pods::route_service); there is no kube-proxy for cluster IPs.
             "--enable-aggregator-routing=true",
+            // Every write, by whom (see `TestCluster::audited_writes`).
+            &format!("--audit-policy-file={}", audit_policy.display()),
+            &format!("--audit-log-path={}", dir.join(AUDIT_LOG).display()),
+            "--audit-log-maxsize=0",
             "--v=0",
         ]);
         cluster.launch("kube-apiserver", apiserver)?;
@@ -371,11 +437,38 @@ impl TestCluster {
         self.ca.client(&format!("system:node:{node}"), "system:nodes")
     }
 
+    /// A kubeconfig for a user of its own, `user` in group system:masters (full access): the
+    /// audit log tells its requests from every other client's.
+    pub fn user_kubeconfig(&self, user: &str) -> Result<PathBuf> {
+        let issued = self.ca.client(user, "system:masters")?;
+        let (cert, key) = (self.dir.join(format!("{user}.crt")), self.dir.join(format!("{user}.key")));
+        fs::write(&cert, &issued.cert_pem)?;
+        fs::write(&key, &issued.key_pem)?;
+        let admin = fs::read_to_string(&self.kubeconfig)?;
+        let own = admin
+            .replace(&self.dir.join("admin.crt").display().to_string(), &cert.display().to_string())
+            .replace(&self.dir.join("admin.key").display().to_string(), &key.display().to_string());
+        let path = self.dir.join(format!("{user}.kubeconfig"));
+        fs::write(&path, own)?;
+        Ok(path)
+    }
+
+    /// Every write the API server has answered so far, from its audit log, in order of arrival.
+    /// A write is logged once its response is complete: read after the requests of interest
+    /// were answered.
+    pub fn audited_writes(&self) -> Result<Vec<AuditedWrite>> {
+        let text = fs::read_to_string(self.dir.join(AUDIT_LOG))?;
+        // A line the API server is still writing (no newline yet) is left for the next read.
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        let mut writes: Vec<AuditedWrite> =
+            complete.lines().filter(|l| !l.trim().is_empty()).map(AuditedWrite::parse).collect::<Result<_>>()?;
+        writes.sort_by_key(|w| w.received);
+        Ok(writes)
+    }
+
     /// A client for the admin user.
     pub async fn client(&self) -> Result<kube::Client> {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-        Ok(kube::Client::try_from(config)?)
+        client_of(&self.kubeconfig).await
     }
 
     /// Runs the pinned helm against this cluster, with its caches and config in the cluster's
@@ -447,6 +540,13 @@ impl Drop for TestCluster {
         self.stop();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A client for the user and cluster of the kubeconfig at `path`.
+pub async fn client_of(path: &Path) -> Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// A plain HTTP/1.0 GET on 127.0.0.1 that succeeds on a 200 answer.

@@ -92,6 +92,10 @@ pub struct Fixture {
     pub report_stats: std::sync::Arc<sked_controller::metrics::ReportStats>,
     /// Where the in-process controller serves /metrics.
     pub metrics_address: std::net::SocketAddr,
+    /// The user the running (or last) in-process controller authenticates as: each one started
+    /// has its own, so the API server's audit log tells their writes apart (see
+    /// [`Fixture::writes_by`]).
+    pub controller_user: String,
     stop: Option<oneshot::Sender<()>>,
     controller: Option<tokio::task::JoinHandle<()>>,
     _turn: MutexGuard<'static, ()>,
@@ -130,6 +134,7 @@ impl Fixture {
             namespace,
             report_stats: Default::default(),
             metrics_address: ([127, 0, 0, 1], 0).into(),
+            controller_user: String::new(),
             stop: None,
             controller: None,
             _turn: turn,
@@ -158,12 +163,19 @@ impl Fixture {
             flags.trust_policy = Some(allow_unsigned_policy(&self.cluster.dir)?);
         }
         let (stop, stopped) = oneshot::channel::<()>();
-        let controller_client = self.client.clone();
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        self.controller_user = format!("sked-controller-{n}");
+        let kubeconfig = self.cluster.user_kubeconfig(&self.controller_user)?;
         self.report_stats = std::sync::Arc::new(sked_controller::metrics::ReportStats::default());
         let stats = self.report_stats.clone();
         self.controller = Some(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stopped.await;
+            };
+            let controller_client = match cluster::client_of(&kubeconfig).await {
+                Ok(client) => client,
+                Err(e) => return eprintln!("controller client for {}: {e:#}", kubeconfig.display()),
             };
             let run =
                 sked_controller::manager::run_with_stats(controller_client, flags, "test".into(), shutdown, stats);
@@ -175,14 +187,26 @@ impl Fixture {
         Ok(())
     }
 
-    /// Stops the controller and waits for it to drain.
-    pub async fn stop_controller(&mut self) {
+    /// Stops the controller and waits for it to drain; fails if it did not within [`DEADLINE`]
+    /// (then it is aborted, and what it may have left running could still write: the test
+    /// cannot go on as if one controller ran).
+    pub async fn stop_controller(&mut self) -> Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(handle) = self.controller.take() {
-            let _ = tokio::time::timeout(DEADLINE, handle).await;
+        if let Some(mut handle) = self.controller.take()
+            && tokio::time::timeout(DEADLINE, &mut handle).await.is_err()
+        {
+            handle.abort();
+            bail!("the in-process controller {} did not stop within {DEADLINE:?}", self.controller_user);
         }
+        Ok(())
+    }
+
+    /// The writes the API server answered with success for `user` so far (its audit log).
+    pub fn writes_by(&self, user: &str) -> Result<Vec<cluster::AuditedWrite>> {
+        let writes = self.cluster.audited_writes()?;
+        Ok(writes.into_iter().filter(|w| w.user == user && (200..300).contains(&w.code)).collect())
     }
 
     /// The controller's /metrics text.

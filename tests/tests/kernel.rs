@@ -165,7 +165,7 @@ async fn a_new_leader_keeps_kernel_conditions_until_agents_report() -> Result<()
 
     // The leader goes; the next one starts with an empty kernel table, and the agents cannot
     // reach it yet (another port): within a heartbeat it judges nothing.
-    s.fx.stop_controller().await;
+    s.fx.stop_controller().await?;
     let flags = ControllerFlags {
         reports_bind_address: ([127, 0, 0, 1], free_port()?).into(),
         reports_cert_file: Some(s.tls.cert.clone()),
@@ -912,7 +912,7 @@ async fn an_ejection_reaches_the_status_and_is_recorded_once_across_a_failover()
 
     // A new leader hears the same exit from k-2's agent, and records nothing again.
     let port: u16 = s.controller.rsplit(':').next().and_then(|p| p.parse().ok()).context("reports port")?;
-    s.fx.stop_controller().await;
+    s.fx.stop_controller().await?;
     let flags = ControllerFlags {
         reports_bind_address: ([127, 0, 0, 1], port).into(),
         reports_cert_file: Some(s.tls.cert.clone()),

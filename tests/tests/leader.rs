@@ -1,7 +1,8 @@
 //! Two `sked-controller` processes against the test cluster: one leads, the other stands by;
-//! killing the leader hands reconciling to the standby, and only the leader ever writes. The
-//! processes log JSON, which the test parses (field names and the reconcile identity). Both
-//! serve the admission webhook: the standby answers the API server too.
+//! killing the leader hands reconciling to the standby, and only the leader ever writes. Each
+//! process authenticates as a user of its own (its name), so the API server's audit log says who
+//! wrote what, and when. The processes log JSON, which the test parses (field names and the
+//! reconcile identity). Both serve the admission webhook: the standby answers the API server too.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,7 +51,7 @@ impl ControllerProcess {
         let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
         let args = defaults.iter().filter(|a| !overridden.contains(&flag(a))).chain(extra);
         let child = Command::new(workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?)
-            .env("KUBECONFIG", &fx.cluster.kubeconfig)
+            .env("KUBECONFIG", fx.cluster.user_kubeconfig(name)?)
             .env("POD_NAME", name)
             .args(args)
             .stdin(Stdio::null())
@@ -77,8 +78,8 @@ impl ControllerProcess {
         text.lines().map(|l| serde_json::from_str(l).with_context(|| format!("log line is not JSON: {l}"))).collect()
     }
 
-    /// Lines that record a write (a DaemonSet applied, or a state change saved).
-    fn writes(&self) -> Result<Vec<Value>> {
+    /// Log lines that record a write (a DaemonSet applied, or a state change saved).
+    fn write_lines(&self) -> Result<Vec<Value>> {
         Ok(self
             .lines()?
             .into_iter()
@@ -158,7 +159,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
     first.child.kill()?;
     let _ = first.child.wait();
     let killed = Instant::now();
-    let writes_of_a = first.writes()?.len();
+    let killed_at = jiff::Timestamp::now();
 
     fx.create_scheduler("led-by-b", spec("ghcr.io/schedkit/scx_rusty:v1")).await?;
     fx.wait_scheduler("led-by-b", "reconciled by the new leader", |s| s.status.is_some()).await?;
@@ -169,19 +170,25 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
     assert!(metrics.contains("sked_reconciles_total{result=\"success\"}"), "{metrics}");
     assert!(metrics.contains("sked_reconcile_duration_seconds_bucket"), "{metrics}");
 
-    // Only the leader of the moment wrote: a wrote led-by-a, b wrote nothing while a led.
-    assert!(writes_of_a > 0, "controller-a reconciled while leading");
-    let a_names: Vec<String> =
-        first.writes()?.iter().filter_map(|l| l["scheduler"].as_str().map(str::to_owned)).collect();
-    assert!(a_names.iter().all(|n| n == "led-by-a" || n == "probe"), "{a_names:?}");
+    // Only the leader of the moment wrote, as the API server's audit log counts writes by
+    // client: controller-b nothing at all while controller-a lived (not even the Lease), and
+    // each the objects of the Scheduler made while it led.
+    let (a, b) = (fx.writes_by("controller-a")?, fx.writes_by("controller-b")?);
+    let kinds = |writes: &[sked_tests::cluster::AuditedWrite]| -> Vec<String> {
+        writes.iter().map(|w| format!("{} {}", w.kind(), w.name)).collect()
+    };
+    let b_early: Vec<_> = b.iter().filter(|w| w.received < killed_at).cloned().collect();
+    assert!(b_early.is_empty(), "the standby wrote while controller-a led: {:?}", kinds(&b_early));
+    let a_late: Vec<_> = a.iter().filter(|w| w.received >= killed_at).cloned().collect();
+    assert!(a_late.is_empty(), "controller-a wrote after it was killed: {:?}", kinds(&a_late));
+    let made = |writes: &[sked_tests::cluster::AuditedWrite], name: &str| {
+        writes.iter().any(|w| w.kind() == "daemonsets patch" && w.name == name)
+    };
+    assert!(made(&a, "led-by-a") && !made(&a, "led-by-b"), "{:?}", kinds(&a));
+    let mut a_schedulers = a.iter().filter(|w| ["daemonsets", "schedulers"].contains(&w.resource.as_str()));
+    assert!(a_schedulers.all(|w| w.name == "led-by-a" || w.name == "probe"), "{:?}", kinds(&a));
+    assert!(made(&b, "led-by-b") && !made(&b, "led-by-a"), "{:?}", kinds(&b));
     let b_lines = second.lines()?;
-    let b_leading = b_lines.iter().position(|l| l["msg"] == "leading: reconciling Schedulers").context("b leads")?;
-    let b_writes_before = b_lines[..b_leading]
-        .iter()
-        .filter(|v| matches!(v["msg"].as_str(), Some("applied DaemonSet" | "state changed")))
-        .count();
-    assert_eq!(b_writes_before, 0, "the standby wrote nothing before it led");
-    assert!(second.writes()?.iter().any(|l| l["scheduler"] == "led-by-b"));
 
     // The log contract: every line has time, level, msg, logger; reconcile lines carry the
     // controller, the Scheduler and a reconcileID; no-op reconciles stay below info.
@@ -193,7 +200,7 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
         assert!(["INFO", "WARN", "ERROR"].contains(&line["level"].as_str().unwrap_or_default()), "{line}");
         assert_ne!(line["msg"], "reconciled; nothing changed", "no-op reconciles log below info");
     }
-    for line in second.writes()? {
+    for line in second.write_lines()? {
         assert_eq!(line["controller"], "scheduler", "{line}");
         assert!(line["reconcileID"].as_str().is_some_and(|id| !id.is_empty()), "{line}");
         assert!(line["logger"].as_str().is_some_and(|l| l.contains('/')), "slash-separated logger: {line}");
@@ -284,18 +291,39 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
         let reports = sked_tests::agents::ReportsEndpoint { address: &endpoint, ca: &tls.ca, server_name: None };
         agents.push(AgentProcess::for_pod(&fx.client, &fx.namespace, dir.path(), pod, "kept", &reports).await?);
     }
+    // The pods run, and each says the kernel runs its scheduler before the leader goes (a
+    // condition the new leader would otherwise write).
+    let pod_api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(fx.client.clone(), &fx.namespace);
+    for pod in pods.values() {
+        sked_tests::kubelet::set_pod_ready(&pod_api, &kube::ResourceExt::name_any(pod), true).await?;
+    }
     let attached = |s: &sked_controller::Scheduler| {
         sked_tests::has_condition(s, "KernelAttached", "True", "KernelAttached")
             && s.status.as_ref().is_some_and(|st| st.kernel_attached == 3)
+            && sked_tests::has_condition(s, "Ready", "True", "DaemonSetReady")
     };
-    let before = fx.wait_scheduler("kept", "every node attached", attached).await?;
+    let before = fx.wait_scheduler("kept", "every node attached and Ready", attached).await?;
     let conditions_before = conditions(&before);
     let events_before = fx.scheduler_events("kept").await?;
+    let uids = |pods: &std::collections::BTreeMap<String, k8s_openapi::api::core::v1::Pod>| -> Vec<(String, String)> {
+        pods.iter().map(|(node, p)| (node.clone(), kube::ResourceExt::uid(p).unwrap_or_default())).collect()
+    };
+    let pods_before = uids(&pods);
+    wait_for("each pod's KernelAttached condition", || async {
+        let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "kept", nodes.len()).await?;
+        let written = pods.values().all(|p| {
+            let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+            conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "sked.schedkit.io/KernelAttached"))
+        });
+        Ok(written.then_some(()))
+    })
+    .await?;
 
     // SIGKILL: the lease is left to run out, every agent's stream breaks.
     first.child.kill()?;
     let _ = first.child.wait();
     let killed = Instant::now();
+    let killed_at = jiff::Timestamp::now();
     let accepted = |c: &ControllerProcess| -> Result<f64> {
         Ok(c.scrape()?
             .lines()
@@ -337,10 +365,21 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     let after = fx.schedulers().get("kept").await?;
     assert_eq!(conditions(&after), conditions_before, "no condition moved");
     assert_eq!(fx.scheduler_events("kept").await?, events_before, "no event recorded");
+    // What the API server was asked to change by the new leader: its Lease, nothing else (no
+    // status, DaemonSet, label, pod condition, pod deletion or event); the same pods run.
+    let changes: Vec<String> = fx
+        .writes_by("steady-b")?
+        .iter()
+        .filter(|w| w.received >= killed_at && w.changes_state() && w.resource != "leases")
+        .map(|w| format!("{} {}/{}", w.kind(), w.namespace, w.name))
+        .collect();
+    assert!(changes.is_empty(), "the new leader changed: {changes:?}");
+    let pods_after = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "kept", nodes.len()).await?;
+    assert_eq!(uids(&pods_after), pods_before, "the same pods run");
     assert!(
-        !second.writes()?.iter().any(|l| l["msg"] == "state changed"),
+        !second.write_lines()?.iter().any(|l| l["msg"] == "state changed"),
         "the new leader saw no change of state: {:?}",
-        second.writes()?
+        second.write_lines()?
     );
     drop(agents);
     Ok(())

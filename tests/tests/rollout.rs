@@ -508,11 +508,40 @@ async fn a_new_leader_carries_on_a_rollout_and_replaces_no_node_twice() -> Resul
     })
     .await?;
     // The leader goes mid-rollout; a new one starts from what the API server holds.
-    c.fx.stop_controller().await;
+    let old = c.fx.controller_user.clone();
+    c.fx.stop_controller().await?;
+    let stopped = jiff::Timestamp::now();
+    let left: BTreeSet<String> =
+        live_pods(&c).await?.into_iter().filter(|p| args(p).is_empty()).map(|p| p.name_any()).collect();
+    assert_eq!(left.len(), 2, "the canary alone runs v2 when the leader goes: {left:?}");
     c.fx.start_controller(c.flags.clone())?;
     c.drive_until("the rollout complete under the new leader", |s| complete_at(s, 2)).await?;
     assert!(c.replacements().values().all(|n| *n == 1), "each node replaced once: {:?}", c.replacements());
+    // As the API server's audit log has it: the old leader wrote nothing once stopped, and the
+    // new one deleted exactly the pods the canary had not replaced.
+    let late: Vec<String> = c.fx.writes_by(&old)?.iter().filter(|w| w.received > stopped).map(|w| w.kind()).collect();
+    assert!(late.is_empty(), "the stopped controller still wrote: {late:?}");
+    let new = c.fx.controller_user.clone();
+    assert_eq!(deleted_pods(&c, &new)?, left, "the new leader replaced what was left, once");
     Ok(())
+}
+
+/// The Scheduler's pods not being deleted.
+async fn live_pods(c: &Cluster) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(c.fx.client.clone(), &c.fx.namespace);
+    let list = pods.list(&ListParams::default().labels(&format!("name={}", c.name))).await?;
+    Ok(list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect())
+}
+
+/// The names of the Scheduler's pods `user` deleted (the API server's audit log).
+fn deleted_pods(c: &Cluster, user: &str) -> Result<BTreeSet<String>> {
+    let writes = c.fx.writes_by(user)?;
+    let prefix = format!("{}-", c.name);
+    Ok(writes
+        .iter()
+        .filter(|w| w.kind() == "pods delete" && w.namespace == c.fx.namespace && w.name.starts_with(&prefix))
+        .map(|w| w.name.clone())
+        .collect())
 }
 
 /// The DaemonSet an earlier sked made: RollingUpdate, nodes excluded by name, no revision label.
@@ -800,10 +829,24 @@ async fn a_new_leader_carries_a_first_deployment_on_where_it_stood() -> Result<(
     })
     .await?;
     // The leader goes during the canary; the new one reads where the first deployment stood.
-    c.fx.stop_controller().await;
+    let old = c.fx.controller_user.clone();
+    c.fx.stop_controller().await?;
+    let stopped = jiff::Timestamp::now();
+    let waiting: BTreeSet<String> =
+        nodes.iter().map(|n| n.to_string()).filter(|n| !c.nodes.history.contains_key(n)).collect();
+    assert_eq!(entered(&c).await?.len(), 1, "the canary alone entered when the leader went");
     c.fx.start_controller(c.flags.clone())?;
     c.drive_until("the first deployment complete under the new leader", |s| complete_at(s, 1)).await?;
     assert!(c.replacements().values().all(|n| *n == 0), "each node entered once: {:?}", c.replacements());
+    // As the API server's audit log has it: the old leader wrote nothing once stopped; the new
+    // one deleted no pod and set the owner label on the nodes that waited.
+    let late: Vec<String> = c.fx.writes_by(&old)?.iter().filter(|w| w.received > stopped).map(|w| w.kind()).collect();
+    assert!(late.is_empty(), "the stopped controller still wrote: {late:?}");
+    let new = c.fx.controller_user.clone();
+    assert_eq!(deleted_pods(&c, &new)?, BTreeSet::new(), "the new leader deleted no pod");
+    let labelled: BTreeSet<String> =
+        c.fx.writes_by(&new)?.iter().filter(|w| w.kind() == "nodes patch").map(|w| w.name.clone()).collect();
+    assert_eq!(labelled, waiting, "the new leader let in the nodes that waited, and no other");
     assert!(c.nodes.most_down <= 1, "at most maxUnavailable (1) node switching at once: {}", c.nodes.most_down);
     assert_eq!(entered(&c).await?.len(), 4);
     Ok(())

@@ -404,7 +404,7 @@ async fn a_stopped_registry_keeps_the_verified_digest_without_degrading() -> Res
     // still down: the DaemonSet says its digest was admitted for this image, these pull secrets
     // and this policy rule, so that digest stays and the Scheduler is not degraded either.
     let generation = fx.daemonsets().get("steady").await?.metadata.generation;
-    fx.stop_controller().await;
+    fx.stop_controller().await?;
     fx.start_controller(flags)?;
     wait_for("the new controller's recheck kept the digest", || async {
         Ok(counted(&fx.scrape_metrics().await?).then_some(()))
