@@ -727,6 +727,7 @@ fn node_view(
         crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,
         started: p.started,
         pull_error: p.pull_error.clone(),
+        last_exit: p.last_exit.clone(),
         terminating_since: p.terminating_since,
     });
     // When this leader labelled it, as long as it has not run attached since: once it has, it

@@ -28,6 +28,9 @@ pub struct SchedulerPod {
     pub restarts: i32,
     /// Whether the scheduler container waits in CrashLoopBackOff.
     pub backing_off: bool,
+    /// How the scheduler container last ended: its exit code and its termination message (with
+    /// `terminationMessagePolicy: FallbackToLogsOnError`, its last log lines), escaped and capped.
+    pub last_exit: Option<String>,
     /// A kubelet took the pod up: it is past Pending, or reports a container's status.
     pub started: bool,
     /// The kubelet cannot pull the scheduler container's image: its waiting reason and message
@@ -55,6 +58,9 @@ pub struct KernelCondition {
 const PULL_ERRORS: [&str; 4] = ["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"];
 /// Most characters kept of the kubelet's words on a failed pull.
 const MAX_PULL_ERROR_CHARS: usize = 256;
+/// Most characters kept of a container's termination message, and its last lines kept.
+const MAX_EXIT_CHARS: usize = 300;
+const EXIT_LINES: usize = 3;
 
 /// What tells a pod's revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +110,20 @@ impl SchedulerPod {
                 format!("{}: {}", w.reason.as_deref().unwrap_or_default(), w.message.as_deref().unwrap_or_default());
             sked_proto::text::escape_and_cap(said.trim_end_matches([':', ' ']), MAX_PULL_ERROR_CHARS)
         });
+        let terminated = scx_status.and_then(|c| {
+            let now = c.state.as_ref().and_then(|s| s.terminated.as_ref());
+            now.or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))
+        });
+        let last_exit = terminated.map(|t| {
+            let message = t.message.as_deref().unwrap_or_default();
+            let lines: Vec<&str> = message.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+            let said = lines[lines.len().saturating_sub(EXIT_LINES)..].join(" | ");
+            let code = format!("exit code {}", t.exit_code);
+            sked_proto::text::escape_and_cap(
+                &if said.is_empty() { code } else { format!("{code}: {said}") },
+                MAX_EXIT_CHARS,
+            )
+        });
         Self {
             name: pod.name_any(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
@@ -114,6 +134,7 @@ impl SchedulerPod {
             ready_since,
             restarts: scx_status.map_or(0, |c| c.restart_count),
             backing_off,
+            last_exit,
             pull_error,
             started: status.and_then(|s| s.phase.as_deref()).is_some_and(|p| p != "Pending")
                 || status.and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| !cs.is_empty()),
@@ -180,7 +201,9 @@ mod tests {
                 "containerStatuses": [
                     {"name": "agent", "ready": true, "restartCount": 9, "image": "i", "imageID": "id"},
                     {"name": "scx", "ready": false, "restartCount": 3, "image": "i", "imageID": "id",
-                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}}}
+                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
+                     "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                        "message": "starting\n\nlibbpf: failed to open system Kconfig\nError: Failed to load BPF program\n\u{1b}[0m"}}}
                 ]
             }
         }));
@@ -215,6 +238,9 @@ mod tests {
                 ready_since: at("2026-12-01T10:01:00Z"),
                 restarts: 3,
                 backing_off: true,
+                last_exit: Some(
+                    "exit code 1: libbpf: failed to open system Kconfig | Error: Failed to load BPF program | \\u{1b}[0m".into()
+                ),
                 started: true,
                 pull_error: None,
                 created: at("2026-12-01T10:00:00Z"),

@@ -130,6 +130,8 @@ pub struct PodView {
     pub started: bool,
     /// The kubelet cannot pull the scheduler container's image: its waiting reason and message.
     pub pull_error: Option<String>,
+    /// How the scheduler container last ended (exit code, last log lines), if it did.
+    pub last_exit: Option<String>,
     /// Being deleted since then (seconds since the epoch).
     pub terminating_since: Option<i64>,
 }
@@ -447,7 +449,10 @@ fn judge_unattached(input: &Input<'_>, restoring: bool, n: &NodeView, pod: &PodV
 fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut Plan) -> Option<Failure> {
     let deadline = pod.created + pacing.attach_timeout_seconds;
     let cause = if pod.crash_looping {
-        "the scheduler container is crash-looping".to_owned()
+        match &pod.last_exit {
+            Some(exit) => format!("the scheduler container is crash-looping; it last ended with {exit}"),
+            None => "the scheduler container is crash-looping".to_owned(),
+        }
     } else if n.kernel == KernelView::Ejected {
         match &n.exit {
             Some(why) => format!("the scheduler stopped running after it had attached: {why}"),
@@ -757,6 +762,7 @@ mod tests {
                 crash_looping: false,
                 started: true,
                 pull_error: None,
+                last_exit: None,
                 terminating_since: None,
             }),
             kernel,
@@ -862,8 +868,17 @@ mod tests {
 
         let mut crashing = node("a", T, KernelView::NotAttached);
         crashing.pod.as_mut().unwrap().crash_looping = true;
-        let plan = decide_at(&[crashing, up("b", S)], pacing(1, 1), 10);
+        let plan = decide_at(&[crashing.clone(), up("b", S)], pacing(1, 1), 10);
         assert!(plan.failure.unwrap().cause.contains("crash-looping"));
+        // What the scheduler said as it ended is the cause's end.
+        crashing.pod.as_mut().unwrap().last_exit = Some("exit code 1: libbpf: failed to open system Kconfig".into());
+        let plan = decide_at(&[crashing, up("b", S)], pacing(1, 1), 10);
+        assert_eq!(
+            plan.failure.map(|f| f.cause).as_deref(),
+            Some(
+                "the scheduler container is crash-looping; it last ended with exit code 1: libbpf: failed to open system Kconfig"
+            )
+        );
     }
 
     #[test]

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    HostPathVolumeSource, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecurityContext,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -123,12 +123,16 @@ pub fn desired_daemonset(
         env: non_empty(spec.env.clone()),
         resources: spec.resources.clone(),
         security_context: Some(SecurityContext { privileged: Some(true), ..SecurityContext::default() }),
+        volume_mounts: Some(scheduler_mounts()),
+        // A scheduler that cannot start says why in its last log lines: the kubelet keeps them
+        // as the container's termination message, which the rollout quotes.
+        termination_message_policy: Some(FALLBACK_TO_LOGS.to_owned()),
         ..Container::default()
     };
 
     let pod = PodSpec {
         containers: vec![scx, agent_container(&name, spec.expected_ops.as_deref(), &settings.agent)],
-        volumes: Some(agent_volumes(&settings.agent)),
+        volumes: Some(pod_volumes(&settings.agent)),
         service_account_name: Some(settings.agent.service_account.clone()),
         node_selector: Some(node_selector),
         tolerations: non_empty(spec.tolerations.clone()),
@@ -181,7 +185,10 @@ pub fn restore_revision(desired: &mut DaemonSet, template: &PodTemplateSpec) {
     if let (Some(scx), Some(old_scx)) =
         (pod.containers.iter_mut().find(|c| c.name == SCHEDULER_CONTAINER), old_container(SCHEDULER_CONTAINER))
     {
+        // The revision's container, with sked's own mounts and termination message policy.
+        let (mounts, policy) = (scx.volume_mounts.take(), scx.termination_message_policy.take());
         *scx = old_scx.clone();
+        (scx.volume_mounts, scx.termination_message_policy) = (mounts, policy);
     }
     let old_ops = old_container(AGENT_CONTAINER)
         .and_then(|c| c.env.as_ref())
@@ -254,6 +261,13 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
+            // The scheduler's stats socket (connecting needs no write access to the mount).
+            VolumeMount {
+                name: STATS_VOLUME.into(),
+                mount_path: contract::STATS_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
         ]),
         // Privileged for one thing: opening /dev/kmsg, which a container's device cgroup allows
         // only to privileged containers. At start the agent drops every capability but the three
@@ -269,7 +283,28 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
     }
 }
 
-fn agent_volumes(agent: &AgentSettings) -> Vec<Volume> {
+/// The volume the scheduler and the agent share for the scheduler's stats socket.
+const STATS_VOLUME: &str = "scx-stats";
+/// The host's /boot (the kernel config libbpf reads).
+const HOST_BOOT_VOLUME: &str = "host-boot";
+const FALLBACK_TO_LOGS: &str = "FallbackToLogsOnError";
+
+/// What the scheduler container mounts: the shared stats directory (scx_utils schedulers create
+/// their socket there, and stop if they cannot), and the host's /boot read-only.
+fn scheduler_mounts() -> Vec<VolumeMount> {
+    vec![
+        VolumeMount { name: STATS_VOLUME.into(), mount_path: contract::STATS_DIR.into(), ..VolumeMount::default() },
+        VolumeMount {
+            name: HOST_BOOT_VOLUME.into(),
+            mount_path: contract::HOST_BOOT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+    ]
+}
+
+/// The pod's volumes: the agent's token and CA, the shared stats directory, the host's /boot.
+fn pod_volumes(agent: &AgentSettings) -> Vec<Volume> {
     vec![
         Volume {
             name: "reports-token".into(),
@@ -293,6 +328,12 @@ fn agent_volumes(agent: &AgentSettings) -> Vec<Volume> {
                 name: agent.ca_configmap.clone(),
                 ..ConfigMapVolumeSource::default()
             }),
+            ..Volume::default()
+        },
+        Volume { name: STATS_VOLUME.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
+        Volume {
+            name: HOST_BOOT_VOLUME.into(),
+            host_path: Some(HostPathVolumeSource { path: contract::HOST_BOOT.into(), type_: None }),
             ..Volume::default()
         },
     ]
@@ -489,6 +530,35 @@ mod tests {
             .collect();
         assert_eq!(ops, ["old_ops"]);
         assert_eq!(pod.node_selector.as_ref().unwrap()["pool"], "b", "current placement");
+    }
+
+    #[test]
+    fn the_scheduler_and_the_agent_share_the_stats_directory_and_the_scheduler_reads_the_host_s_boot() {
+        let s = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
+        let ds = desired_daemonset(&s, "x/y", &settings()).unwrap();
+        let spec = pod(&ds);
+        let mounts = |c: &Container| -> Vec<(String, String, bool)> {
+            let mounts = c.volume_mounts.iter().flatten();
+            mounts.map(|m| (m.name.clone(), m.mount_path.clone(), m.read_only.unwrap_or(false))).collect()
+        };
+        let stats = ("scx-stats".to_string(), "/var/run/scx".to_string(), false);
+        let boot = ("host-boot".to_string(), "/boot".to_string(), true);
+        assert_eq!(mounts(&spec.containers[0]), vec![stats.clone(), boot]);
+        assert!(mounts(&spec.containers[1]).contains(&(stats.0, stats.1, true)), "the agent only connects");
+        assert_eq!(spec.containers[0].termination_message_policy.as_deref(), Some("FallbackToLogsOnError"));
+        let volumes = spec.volumes.as_ref().unwrap();
+        let boot = volumes.iter().find(|v| v.name == "host-boot").and_then(|v| v.host_path.as_ref()).unwrap();
+        assert_eq!(boot.path, "/boot");
+        assert!(volumes.iter().any(|v| v.name == "scx-stats" && v.empty_dir.is_some()));
+
+        // A revision restored from a DaemonSet sked made before these mounts gets them too.
+        let mut old = ds.clone();
+        if let Some(scx) = old.spec.template.spec.as_mut().map(|p| &mut p.containers[0]) {
+            (scx.volume_mounts, scx.termination_message_policy) = (None, None);
+        }
+        let mut restored = ds.clone();
+        restore_revision(&mut restored, &old.spec.template);
+        assert_eq!(pod(&restored).containers[0], spec.containers[0]);
     }
 
     #[test]

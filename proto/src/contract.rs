@@ -27,6 +27,17 @@ pub const CA_FILE_NAME: &str = "ca.crt";
 /// `CA_DIR/CA_FILE_NAME`: the agent's default `--ca-file`.
 pub const CA_FILE: &str = "/var/run/sked/ca/ca.crt";
 
+/// The directory the scheduler container and the agent share (an emptyDir) for the scheduler's
+/// statistics socket: schedulers built on scx_utils serve scx_stats at `STATS_DIR/root/stats`.
+pub const STATS_DIR: &str = "/var/run/scx";
+/// The socket the agent relays statistics from (its `--stats-socket` default).
+pub const STATS_SOCKET: &str = "/var/run/scx/root/stats";
+
+/// The host's `/boot`, mounted read-only at the same path in the scheduler container: libbpf
+/// reads the running kernel's config (`/boot/config-$(uname -r)`) for the `CONFIG_*` values a
+/// BPF scheduler uses, and distributions such as Debian and Ubuntu keep it only there.
+pub const HOST_BOOT: &str = "/boot";
+
 /// Environment variables the controller sets on the agent container.
 pub mod env {
     /// The node the pod runs on (downward API `spec.nodeName`).
@@ -49,5 +60,6 @@ mod tests {
     fn file_paths_are_their_directory_and_name() {
         assert_eq!(TOKEN_FILE, format!("{TOKEN_DIR}/{TOKEN_FILE_NAME}"));
         assert_eq!(CA_FILE, format!("{CA_DIR}/{CA_FILE_NAME}"));
+        assert!(STATS_SOCKET.starts_with(&format!("{STATS_DIR}/")));
     }
 }
