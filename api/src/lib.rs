@@ -369,6 +369,11 @@ pub struct RolloutStatus {
     /// The revision that failed and was rolled back; not tried again until the spec changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<RolloutFailure>,
+    /// Nodes the current revision failed to take over while another revision's failure is
+    /// recorded: sent back to the kernel's default, they do not enter again until the spec
+    /// changes (a retry), so a node where the scheduler crashes is not switched over and over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_nodes: Vec<String>,
 }
 
 /// Why a revision was rolled back.

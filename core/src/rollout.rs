@@ -653,6 +653,8 @@ fn planned_status(p: &Progress<'_>) -> RolloutStatus {
             .map(|(why, n)| (why.as_str().to_owned(), i32::try_from(*n).unwrap_or(i32::MAX)))
             .collect(),
         failed: p.failed.cloned(),
+        // Held while the failure they were held under stands.
+        held_nodes: if p.failed.is_some() { p.previous.held_nodes.clone() } else { Vec::new() },
     }
 }
 
@@ -685,6 +687,18 @@ impl Step {
         self.admit.clear();
     }
 
+    /// Nodes sent back to revision zero under another revision's recorded failure: kept out
+    /// (status.heldNodes) until the spec changes, with those held before.
+    fn hold_nodes(&mut self, sent_back: &[String]) {
+        let held = &mut self.status.held_nodes;
+        held.extend(sent_back.iter().cloned());
+        held.sort();
+        held.dedup();
+        let before = self.admit.len();
+        self.admit.retain(|n| !held.contains(n));
+        self.status.entering_nodes += i32::try_from(before - self.admit.len()).unwrap_or(0);
+    }
+
     /// A failure recorded before: the nodes it reached run the current revision again once the
     /// template is set back, or, with none, go back to revision zero (their labels are
     /// removed); again, until that holds: a rollback cut short is carried on.
@@ -702,6 +716,8 @@ impl Step {
             self.evict = p.plan.broken.clone();
             if f.revision == p.template.name {
                 self.hold_entering();
+            } else {
+                self.hold_nodes(&p.plan.broken);
             }
         } else {
             self.hold_entering();
@@ -1288,6 +1304,57 @@ mod tests {
         p.failed = failure.as_ref();
         let step = advance(&p);
         assert_eq!((step.status.phase, step.admit.len(), step.status.entering_nodes), (RolloutPhase::RolledBack, 0, 2));
+    }
+
+    #[test]
+    fn a_takeover_failing_under_an_updates_recorded_failure_holds_that_node_until_a_retry() {
+        // The update T failed and was rolled back to S; c entered under S and crash-loops.
+        let failure = RolloutFailure {
+            revision: T.into(),
+            generation: 2,
+            node: "a".into(),
+            cause: "crash".into(),
+            time: Time(k8s_openapi::jiff::Timestamp::from_second(900).unwrap()),
+        };
+        let mut c = node("c", S, KernelView::NotAttached);
+        c.entered_at = Some(100);
+        if let Some(p) = c.pod.as_mut() {
+            (p.created, p.crash_looping) = (101, true);
+        }
+        let nodes = [up("a", S), c];
+        let input = Input {
+            target: S,
+            stable: Some(S),
+            nodes: &nodes,
+            entering: &[],
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 300,
+        };
+        let plan = decide(&input);
+        assert_eq!(plan.broken, vec!["c".to_string()]);
+        let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
+        let mut p = progress(&previous, &plan, revision(S, 2));
+        (p.failed, p.wanted) = (Some(&failure), Some((T, "r.io/s@sha256:new")));
+        let step = advance(&p);
+        assert_eq!(
+            (step.evict.clone(), step.status.held_nodes.clone()),
+            (vec!["c".to_string()], vec!["c".to_string()])
+        );
+
+        // c is on revision zero and would enter again (with e, which may): it is held.
+        let back = entering(&["c", "e"], true);
+        let plan = decide(&Input { nodes: &nodes[..1], entering: &back, ..input });
+        let mut p = progress(&step.status, &plan, revision(S, 2));
+        (p.failed, p.wanted) = (Some(&failure), Some((T, "r.io/s@sha256:new")));
+        let held = advance(&p);
+        assert_eq!((held.admit.clone(), held.status.entering_nodes), (vec!["e".to_string()], 1));
+        assert_eq!(held.status.held_nodes, vec!["c".to_string()]);
+        // The spec changed: the failure no longer stands, and c may enter.
+        let mut p = progress(&held.status, &plan, revision(S, 3));
+        p.wanted = Some((S, "r.io/s@sha256:old"));
+        let retried = advance(&p);
+        assert_eq!((retried.admit.len(), retried.status.held_nodes.len()), (2, 0));
     }
 
     #[test]
