@@ -7,7 +7,9 @@
 //! - [`uevent`] parses kernel uevents; [`kernel_watch`] re-reads on each one and polls as a fallback;
 //! - [`kmsg`] reads the kernel log's lines on why a scheduler left the kernel (followed by [`kernel_watch`]);
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
-//! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`.
+//! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`;
+//! - [`scx_stats`] speaks the schedulers' statistics protocol; [`stats_relay`] relays them to
+//!   `/metrics` while this pod's scheduler is attached.
 
 pub mod attacher;
 pub mod http;
@@ -17,6 +19,8 @@ pub mod metrics;
 pub mod observation;
 pub mod privileges;
 pub mod report;
+pub mod scx_stats;
+pub mod stats_relay;
 pub mod sysfs;
 pub mod uevent;
 pub mod verdict;

@@ -10,6 +10,7 @@ use sked_agent::kernel_watch::{self, Observer};
 use sked_agent::metrics::Metrics;
 use sked_agent::privileges;
 use sked_agent::report::{self, Identity, ReporterConfig};
+use sked_agent::stats_relay::{self, RelayConfig};
 use sked_proto::contract::{self, env};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
@@ -66,6 +67,14 @@ struct Cli {
     /// Report at least this often, changes or not.
     #[arg(long, default_value = contract::HEARTBEAT_INTERVAL, value_parser = humantime::parse_duration)]
     heartbeat_interval: Duration,
+    /// The scheduler's scx_stats socket (a directory the pod's two containers share); its
+    /// statistics are relayed to /metrics as scx_* series while it is attached. Empty: not read.
+    #[arg(long, default_value = sked_agent::scx_stats::DEFAULT_SOCKET)]
+    stats_socket: PathBuf,
+    /// Ask the scheduler for its statistics this often (scrapes serve the last reply). Many
+    /// schedulers count since the previous request: such a series is a count per interval.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    stats_interval: Duration,
     /// Address of /readyz, /healthz and /metrics.
     #[arg(long, default_value_t = SocketAddr::from(([0, 0, 0, 0], contract::AGENT_PORT)))]
     listen_address: SocketAddr,
@@ -141,6 +150,16 @@ async fn run(cli: Cli) -> ExitCode {
         };
         let id = Identity { node: cli.node_name.clone(), pod: cli.pod_name.clone(), scheduler: cli.scheduler.clone() };
         tokio::spawn(report::run(cfg, id, rx.clone(), metrics.clone()));
+    }
+
+    if !cli.stats_socket.as_os_str().is_empty() {
+        let relay = RelayConfig {
+            socket: cli.stats_socket.clone(),
+            interval: cli.stats_interval.max(Duration::from_secs(1)),
+            timeout: stats_relay::TIMEOUT,
+            scheduler: cli.scheduler.clone(),
+        };
+        tokio::spawn(stats_relay::run(relay, rx.clone(), metrics.clone()));
     }
 
     let listener = match tokio::net::TcpListener::bind(cli.listen_address).await {

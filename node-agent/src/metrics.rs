@@ -1,7 +1,7 @@
 //! Prometheus metrics of the agent, served on `/metrics`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -10,6 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::observation::Observation;
+use crate::stats_relay::Relayed;
 use crate::sysfs::KernelRead;
 use crate::verdict::Verdict;
 
@@ -40,6 +41,12 @@ pub struct Metrics {
     pub reports_sent: Counter,
     pub stream_failures: Counter,
     pub kernel_reads: Counter,
+    /// The scheduler's own statistics, relayed (see [`crate::stats_relay`]).
+    pub scx_stats: Arc<Relayed>,
+    pub scx_stats_up: Gauge,
+    scx_stats_failures: Family<Labels, Counter>,
+    scx_stats_series: Gauge,
+    scx_stats_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -50,7 +57,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("sked_agent");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("sked_agent");
         let m = Self {
             state: Family::default(),
             verdict: Family::default(),
@@ -68,6 +76,11 @@ impl Metrics {
             reports_sent: Counter::default(),
             stream_failures: Counter::default(),
             kernel_reads: Counter::default(),
+            scx_stats: Arc::default(),
+            scx_stats_up: Gauge::default(),
+            scx_stats_failures: Family::default(),
+            scx_stats_series: Gauge::default(),
+            scx_stats_dropped: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("sched_ext_state", "sched_ext state (1 for the current one)", m.state.clone());
@@ -125,7 +138,40 @@ impl Metrics {
             m.stream_failures.clone(),
         );
         registry.register("kernel_reads", "Reads of the sched_ext sysfs files", m.kernel_reads.clone());
-        Self { registry, ..m }
+        registry.register(
+            "scx_stats_up",
+            "1 while the scheduler's statistics (scx_stats) are relayed, as the scx_* series",
+            m.scx_stats_up.clone(),
+        );
+        registry.register(
+            "scx_stats_failures",
+            "Failed connections to and requests of the scheduler's stats socket, by reason (no_socket, timeout, oversized, garbled, refused, closed, io)",
+            m.scx_stats_failures.clone(),
+        );
+        registry.register(
+            "scx_stats_series",
+            "Series relayed from the scheduler's last stats reply",
+            m.scx_stats_series.clone(),
+        );
+        registry.register(
+            "scx_stats_dropped_series",
+            "Series of the scheduler's stats replies not relayed (past the cap of series per reply)",
+            m.scx_stats_dropped.clone(),
+        );
+        // The relayed series keep their own names (scx_...), outside the agent's prefix.
+        root.register_collector(Box::new(m.scx_stats.clone()));
+        Self { registry: root, ..m }
+    }
+
+    /// Counts a failed connection to, or request of, the scheduler's stats socket.
+    pub fn scx_stats_failure(&self, reason: &str) {
+        self.scx_stats_failures.get_or_create(&vec![("reason".into(), reason.to_owned())]).inc();
+    }
+
+    /// Records a relayed reply: its series, and those dropped past the cap.
+    pub fn scx_stats_relayed(&self, series: usize, dropped: usize) {
+        self.scx_stats_series.set(i64::try_from(series).unwrap_or(i64::MAX));
+        self.scx_stats_dropped.inc_by(u64::try_from(dropped).unwrap_or(u64::MAX));
     }
 
     /// Records the capabilities the agent lacks.

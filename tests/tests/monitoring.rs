@@ -55,6 +55,7 @@ fn exported_metrics() -> BTreeSet<String> {
         reason: String::new(),
         last_exit: None,
     });
+    agent.scx_stats_failure("timeout");
     let stats = std::sync::Arc::new(sked_controller::metrics::ReportStats::default());
     stats.refused("wrong_node");
     let controller = sked_controller::metrics::Metrics::new(stats);
