@@ -52,6 +52,15 @@ pub enum Command {
         /// The Node's name.
         node: String,
     },
+    /// The statistics the scheduler on one node serves (scx_stats), as its agent relays them;
+    /// read through the API server's pod proxy (get on pods/proxy in the pods' namespace: the
+    /// chart's `<release>-stats-reader` Role).
+    Stats {
+        /// The Node's name.
+        node: String,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
     /// Follow or steer a Scheduler's rollout.
     #[command(subcommand)]
     Rollout(Rollout),

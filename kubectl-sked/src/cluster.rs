@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Client, Config, ResourceExt};
 use sked_api::Scheduler;
 use sked_api::labels::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL};
 
@@ -89,4 +89,37 @@ impl Cluster {
         };
         Ok(Fleet { schedulers, pods, nodes })
     }
+
+    /// The scheduler pod on `node`, and its agent's `/metrics` through the API server's pod
+    /// proxy.
+    pub async fn agent_metrics(&self, node: &str) -> Result<(String, String)> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let listing = ListParams::default()
+            .labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"))
+            .fields(&format!("spec.nodeName={node}"));
+        let found = pods
+            .list(&listing)
+            .await
+            .map_err(|e| Error::api(format!("listing scheduler pods in namespace {} (-n sets it)", self.namespace), e))?;
+        let pod = found.items.into_iter().find(|p| p.metadata.deletion_timestamp.is_none()).ok_or_else(|| {
+            Error::NotFound(format!(
+                "no scheduler pod on node {node} in namespace {} (kubectl sked status lists them)",
+                self.namespace
+            ))
+        })?;
+        let name = pod.name_any();
+        let port = sked_proto::contract::AGENT_PORT;
+        let path = format!("/api/v1/namespaces/{}/pods/{name}:{port}/proxy/metrics", self.namespace);
+        let request = http::Request::get(&path)
+            .header(http::header::ACCEPT, "text/plain;version=0.0.4")
+            .body(Vec::new())
+            .map_err(|e| Error::Other(format!("building the request {path}: {e}")))?;
+        let what = format!(
+            "reading the agent's /metrics of pod {name} through the API server ({path}; get on pods/proxy in namespace {} is needed: the chart's <release>-stats-reader Role grants it)",
+            self.namespace
+        );
+        let text = self.client.request_text(request).await.map_err(|e| Error::api(what, e))?;
+        Ok((name, text))
+    }
 }
+

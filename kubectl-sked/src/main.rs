@@ -10,6 +10,7 @@ mod error;
 mod fleet;
 mod render;
 mod rollout;
+mod stats;
 #[cfg(test)]
 mod test_objects;
 
@@ -52,6 +53,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Status(args) => status(&cluster, &args).await,
         Command::Nodes(output) => nodes(&cluster, output).await,
         Command::Doctor { node } => doctor(&cluster, &node).await,
+        Command::Stats { node, output } => node_stats(&cluster, &node, output).await,
         Command::Rollout(Rollout::Status { scheduler, watch, timeout }) => {
             rollout::status(&cluster, &scheduler, watch, timeout).await
         }
@@ -115,4 +117,17 @@ async fn doctor(cluster: &Cluster, node: &str) -> Result<()> {
     };
     let diagnosis = doctor::diagnose(&fleet, found, &cluster.namespace);
     render::diagnosis(&mut std::io::stdout().lock(), &diagnosis)
+}
+
+async fn node_stats(cluster: &Cluster, node: &str, output: OutputArgs) -> Result<()> {
+    let (pod, text) = cluster.agent_metrics(node).await?;
+    let stats = stats::parse(node, &pod, &text).map_err(Error::Other)?;
+    if let Some(why) = stats.why_none() {
+        return Err(Error::NotFound(why));
+    }
+    let mut out = std::io::stdout().lock();
+    match output.output {
+        Some(format @ (Output::Json | Output::Yaml)) => render::structured(&mut out, format, &stats),
+        _ => out.write_all(stats.table().as_bytes()).map_err(|e| Error::Other(format!("writing the output: {e}"))),
+    }
 }

@@ -281,6 +281,13 @@ async fn kubectl_sked_tells_each_node_s_kernel_truth_from_the_pod_conditions() -
     let said = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(code(&refused), 5, "a refusal is exit 5: {said}");
     assert!(said.contains("cannot patch resource \"schedulers\"") && said.contains("sked-viewer"), "{said}");
+    // Nor read a node's scheduler statistics through the pod proxy, which the viewer role
+    // leaves out: the refusal names the Role that grants it.
+    let refused = p.sked(&viewer, &["stats", "t-attached"])?;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(code(&refused), 5, "a refusal is exit 5: {said}");
+    assert!(said.contains("\"pods/proxy\"") && said.contains("<release>-stats-reader Role"), "{said}");
+    assert_eq!(code(&p.admin(&["stats", "no-such-node"])?), 4, "no scheduler pod there: exit 4");
     Ok(())
 }
 
