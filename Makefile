@@ -26,7 +26,7 @@ setup:
 TOOLS_DEMO := kubernetes etcd
 TOOLS_TEST := kubernetes etcd helm cosign crane kstatus promtool cert-manager
 TOOLS_KERNEL := kubernetes etcd
-TOOLS_NODE := kubernetes etcd kubelet helm cosign crane cert-manager
+TOOLS_NODE := kubernetes etcd kubelet helm cosign crane cert-manager promtool
 TOOLS_BENCH := kubernetes etcd cosign crane
 TOOLS_LINT := actionlint
 build_tools = @hack/build-tools.sh $(TOOLS_BIN) $(1) >/dev/null
@@ -75,16 +75,15 @@ test-kernel: setup
 	$(CARGO_TEST) -p sked-tests --test real_kernel -- --ignored --nocapture --test-threads=1
 
 ## test-node: sked on a real node: the sched_ext kernel under qemu with containerd, runc and
-## the pinned kubelet; the agent (a release build, as Dockerfile.agent makes it) and a scheduler
-## as images built here; the chart installed with helm; a Scheduler applied with kubectl until
-## KERNEL-ATTACHED 1/1 (not part of `make test`).
-NODE_AGENT := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/node/sked-agent
+## the pinned kubelet; the agent (the workspace's build, as the other suites run it) and the
+## schedulers (sked's canary, and scx_bpfland 1.1.4 built from crates.io by
+## hack/scx-scheduler.sh, cached) as images built here; the chart installed with helm; Schedulers
+## applied with kubectl, rolled from one scheduler to the other and back (not part of `make test`).
+## The release images are built, checked and smoke-tested by the image workflow.
 test-node: setup
 	$(call build_tools,$(TOOLS_NODE))
 	bash hack/kernel-e2e.sh deps
-	@hack/cross.sh deps amd64
-	hack/cross.sh build amd64 sked-agent $(NODE_AGENT)
-	SKED_NODE_AGENT_BIN=$(NODE_AGENT) $(CARGO_TEST) -p sked-tests --test real_node -- --ignored --nocapture --test-threads=1
+	bpfland=$$(hack/scx-scheduler.sh scx_bpfland) && SKED_SCX_BPFLAND_BIN=$$bpfland $(CARGO_TEST) -p sked-tests --test real_node -- --ignored --nocapture --test-threads=1
 
 ## bench: sked at fleet scale (release build; not part of `make test`): 5,000 Nodes, 200
 ## Schedulers and 5,000 agent streams on the test control plane; prints the figures
@@ -130,12 +129,18 @@ coverage-gate:
 	@hack/coverage-gate.sh $(COVERAGE_REPORT) $(COVERAGE_THRESHOLD)
 
 ## lint: formatting, clippy (warnings are errors) and actionlint on the workflows.
+## LINT_ARCH=arm64 runs clippy for arm64 with the cross toolchain instead: one pass that is the
+## lint and the proof that every crate still compiles there (what .ci/run runs).
 lint: actionlint
 	$(CARGO) fmt --all -- --check
+ifeq ($(LINT_ARCH),)
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	# The floors: built on their own (no feature unification with the controller), the API types
 	# and the deciders get no Kubernetes client and no async runtime.
 	$(CARGO) check --quiet -p sked-api -p sked-core --lib
+else
+	@hack/cross.sh clippy $(LINT_ARCH)
+endif
 
 actionlint: setup
 	$(call build_tools,$(TOOLS_LINT))
@@ -160,10 +165,8 @@ demo: setup
 demo-node: setup
 	$(call build_tools,$(TOOLS_NODE))
 	bash hack/kernel-e2e.sh deps
-	@hack/cross.sh deps amd64
-	hack/cross.sh build amd64 sked-agent $(NODE_AGENT)
-	@$(CARGO) build --quiet -p sked-controller -p sked-tests --bins
-	SKED_NODE_AGENT_BIN=$(NODE_AGENT) $(CARGO) run --quiet -p sked-tests --bin sked-demo-node
+	@$(CARGO) build --quiet -p sked-controller -p sked-agent -p sked-tests --bin sked-controller --bin sked-agent --bin sked-canary-loader --bin sked-vm-relay --bin sked-demo-node
+	bpfland=$$(hack/scx-scheduler.sh scx_bpfland) && SKED_SCX_BPFLAND_BIN=$$bpfland $(CARGO) run --quiet -p sked-tests --bin sked-demo-node
 
 clean:
 	$(CARGO) clean

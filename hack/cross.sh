@@ -8,9 +8,13 @@
 #                                            cargo-auditable (installs only what is missing)
 #   hack/cross.sh build ARCH PACKAGE DEST    cargo auditable build --release --locked; binary to DEST
 #   hack/cross.sh compile ARCH               cargo check of both binaries for ARCH: the quick proof
-#                                            CI runs that they still compile there (the image
-#                                            workflow builds, checks and smoke-tests the releases)
-#   hack/cross.sh check ARCH BINARY          refuse a binary that needs a library the runtime lacks
+#                                            that they still compile there (the image workflow
+#                                            builds, checks and smoke-tests the releases)
+#   hack/cross.sh clippy ARCH                clippy (warnings are errors) of every crate and target
+#                                            for ARCH, and the floors (sked-api, sked-core alone):
+#                                            the lint and the compile proof in one pass (.ci/run)
+#   hack/cross.sh libs ARCH BINARY           refuse a binary that needs a library the runtime lacks
+#   hack/cross.sh check ARCH BINARY          libs, and the crate list cargo auditable embeds
 #   hack/cross.sh smoke ARCH BINARY          BINARY --version
 #   hack/cross.sh all ARCH [DIR]             all of the above for sked-controller and sked-agent
 #
@@ -48,14 +52,16 @@ as_root() {
   if ((EUID == 0)); then "$@"; else sudo -n "$@"; fi
 }
 
-# toolchain ARCH: the C cross toolchain, the target's libelf/zlib and the Rust target.
+# toolchain ARCH [nosmoke]: the C cross toolchain, the target's libelf/zlib and the Rust target
+# (and qemu-user to run what is built, unless nosmoke).
 toolchain() {
   triple "$1"
   local want=(make cmake pkg-config binutils)
   if ((native)); then
     want+=(gcc libelf-dev zlib1g-dev)
   else
-    want+=("gcc-${gnu//_/-}" "libc6-dev-$deb-cross" "libelf-dev:$deb" "zlib1g-dev:$deb" qemu-user)
+    want+=("gcc-${gnu//_/-}" "libc6-dev-$deb-cross" "libelf-dev:$deb" "zlib1g-dev:$deb")
+    [[ ${2:-} == nosmoke ]] || want+=(qemu-user)
   fi
   if ! ((native)) && ! dpkg --print-foreign-architectures | grep -qx "$deb"; then
     say "adding the Debian architecture $deb"
@@ -91,7 +97,9 @@ build() {
   install -D -m 0755 "${CARGO_TARGET_DIR:-target}/$rust/release/$package" "$dest"
 }
 
-check() {
+# libs ARCH BINARY: refuse a binary for another machine, or one that needs a library the runtime
+# image lacks.
+libs() {
   triple "$1"
   local bin=$2 machine lib bad=()
   machine=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
@@ -104,6 +112,12 @@ check() {
   done
   ((${#bad[@]} == 0)) ||
     fail "$bin needs ${bad[*]}, which the distroless runtime image does not have: link it statically"
+}
+
+# check ARCH BINARY: libs, and the crate list a release binary embeds.
+check() {
+  libs "$1" "$2"
+  local bin=$2
   # cargo auditable embeds the dependency tree (zlib-compressed JSON) for SBOMs and cargo audit.
   readelf -S -W "$bin" | grep -q ' \.dep-v0 ' || fail "$bin has no .dep-v0 section: build it with cargo auditable"
   say "$(basename "$bin") ($deb) needs only: $(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
@@ -118,16 +132,27 @@ smoke() {
 }
 
 compile() {
-  toolchain "$1"
+  toolchain "$1" nosmoke
   cross_env "$1"
   cargo check --locked --target "$rust" -p sked-controller -p sked-agent --bins
+}
+
+lint() {
+  toolchain "$1" nosmoke
+  cross_env "$1"
+  cargo clippy --locked --target "$rust" --workspace --all-targets -- -D warnings
+  # The floors: built on their own (no feature unification with the controller), the API types
+  # and the deciders get no Kubernetes client and no async runtime.
+  cargo check --locked --quiet --target "$rust" -p sked-api -p sked-core --lib
 }
 
 case ${1:-} in
   deps) deps "${2:?ARCH}" ;;
   compile) compile "${2:?ARCH}" ;;
+  clippy) lint "${2:?ARCH}" ;;
   build) build "${2:?ARCH}" "${3:?PACKAGE}" "${4:?DEST}" ;;
   check) check "${2:?ARCH}" "${3:?BINARY}" ;;
+  libs) libs "${2:?ARCH}" "${3:?BINARY}" ;;
   smoke) smoke "${2:?ARCH}" "${3:?BINARY}" ;;
   all)
     arch=${2:?ARCH}
@@ -139,5 +164,5 @@ case ${1:-} in
       smoke "$arch" "$dir/$package"
     done
     ;;
-  *) fail "usage: cross.sh deps|build|compile|check|smoke|all ARCH ..." ;;
+  *) fail "usage: cross.sh deps|build|compile|clippy|libs|check|smoke|all ARCH ..." ;;
 esac

@@ -3,14 +3,18 @@
 # crane, in the layout the Dockerfiles produce. The real-node test (`make test-node`) and
 # `make demo-node` run what these push.
 #
-#   hack/images.sh REGISTRY AGENT LOADER BPF_OBJECT PAUSE
+#   hack/images.sh REGISTRY AGENT LOADER BPF_OBJECT PAUSE [SCX_SCHEDULER]
 #
 # pushes, to REGISTRY (a plain-HTTP registry such as 127.0.0.1:5000):
-#   sked/sked-agent:dev  the agent (AGENT: a release binary from `hack/cross.sh build`, as
-#                        Dockerfile.agent builds it), /usr/local/bin/sked-agent, user 65532
+#   sked/sked-agent:dev  the agent (AGENT: a build of sked-agent that needs only glibc and
+#                        libgcc, as Dockerfile.agent's does), /usr/local/bin/sked-agent, user 65532
 #   sked/canary:v1       a sched_ext scheduler: LOADER (sked-canary-loader) holding BPF_OBJECT
 #                        attached, the way a scheduler process in a pod holds its scheduler
 #   sked/pause:3.10      the pod sandbox (PAUSE: build/pause of the pinned Kubernetes)
+#   sked/scx-NAME:VERSION an upstream scx scheduler (SCX_SCHEDULER: the scx_NAME binary of
+#                        hack/scx-scheduler.sh, version SCX_VERSION, default 1.1.4), with the
+#                        libraries it links (libelf, zlib) on the base; its own program in its
+#                        own image (GPL-2.0-only, never linked into sked)
 # and prints one `NAME REGISTRY/REPOSITORY@DIGEST SIZE` line per image (SIZE: compressed layers,
 # bytes).
 #
@@ -26,10 +30,11 @@ source "$root/hack/debian.sh"
 log() { echo "images: $*" >&2; }
 
 registry=${1:?REGISTRY} agent=${2:?AGENT} loader=${3:?LOADER} object=${4:?BPF_OBJECT} pause=${5:?PAUSE}
+scx=${6:-}
 crane=${CRANE:-${SKED_TOOLS_BIN:-$root/.tools/bin}/crane}
 [[ -x $crane ]] || { log "$crane not found: run 'make tools'"; exit 1; }
-"$root/hack/cross.sh" check amd64 "$agent" 2>/dev/null ||
-  { log "$agent needs a library the runtime image lacks: build it with hack/cross.sh build"; exit 1; }
+"$root/hack/cross.sh" libs amd64 "$agent" 2>/dev/null ||
+  { log "$agent needs a library the runtime image lacks: build it with libbpf-rs' static feature"; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -89,3 +94,17 @@ push canary sked/canary:v1 \
 mkdir -p "$work/pause"
 install -m 0755 "$pause" "$work/pause/pause"
 push pause sked/pause:3.10 --entrypoint=/pause --user=65535:65535 -- "$(layer pause "$work/pause")"
+
+if [[ -n $scx ]]; then
+  name=$(basename "$scx")
+  # The libraries scx schedulers link besides glibc and libgcc.
+  for pkg in libelf1 zlib1g; do
+    dpkg-deb -x "$(fetch_package "$pkg" bookworm)" "$work/scx-debs"
+  done
+  mkdir -p "$work/scx/usr/lib/x86_64-linux-gnu" "$work/scx/usr/local/bin"
+  cp -a "$work"/scx-debs/usr/lib/x86_64-linux-gnu/. "$work/scx/usr/lib/x86_64-linux-gnu/" 2>/dev/null || true
+  cp -a "$work"/scx-debs/lib/x86_64-linux-gnu/. "$work/scx/usr/lib/x86_64-linux-gnu/" 2>/dev/null || true
+  install -m 0755 "$scx" "$work/scx/usr/local/bin/$name"
+  push scx "sked/${name//_/-}:${SCX_VERSION:-1.1.4}" --entrypoint="/usr/local/bin/$name" -- \
+    "$base_layer" "$(layer scx "$work/scx")"
+fi

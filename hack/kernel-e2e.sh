@@ -233,6 +233,14 @@ node() {
   for m in drivers/net/veth drivers/net/dummy fs/overlayfs/overlay; do
     dpkg-deb --fsys-tarfile "$modules_deb" | tar -xO --wildcards "*/kernel/$m.ko.xz" | xz -dc >"$tree/usr/lib/modules/$(basename "$m").ko"
   done
+  # The kernel's config where Debian installs it (/boot/config-<release>): libbpf reads it for
+  # the CONFIG_* values BPF schedulers such as scx_bpfland use; the kernel has no /proc/config.gz.
+  # Debian ships it in linux-base-<release>, at /usr/lib/modules/<release>/config.
+  local base_deb
+  base_deb=$(fetch "^linux-base-${kernel//+/\\+}$")
+  mkdir -p "$tree/boot"
+  dpkg-deb --fsys-tarfile "$base_deb" | tar -xO --wildcards "*/modules/$kernel/config" >"$tree/boot/config-$kernel"
+  [[ -s $tree/boot/config-$kernel ]] || { log "no kernel config in $base_deb"; exit 1; }
 
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$tree/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$tree/etc/group"

@@ -64,25 +64,27 @@ pub struct NodeImages {
     pub agent: String,
     pub canary: String,
     pub pause: String,
+    /// scx_bpfland 1.1.4, built from crates.io (`hack/scx-scheduler.sh`).
+    pub bpfland: String,
     /// (name, compressed size in bytes) of each image.
     pub sizes: Vec<(String, u64)>,
 }
 
+/// The version of the upstream scheduler the node runs (`hack/scx-scheduler.sh`'s default).
+pub const BPFLAND_VERSION: &str = "1.1.4";
+
 impl NodeImages {
-    /// Builds the agent, canary and pause images and pushes them to `registry` (host:port).
-    /// The agent is the release binary `SKED_NODE_AGENT_BIN` names (`make test-node` builds it
-    /// with hack/cross.sh, as Dockerfile.agent does), or one built here the same way.
+    /// Builds the agent, canary, pause and scx_bpfland images and pushes them to `registry`
+    /// (host:port). The agent is the workspace's build (`SKED_NODE_AGENT_BIN` may name another),
+    /// the scheduler the binary `SKED_SCX_BPFLAND_BIN` names (`make test-node` builds it with
+    /// hack/scx-scheduler.sh), or one built here the same way.
     pub fn push(registry: &str, artifacts: &NodeArtifacts) -> Result<Self> {
-        let agent = match std::env::var("SKED_NODE_AGENT_BIN") {
-            Ok(path) => PathBuf::from(path),
-            Err(_) => {
-                let target =
-                    std::env::var_os("CARGO_TARGET_DIR").map_or(workspace_root().join("target"), PathBuf::from);
-                let path = target.join("node/sked-agent");
-                let cross = workspace_root().join("hack/cross.sh");
-                run(Command::new("bash").arg(&cross).args(["deps", "amd64"]))?;
-                run(Command::new("bash").arg(&cross).args(["build", "amd64", "sked-agent"]).arg(&path))?;
-                path
+        let agent = crate::agents::workspace_binary("sked-agent", "SKED_NODE_AGENT_BIN")?;
+        let bpfland = match std::env::var("SKED_SCX_BPFLAND_BIN") {
+            Ok(path) if !path.is_empty() => PathBuf::from(path),
+            _ => {
+                let script = workspace_root().join("hack/scx-scheduler.sh");
+                PathBuf::from(run(Command::new("bash").arg(&script).arg("scx_bpfland"))?.trim())
             }
         };
         let loader = crate::agents::workspace_binary("sked-canary-loader", "SKED_CANARY_LOADER_BIN")?;
@@ -93,24 +95,25 @@ impl NodeImages {
             .arg(&loader)
             .arg(artifacts.canary_object())
             .arg(tools_dir().join("pause"))
+            .arg(&bpfland)
+            .env("SCX_VERSION", BPFLAND_VERSION)
             .env("SKED_TOOLS_BIN", tools_dir()))?;
-        let (mut agent, mut canary, mut pause, mut sizes) = (None, None, None, Vec::new());
+        let mut found: std::collections::BTreeMap<&str, String> = Default::default();
+        let mut sizes = Vec::new();
         for line in out.lines() {
             let mut fields = line.split_whitespace();
             let (Some(name), Some(reference), Some(size)) = (fields.next(), fields.next(), fields.next()) else {
                 continue;
             };
             sizes.push((name.to_owned(), size.parse().unwrap_or(0)));
-            match name {
-                "agent" => agent = Some(reference.to_owned()),
-                "canary" => canary = Some(reference.to_owned()),
-                "pause" => pause = Some(reference.to_owned()),
-                _ => {}
+            if let Some(known) = ["agent", "canary", "pause", "scx"].into_iter().find(|k| *k == name) {
+                found.insert(known, reference.to_owned());
             }
         }
-        match (agent, canary, pause) {
-            (Some(agent), Some(canary), Some(pause)) => Ok(Self { agent, canary, pause, sizes }),
-            _ => bail!("hack/images.sh did not print the three images:\n{out}"),
+        let mut take = |name: &str| found.remove(name);
+        match (take("agent"), take("canary"), take("pause"), take("scx")) {
+            (Some(agent), Some(canary), Some(pause), Some(bpfland)) => Ok(Self { agent, canary, pause, bpfland, sizes }),
+            _ => bail!("hack/images.sh did not print the four images:\n{out}"),
         }
     }
 }
@@ -295,6 +298,8 @@ pub struct NodeInstall {
     pub images: NodeImages,
     /// The signed canary scheduler by tag, as a user names it in a Scheduler.
     pub canary_tag: String,
+    /// The signed scx_bpfland image by tag.
+    pub bpfland_tag: String,
     pub controller: crate::controller_pods::ControllerPods,
     pub node: TestNode,
     /// How long each step took.
@@ -331,6 +336,8 @@ impl NodeInstall {
         let key = cosign.generate_key_pair("sked-node")?;
         let canary_tag = format!("{}/sked/canary:v1", registry.host);
         cosign.sign_with_key(&canary_tag, &key.key)?;
+        let bpfland_tag = format!("{}/sked/scx-bpfland:{BPFLAND_VERSION}", registry.host);
+        cosign.sign_with_key(&bpfland_tag, &key.key)?;
         lap("images built, pushed and signed", &mut timings);
 
         cluster.start_cert_manager()?;
@@ -390,15 +397,28 @@ impl NodeInstall {
         )
         .await?;
         lap("VM boot -> Node Ready", &mut timings);
-        Ok(Self { registry, images, canary_tag, controller, node, timings, _cosign: cosign })
+        Ok(Self { registry, images, canary_tag, bpfland_tag, controller, node, timings, _cosign: cosign })
     }
 
     /// A Scheduler `name` for the signed canary on this node (`pool: vm`), as YAML.
     pub fn scheduler_manifest(&self, name: &str) -> String {
+        self.manifest(name, &self.canary_tag, "sked_canary", &[])
+    }
+
+    /// A Scheduler `name` for the signed scx_bpfland on this node, with `args`, as YAML.
+    pub fn bpfland_manifest(&self, name: &str, args: &[&str]) -> String {
+        self.manifest(name, &self.bpfland_tag, "bpfland", args)
+    }
+
+    /// A Scheduler `name` running `sched` (expected ops `ops`, a prefix) on this node, rolled out
+    /// with a short bake (the node is the canary).
+    fn manifest(&self, name: &str, sched: &str, ops: &str, args: &[&str]) -> String {
+        let args: String = args.iter().map(|a| format!("\n    - \"{a}\"")).collect();
+        let args = if args.is_empty() { String::new() } else { format!("\n  args:{args}") };
         format!(
-            "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: {name}\nspec:\n  sched: {}\n  \
-             expectedOps: sked_canary\n  nodeSelector:\n    pool: vm\n",
-            self.canary_tag
+            "apiVersion: sked.schedkit.io/v1\nkind: Scheduler\nmetadata:\n  name: {name}\nspec:\n  sched: {sched}\n  \
+             expectedOps: {ops}{args}\n  nodeSelector:\n    pool: vm\n  rollout:\n    bakeSeconds: 10\n    \
+             attachTimeoutSeconds: 240\n"
         )
     }
 }

@@ -53,7 +53,7 @@ fn each_suite_builds_only_the_tool_sets_its_steps_use() -> Result<()> {
     let test = ["kubernetes", "etcd", "helm", "cosign", "crane", "kstatus", "promtool", "cert-manager"];
     assert_eq!(tool_requests("test")?, sets(&test));
     assert_eq!(tool_requests("test-kernel")?, sets(&["kubernetes", "etcd"]));
-    let node = ["kubernetes", "etcd", "kubelet", "helm", "cosign", "crane", "cert-manager"];
+    let node = ["kubernetes", "etcd", "kubelet", "helm", "cosign", "crane", "cert-manager", "promtool"];
     assert_eq!(tool_requests("test-node")?, sets(&node));
     assert_eq!(tool_requests("demo-node")?, sets(&node));
     assert_eq!(tool_requests("bench")?, sets(&["kubernetes", "etcd", "cosign", "crane"]));

@@ -168,6 +168,8 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
     // A second Scheduler for the same node loses it to the older one and leaves it alone.
     let out = fx.kubectl_apply(&intruder)?;
     ensure!(out.status.success(), "kubectl apply intruder:\n{}", text(&out));
+    // (The canary serves no statistics: the agent says so once and counts it.)
+    ensure!(metrics.contains("sked_agent_scx_stats_up 0"), "no statistics relayed for the canary:\n{metrics}");
     fx.wait_scheduler_within("intruder", "the intruder losing the node", SLOW, |s| {
         condition(s, "Degraded").is_some_and(|c| c.reason == "SchedulerConflict")
             && s.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 0)
@@ -179,7 +181,10 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
     let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
     ensure!(ops.trim() == "sked_canary", "the kernel still runs the canary: {ops:?}");
 
+    upstream_scheduler(fx, install).await?;
+
     // kubectl delete: the node goes back to the kernel's default scheduler.
+    let node = &mut install.node;
     let deleting = Instant::now();
     for name in ["intruder", "canary"] {
         let out = fx.cluster.kubectl(&["delete", "scheduler", name, "--wait=true", "--timeout=120s"])?;
@@ -196,3 +201,131 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
     eprintln!("measured: kubectl delete scheduler -> pod gone, sched_ext disabled: {:?}", deleting.elapsed());
     Ok(())
 }
+
+/// The rollout's phase and whether the generation's revision completed, attached.
+fn rolled(s: &Scheduler) -> (Option<sked_controller::api::RolloutPhase>, bool) {
+    let rollout = s.status.as_ref().and_then(|st| st.rollout.as_ref());
+    let generation = s.metadata.generation.unwrap_or(0);
+    let current = rollout.and_then(|r| r.current_revision.as_ref()).is_some_and(|r| r.generation == generation);
+    (rollout.map(|r| r.phase), current && attached(s, 1))
+}
+
+/// Applies `manifest` (a new revision of Scheduler `canary`) and follows its rollout to Complete,
+/// with every phase seen on the way.
+async fn roll(fx: &Fixture, manifest: &str, what: &str) -> Result<Vec<sked_controller::api::RolloutPhase>> {
+    let out = fx.kubectl_apply(manifest)?;
+    ensure!(out.status.success(), "kubectl apply ({what}):\n{}", text(&out));
+    let generation = fx.schedulers().get("canary").await?.metadata.generation.unwrap_or(0);
+    let phases = std::sync::Mutex::new(Vec::new());
+    wait_for_within(what, SLOW, || async {
+        let s = fx.schedulers().get("canary").await?;
+        let (phase, done) = rolled(&s);
+        let observed = s.status.as_ref().and_then(|st| st.rollout.as_ref()).and_then(|r| r.update_revision.as_ref());
+        if let Some(phase) = phase.filter(|_| observed.is_some_and(|r| r.generation == generation)) {
+            let mut phases = phases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if phases.last() != Some(&phase) {
+                phases.push(phase);
+            }
+        }
+        Ok(done.then_some(()))
+    })
+    .await?;
+    let phases = phases.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    Ok(phases)
+}
+
+/// The `scx_*` series of a scrape, by series.
+fn relayed(scrape: &str) -> std::collections::BTreeMap<String, String> {
+    let series = scrape.lines().filter(|l| l.starts_with("scx_"));
+    series.filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_owned(), v.to_owned()))).collect()
+}
+
+/// scx_bpfland 1.1.4, built from crates.io, under sked: a revision that cannot start says why and
+/// is rolled back; the real one rolls out from the canary scheduler (canary, bake, complete),
+/// attaches with its own ops name, its statistics are relayed and move, its kill and restart are
+/// seen; then the canary scheduler is rolled back in the same way.
+async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
+    let (broken, good, back) = (
+        install.bpfland_manifest("canary", &["--no-such-flag"]),
+        install.bpfland_manifest("canary", &[]),
+        install.scheduler_manifest("canary"),
+    );
+    let node = &mut install.node;
+    // A revision whose scheduler exits at once: rolled back, with its own last words as the cause.
+    let out = fx.kubectl_apply(&broken)?;
+    ensure!(out.status.success(), "kubectl apply (bpfland, a flag it refuses):\n{}", text(&out));
+    let failed = fx
+        .wait_scheduler_within("canary", "the broken revision rolled back", SLOW, |s| {
+            let rollout = s.status.as_ref().and_then(|st| st.rollout.as_ref());
+            rollout.is_some_and(|r| r.phase == sked_controller::api::RolloutPhase::RolledBack && r.failed.is_some())
+                && attached(s, 1)
+        })
+        .await?;
+    let cause = failed.status.and_then(|st| st.rollout).and_then(|r| r.failed).map(|f| f.cause).unwrap_or_default();
+    eprintln!("the broken revision's cause: {cause}");
+    ensure!(
+        cause.contains("crash-looping") && cause.contains("--no-such-flag"),
+        "the cause quotes what the scheduler said: {cause}"
+    );
+    let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
+    ensure!(ops.trim() == "sked_canary", "rolled back to the canary: {ops:?}");
+
+    // The upstream scheduler, rolled out: canary, bake, complete.
+    let rolling = Instant::now();
+    let phases = roll(fx, &good, "scx_bpfland rolled out and attached").await?;
+    eprintln!("measured: canary -> scx_bpfland rolled out: {:?} (phases {phases:?})", rolling.elapsed());
+    ensure!(phases.first() == Some(&sked_controller::api::RolloutPhase::Canary), "the node went first as the canary: {phases:?}");
+    let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
+    ensure!(ops.trim().starts_with("bpfland_1.1.4"), "the kernel runs scx_bpfland: {ops:?}");
+    let pod = pods_of(fx, "canary").await?.pop().context("the bpfland pod")?;
+    let (uid, ip) = (pod.uid().unwrap_or_default(), pod.status.as_ref().and_then(|s| s.pod_ip.clone()).context("IP")?);
+
+    // Its statistics, relayed by the agent: they move, and the scrape passes promtool.
+    let scrape = format!("wget -qO- http://{ip}:{}/metrics", sked_proto::contract::AGENT_PORT);
+    let deadline = Instant::now() + SLOW;
+    let first = loop {
+        let scraped = node.vm.run(&scrape).await?;
+        if relayed(&scraped).len() >= 3 {
+            break scraped;
+        }
+        ensure!(Instant::now() < deadline, "scx_bpfland's statistics never relayed:\n{scraped}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let before = relayed(&first);
+    ensure!(before.keys().all(|k| k.contains("scheduler=\"canary\"") && k.contains("ops=\"bpfland_1.1.4")), "{before:?}");
+    let moved = loop {
+        let now = relayed(&node.vm.run(&scrape).await?);
+        let moved: Vec<String> = now.iter().filter(|(k, v)| before.get(*k) != Some(v)).map(|(k, _)| k.clone()).collect();
+        if moved.len() >= 3 {
+            break moved;
+        }
+        ensure!(Instant::now() < deadline, "fewer than three statistics moved: {now:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    eprintln!("relayed: {} series of scx_bpfland; moving between two scrapes: {moved:?}", before.len());
+    sked_tests::promtool_check_metrics(&first).context("the agent's scrape, with scx_bpfland's statistics")?;
+
+    // Killed: NotReady, KernelAttached False, restarted by the kubelet, attached again.
+    let killing = Instant::now();
+    node.vm.run("killall scx_bpfland").await?;
+    fx.wait_scheduler_within("canary", "KernelAttached False after scx_bpfland was killed", SLOW, |s| attached(s, 0))
+        .await?;
+    let restarted = wait_for_within("scx_bpfland restarted, Ready and attached", SLOW, || async {
+        let pod = pods_of(fx, "canary").await?.pop();
+        Ok(pod.filter(|p| pod_state(p).0 && pod_state(p).1 >= 1))
+    })
+    .await?;
+    fx.wait_scheduler_within("canary", "KERNEL-ATTACHED 1/1 again", SLOW, |s| attached(s, 1)).await?;
+    eprintln!("measured: scx_bpfland killed -> restarted and attached again: {:?}", killing.elapsed());
+    ensure!(restarted.uid().unwrap_or_default() == uid, "the same pod, its container restarted");
+
+    // And back to the canary scheduler, the same way.
+    let rolling = Instant::now();
+    let phases = roll(fx, &back, "the canary scheduler rolled out again").await?;
+    eprintln!("measured: scx_bpfland -> canary rolled out: {:?} (phases {phases:?})", rolling.elapsed());
+    ensure!(phases.first() == Some(&sked_controller::api::RolloutPhase::Canary), "{phases:?}");
+    let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
+    ensure!(ops.trim() == "sked_canary", "the kernel runs the canary again: {ops:?}");
+    Ok(())
+}
+
