@@ -97,10 +97,9 @@ impl Cluster {
         let listing = ListParams::default()
             .labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"))
             .fields(&format!("spec.nodeName={node}"));
-        let found = pods
-            .list(&listing)
-            .await
-            .map_err(|e| Error::api(format!("listing scheduler pods in namespace {} (-n sets it)", self.namespace), e))?;
+        let found = pods.list(&listing).await.map_err(|e| {
+            Error::api(format!("listing scheduler pods in namespace {} (-n sets it)", self.namespace), e)
+        })?;
         let pod = found.items.into_iter().find(|p| p.metadata.deletion_timestamp.is_none()).ok_or_else(|| {
             Error::NotFound(format!(
                 "no scheduler pod on node {node} in namespace {} (kubectl sked status lists them)",
@@ -122,4 +121,3 @@ impl Cluster {
         Ok((name, text))
     }
 }
-

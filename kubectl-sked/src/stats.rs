@@ -48,7 +48,9 @@ pub fn parse(node: &str, pod: &str, text: &str) -> Result<NodeStats, String> {
     };
     for sample in &scrape.samples {
         let value = match sample.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Untyped(v) => v,
             _ => continue,
         };
         match sample.metric.as_str() {
@@ -94,7 +96,8 @@ impl NodeStats {
     /// The table: a header line, then one row per statistic.
     pub fn table(&self) -> String {
         let label_text = |s: &Statistic| s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-        let width = |f: &dyn Fn(&Statistic) -> usize, min: usize| self.statistics.iter().map(f).max().unwrap_or(0).max(min);
+        let width =
+            |f: &dyn Fn(&Statistic) -> usize, min: usize| self.statistics.iter().map(f).max().unwrap_or(0).max(min);
         let (name_w, labels_w) = (width(&|s| s.name.len(), 9), width(&|s| label_text(s).len(), 6));
         let mut out = format!(
             "{}: scheduler {}, ops {} (pod {}), {} statistics\n{:<name_w$}  {:<labels_w$}  VALUE\n",
@@ -140,12 +143,18 @@ scx_d_events{scheduler="canary",ops="bpfland_1.1.4_x86_64_unknown_linux_gnu",dom
     fn the_relayed_statistics_of_a_scrape() {
         let stats = parse("n1", "canary-x", SCRAPE).unwrap();
         assert!(stats.relayed && stats.why_none().is_none());
-        assert_eq!((stats.scheduler.as_str(), stats.ops.as_str()), ("canary", "bpfland_1.1.4_x86_64_unknown_linux_gnu"));
-        let rows: Vec<String> = stats.statistics.iter().map(|s| format!("{} {:?} {}", s.name, s.labels, s.value)).collect();
+        assert_eq!(
+            (stats.scheduler.as_str(), stats.ops.as_str()),
+            ("canary", "bpfland_1.1.4_x86_64_unknown_linux_gnu")
+        );
+        let rows: Vec<String> =
+            stats.statistics.iter().map(|s| format!("{} {:?} {}", s.name, s.labels, s.value)).collect();
         assert_eq!(rows, [r#"d_events {"domain": "0"} 5"#, r#"d_events {"domain": "1"} 7"#, "nr_running {} 3"]);
         assert_eq!(stats.statistics[2].help, "Number of running tasks");
         let table = stats.table();
-        assert!(table.starts_with("n1: scheduler canary, ops bpfland_1.1.4_x86_64_unknown_linux_gnu (pod canary-x), 3 statistics\n"));
+        assert!(table.starts_with(
+            "n1: scheduler canary, ops bpfland_1.1.4_x86_64_unknown_linux_gnu (pod canary-x), 3 statistics\n"
+        ));
         assert!(table.contains("\nnr_running            3\n"), "{table}");
         assert!(table.contains("\nd_events    domain=0  5\n"), "{table}");
     }

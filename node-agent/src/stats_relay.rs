@@ -29,6 +29,9 @@ use crate::verdict::Verdict;
 /// How long a connection or a reply may take.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A series' labels, in order.
+type Labels = Vec<(String, String)>;
+
 /// The last reply relayed, as series: what scrapes serve.
 #[derive(Debug, Default)]
 pub struct Relayed {
@@ -53,10 +56,10 @@ impl Collector for Relayed {
         let samples = self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let own = self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         // One family per name (its first help text), each label set once.
-        let mut families: BTreeMap<&str, (&str, BTreeMap<Vec<(String, String)>, f64>)> = BTreeMap::new();
+        let mut families: BTreeMap<&str, (&str, BTreeMap<Labels, f64>)> = BTreeMap::new();
         for s in samples.iter() {
             let (_, series) = families.entry(s.name.as_str()).or_insert((s.help.as_str(), BTreeMap::new()));
-            let labels: Vec<(String, String)> = own.iter().chain(&s.labels).cloned().collect();
+            let labels: Labels = own.iter().chain(&s.labels).cloned().collect();
             series.entry(labels).or_insert(s.value);
         }
         for (name, (help, series)) in families {

@@ -112,7 +112,9 @@ impl NodeImages {
         }
         let mut take = |name: &str| found.remove(name);
         match (take("agent"), take("canary"), take("pause"), take("scx")) {
-            (Some(agent), Some(canary), Some(pause), Some(bpfland)) => Ok(Self { agent, canary, pause, bpfland, sizes }),
+            (Some(agent), Some(canary), Some(pause), Some(bpfland)) => {
+                Ok(Self { agent, canary, pause, bpfland, sizes })
+            }
             _ => bail!("hack/images.sh did not print the four images:\n{out}"),
         }
     }
