@@ -178,9 +178,23 @@ impl Arbiter {
             return Changed::new();
         }
         let mut changed = Changed::from([claim.name.clone()]);
+        let aged = self.claims.get(&claim.name).is_some_and(|old| old.created != claim.created);
+        let name = claim.name.clone();
         self.claims.insert(claim.name.clone(), claim);
         self.recompute_all(&mut changed);
+        if aged {
+            self.report_losers_to(&name, &mut changed);
+        }
         changed
+    }
+
+    /// Adds to `changed` every Scheduler that loses a node to `winner`: when the winner's age
+    /// changes (a Scheduler made again under its name, seen only in a relist) and the order
+    /// does not, which of them tie with it ([`Placement::tied`]) may change all the same.
+    fn report_losers_to(&self, winner: &str, changed: &mut Changed) {
+        for order in self.candidates.values().filter(|order| order.first().is_some_and(|w| w == winner)) {
+            changed.extend(order.iter().skip(1).cloned());
+        }
     }
 
     /// Removes a Scheduler; the nodes it owned pass to the next oldest claimant.
@@ -240,16 +254,23 @@ impl Arbiter {
         let keep: BTreeSet<String> = claims.iter().map(|c| c.name.clone()).collect();
         self.claims.retain(|name, _| keep.contains(name));
         let mut changed = Changed::new();
+        let mut aged = Vec::new();
         for claim in claims {
-            if let Some(old) = self.claims.get(&claim.name)
-                && ((old.uid == claim.uid && old.generation > claim.generation) || *old == claim)
-            {
-                continue;
+            if let Some(old) = self.claims.get(&claim.name) {
+                if (old.uid == claim.uid && old.generation > claim.generation) || *old == claim {
+                    continue;
+                }
+                if old.created != claim.created {
+                    aged.push(claim.name.clone());
+                }
             }
             changed.insert(claim.name.clone());
             self.claims.insert(claim.name.clone(), claim);
         }
         self.recompute_all(&mut changed);
+        for name in aged {
+            self.report_losers_to(&name, &mut changed);
+        }
         changed.retain(|name| self.claims.contains_key(name));
         changed
     }
@@ -581,6 +602,198 @@ mod tests {
                 let after = assign(&claims2, &nodes2);
                 prop_assert_eq!(&arb.assignment(), &after);
                 assert_changed_covers(&before, &after, &changed)?;
+            }
+        }
+    }
+
+    /// One change the controller's watches can feed the arbiter.
+    #[derive(Clone, Debug)]
+    enum Event {
+        /// A Scheduler created, or an existing one's selector changed (a newer generation).
+        UpsertScheduler {
+            slot: usize,
+            created: i64,
+            selector: BTreeMap<String, String>,
+        },
+        /// A stale copy of an existing Scheduler (an older generation) arrives late.
+        StaleScheduler {
+            slot: usize,
+            selector: BTreeMap<String, String>,
+        },
+        /// A Scheduler deleted and made again under the same name (a new uid, generation 1).
+        Recreate {
+            slot: usize,
+            created: i64,
+            selector: BTreeMap<String, String>,
+        },
+        /// The same, but the watch missed the deletion: the new Scheduler arrives as an update
+        /// (or, with `relist`, in a relist of every Scheduler).
+        RecreateUnseen {
+            slot: usize,
+            created: i64,
+            selector: BTreeMap<String, String>,
+            relist: bool,
+        },
+        RemoveScheduler {
+            slot: usize,
+        },
+        UpsertNode {
+            slot: usize,
+            labels: BTreeMap<String, String>,
+        },
+        RemoveNode {
+            slot: usize,
+        },
+        /// A relist of the nodes: some kept, some relabelled, some gone, some new.
+        ReplaceNodes {
+            keep: Vec<bool>,
+            new: Vec<(usize, BTreeMap<String, String>)>,
+        },
+        /// A relist of the Schedulers: some kept, the others gone.
+        ReplaceSchedulers {
+            keep: Vec<bool>,
+        },
+    }
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        let slot = 0usize..6;
+        prop_oneof![
+            3 => (slot.clone(), 0i64..4, arb_labels())
+                .prop_map(|(slot, created, selector)| Event::UpsertScheduler { slot, created, selector }),
+            1 => (slot.clone(), arb_labels()).prop_map(|(slot, selector)| Event::StaleScheduler { slot, selector }),
+            1 => (slot.clone(), 0i64..4, arb_labels())
+                .prop_map(|(slot, created, selector)| Event::Recreate { slot, created, selector }),
+            1 => (slot.clone(), 0i64..4, arb_labels(), any::<bool>()).prop_map(|(slot, created, selector, relist)| {
+                Event::RecreateUnseen { slot, created, selector, relist }
+            }),
+            1 => slot.clone().prop_map(|slot| Event::RemoveScheduler { slot }),
+            3 => (0usize..8, arb_node_labels()).prop_map(|(slot, labels)| Event::UpsertNode { slot, labels }),
+            1 => (0usize..8).prop_map(|slot| Event::RemoveNode { slot }),
+            1 => (
+                proptest::collection::vec(any::<bool>(), 8),
+                proptest::collection::vec((0usize..8, arb_node_labels()), 0..3)
+            )
+                .prop_map(|(keep, new)| Event::ReplaceNodes { keep, new }),
+            1 => proptest::collection::vec(any::<bool>(), 6).prop_map(|keep| Event::ReplaceSchedulers { keep }),
+        ]
+    }
+
+    /// What the API server holds, as the watches would tell it: the Schedulers (newest copy of
+    /// each) and the nodes with their labels.
+    #[derive(Default)]
+    struct World {
+        claims: BTreeMap<String, Claim>,
+        nodes: BTreeMap<String, BTreeMap<String, String>>,
+        uids: usize,
+    }
+
+    impl World {
+        /// Applies `event` to the world and feeds the arbiter what a watch would: the changed
+        /// Schedulers it reports.
+        fn step(&mut self, arb: &mut Arbiter, event: Event) -> Changed {
+            let name = |slot: usize| format!("s{slot}");
+            match event {
+                Event::UpsertScheduler { slot, created, selector } => {
+                    let claim = match self.claims.get(&name(slot)) {
+                        // An existing Scheduler keeps its uid and age; its selector moves on.
+                        Some(c) => Claim { generation: c.generation + 1, selector, ..c.clone() },
+                        None => self.new_claim(name(slot), created, selector),
+                    };
+                    self.claims.insert(claim.name.clone(), claim.clone());
+                    arb.upsert_scheduler(claim)
+                }
+                Event::StaleScheduler { slot, selector } => match self.claims.get(&name(slot)) {
+                    Some(c) if c.generation > 1 => {
+                        arb.upsert_scheduler(Claim { generation: c.generation - 1, selector, ..c.clone() })
+                    }
+                    _ => Changed::new(),
+                },
+                Event::Recreate { slot, created, selector } => {
+                    let claim = self.new_claim(name(slot), created, selector);
+                    let mut changed = Changed::new();
+                    if self.claims.remove(&claim.name).is_some() {
+                        changed.extend(arb.remove_scheduler(&claim.name));
+                    }
+                    self.claims.insert(claim.name.clone(), claim.clone());
+                    changed.extend(arb.upsert_scheduler(claim));
+                    changed
+                }
+                Event::RecreateUnseen { slot, created, selector, relist } => {
+                    let claim = self.new_claim(name(slot), created, selector);
+                    self.claims.insert(claim.name.clone(), claim.clone());
+                    if relist {
+                        arb.replace_schedulers(self.claims.values().cloned().collect())
+                    } else {
+                        arb.upsert_scheduler(claim)
+                    }
+                }
+                Event::RemoveScheduler { slot } => {
+                    self.claims.remove(&name(slot));
+                    arb.remove_scheduler(&name(slot))
+                }
+                Event::UpsertNode { slot, labels } => {
+                    self.nodes.insert(format!("n{slot}"), labels.clone());
+                    arb.upsert_node(&format!("n{slot}"), labels)
+                }
+                Event::RemoveNode { slot } => {
+                    self.nodes.remove(&format!("n{slot}"));
+                    arb.remove_node(&format!("n{slot}"))
+                }
+                Event::ReplaceNodes { keep, new } => {
+                    let mut i = 0;
+                    self.nodes.retain(|_, _| {
+                        i += 1;
+                        keep[(i - 1) % keep.len()]
+                    });
+                    for (slot, labels) in new {
+                        self.nodes.insert(format!("n{slot}"), labels);
+                    }
+                    arb.replace_nodes(self.nodes.clone())
+                }
+                Event::ReplaceSchedulers { keep } => {
+                    let mut i = 0;
+                    self.claims.retain(|_, _| {
+                        i += 1;
+                        keep[(i - 1) % keep.len()]
+                    });
+                    arb.replace_schedulers(self.claims.values().cloned().collect())
+                }
+            }
+        }
+
+        fn new_claim(&mut self, name: String, created: i64, selector: BTreeMap<String, String>) -> Claim {
+            self.uids += 1;
+            Claim { uid: format!("{name}-{}", self.uids), name, created, generation: 1, selector }
+        }
+    }
+
+    proptest! {
+        /// A random sequence of what the watches deliver (Schedulers created, their selectors
+        /// changed, stale copies, recreations, deletions; nodes added, relabelled, removed;
+        /// relists of either): after every event the arbiter's answer is a recompute's from
+        /// the world as it stands, each Scheduler whose placement changed is reported, and a
+        /// removed Scheduler is not.
+        #[test]
+        fn random_event_sequences_keep_the_arbiter_equal_to_a_recompute(
+            events in proptest::collection::vec(arb_event(), 1..40)
+        ) {
+            let (mut world, mut arb) = (World::default(), Arbiter::new());
+            for event in events {
+                let before = arb.assignment();
+                let changed = world.step(&mut arb, event.clone());
+                let claims: Vec<Claim> = world.claims.values().cloned().collect();
+                let after = assign(&claims, &world.nodes);
+                prop_assert_eq!(&arb.assignment(), &after, "after {:?}", event);
+                assert_changed_covers(&before, &after, &changed)?;
+                prop_assert!(changed.iter().all(|s| world.claims.contains_key(s)), "{:?} reports {:?}", event, changed);
+                let owners: BTreeMap<&str, Option<&str>> = arb.owners().map(|(n, _, o)| (n, o)).collect();
+                for (node, labels) in &world.nodes {
+                    let winner = after.iter().find(|(_, p)| p.owned.contains(node)).map(|(s, _)| s.as_str());
+                    prop_assert_eq!(owners.get(node.as_str()).copied().flatten(), winner);
+                    prop_assert_eq!(arb.owner(node), winner);
+                    prop_assert_eq!(arb.node_labels(node), Some(labels));
+                }
+                prop_assert_eq!(arb.nodes().count(), world.nodes.len());
             }
         }
     }
