@@ -62,6 +62,18 @@ const MAX_PULL_ERROR_CHARS: usize = 256;
 const MAX_EXIT_CHARS: usize = 300;
 const EXIT_LINES: usize = 3;
 
+/// The lines of a termination message that say why the container ended: from the line before
+/// the last one naming an error (a CLI's `error: unexpected argument ...` comes first, followed
+/// by its usage; libbpf's cause comes just before the scheduler's `Error: ...`), or the last
+/// lines when none does; at most [`EXIT_LINES`].
+fn last_words<'a, 'b>(lines: &'b [&'a str]) -> &'b [&'a str] {
+    let start = match lines.iter().rposition(|l| l.to_ascii_lowercase().contains("error")) {
+        Some(i) => i.saturating_sub(1),
+        None => lines.len().saturating_sub(EXIT_LINES),
+    };
+    &lines[start..lines.len().min(start + EXIT_LINES)]
+}
+
 /// What tells a pod's revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodRevision {
@@ -117,7 +129,7 @@ impl SchedulerPod {
         let last_exit = terminated.map(|t| {
             let message = t.message.as_deref().unwrap_or_default();
             let lines: Vec<&str> = message.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-            let said = lines[lines.len().saturating_sub(EXIT_LINES)..].join(" | ");
+            let said = last_words(&lines).join(" | ");
             let code = format!("exit code {}", t.exit_code);
             sked_proto::text::escape_and_cap(
                 &if said.is_empty() { code } else { format!("{code}: {said}") },
@@ -220,6 +232,22 @@ mod tests {
             labels[*k] = (*v).into();
         }
         labels
+    }
+
+    #[test]
+    fn the_last_words_of_a_scheduler_are_the_lines_around_its_last_error() {
+        let clap = [
+            "error: unexpected argument '--no-such-flag' found",
+            "tip: to pass '--no-such-flag' as a value, use '-- --no-such-flag'",
+            "Usage: scx_bpfland [OPTIONS]",
+            "For more information, try '--help'.",
+        ];
+        assert_eq!(last_words(&clap), &clap[..3]);
+        let libbpf = ["starting", "libbpf: failed to open system Kconfig", "Error: Failed to load BPF program", "bye"];
+        assert_eq!(last_words(&libbpf), &libbpf[1..]);
+        let quiet = ["one", "two", "three", "four"];
+        assert_eq!(last_words(&quiet), &quiet[1..]);
+        assert!(last_words(&[]).is_empty());
     }
 
     #[test]

@@ -493,7 +493,9 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
         if all_attached && everywhere && plan.admit.is_empty() && (stable.is_none() || baked_in <= 0) {
             plan.phase = RolloutPhase::Complete;
         } else {
-            plan.phase = RolloutPhase::Rolling;
+            // The canary's wave when it is the last one too (a fleet of one node): it bakes as
+            // the canary.
+            plan.phase = phase_for(plan.updated);
             // A timer only for the bake; pods, reports and the DaemonSet's count are events.
             if all_attached && baked_in > 0 {
                 plan.recheck(baked_in);

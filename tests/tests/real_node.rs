@@ -252,6 +252,7 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
     );
     let node = &mut install.node;
     // A revision whose scheduler exits at once: rolled back, with its own last words as the cause.
+    let breaking = Instant::now();
     let out = fx.kubectl_apply(&broken)?;
     ensure!(out.status.success(), "kubectl apply (bpfland, a flag it refuses):\n{}", text(&out));
     let failed = fx
@@ -262,7 +263,7 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
         })
         .await?;
     let cause = failed.status.and_then(|st| st.rollout).and_then(|r| r.failed).map(|f| f.cause).unwrap_or_default();
-    eprintln!("the broken revision's cause: {cause}");
+    eprintln!("measured: the broken revision applied -> rolled back: {:?}; its cause: {cause}", breaking.elapsed());
     ensure!(
         cause.contains("crash-looping") && cause.contains("--no-such-flag"),
         "the cause quotes what the scheduler said: {cause}"
@@ -274,7 +275,10 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
     let rolling = Instant::now();
     let phases = roll(fx, &good, "scx_bpfland rolled out and attached").await?;
     eprintln!("measured: canary -> scx_bpfland rolled out: {:?} (phases {phases:?})", rolling.elapsed());
-    ensure!(phases.first() == Some(&sked_controller::api::RolloutPhase::Canary), "the node went first as the canary: {phases:?}");
+    ensure!(
+        phases.first() == Some(&sked_controller::api::RolloutPhase::Canary),
+        "the node went first as the canary: {phases:?}"
+    );
     let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
     ensure!(ops.trim().starts_with("bpfland_1.1.4"), "the kernel runs scx_bpfland: {ops:?}");
     let pod = pods_of(fx, "canary").await?.pop().context("the bpfland pod")?;
@@ -282,6 +286,7 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
 
     // Its statistics, relayed by the agent: they move, and the scrape passes promtool.
     let scrape = format!("wget -qO- http://{ip}:{}/metrics", sked_proto::contract::AGENT_PORT);
+    let relaying = Instant::now();
     let deadline = Instant::now() + SLOW;
     let first = loop {
         let scraped = node.vm.run(&scrape).await?;
@@ -291,18 +296,27 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
         ensure!(Instant::now() < deadline, "scx_bpfland's statistics never relayed:\n{scraped}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
+    eprintln!("measured: scx_bpfland attached -> its statistics relayed: {:?}", relaying.elapsed());
     let before = relayed(&first);
-    ensure!(before.keys().all(|k| k.contains("scheduler=\"canary\"") && k.contains("ops=\"bpfland_1.1.4")), "{before:?}");
+    ensure!(
+        before.keys().all(|k| k.contains("scheduler=\"canary\"") && k.contains("ops=\"bpfland_1.1.4")),
+        "{before:?}"
+    );
     let moved = loop {
         let now = relayed(&node.vm.run(&scrape).await?);
-        let moved: Vec<String> = now.iter().filter(|(k, v)| before.get(*k) != Some(v)).map(|(k, _)| k.clone()).collect();
+        let moved: Vec<String> =
+            now.iter().filter(|(k, v)| before.get(*k) != Some(v)).map(|(k, _)| k.clone()).collect();
         if moved.len() >= 3 {
             break moved;
         }
         ensure!(Instant::now() < deadline, "fewer than three statistics moved: {now:?}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    eprintln!("relayed: {} series of scx_bpfland; moving between two scrapes: {moved:?}", before.len());
+    eprintln!(
+        "measured: relayed -> three statistics moved: {:?}; {} series of scx_bpfland, moving: {moved:?}",
+        relaying.elapsed(),
+        before.len()
+    );
     sked_tests::promtool_check_metrics(&first).context("the agent's scrape, with scx_bpfland's statistics")?;
 
     // Killed: NotReady, KernelAttached False, restarted by the kubelet, attached again.
@@ -328,4 +342,3 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
     ensure!(ops.trim() == "sked_canary", "the kernel runs the canary again: {ops:?}");
     Ok(())
 }
-
