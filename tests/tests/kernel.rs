@@ -530,26 +530,37 @@ async fn the_reports_server_bounds_streams_messages_and_token_reviews() -> Resul
 
 #[tokio::test]
 async fn a_connection_that_opens_no_stream_is_closed_after_the_stale_limit() -> Result<()> {
+    use std::io::ErrorKind;
     use tokio::io::AsyncReadExt;
     let s = setup("idle-connection").await?;
     let port: u16 = s.controller.rsplit(':').next().and_then(|p| p.parse().ok()).context("the reports port")?;
     let ca = std::fs::read_to_string(&s.tls.ca)?;
-    let mut idle = sked_tests::agents::tls_connect(([127, 0, 0, 1], port).into(), &ca, "localhost", &[b"h2"]).await?;
+    // Timed from before the connection (the server's clock starts after its handshake), so
+    // the lower bound below cannot fail by the handshake's length.
     let opened = std::time::Instant::now();
+    let mut idle = sked_tests::agents::tls_connect(([127, 0, 0, 1], port).into(), &ca, "localhost", &[b"h2"]).await?;
     // It never sends the HTTP/2 preface, let alone a stream: the server hangs up on it.
     let mut buf = [0u8; 64];
+    // Closed means the server's end of file or a reset (a TCP close without TLS close_notify
+    // reads as an unexpected end of file); any other error is not the hang-up this names.
     let read_until_closed = async {
         loop {
             match idle.read(&mut buf).await {
-                Ok(0) | Err(_) => return opened.elapsed(),
-                Ok(_) => {} // the server's HTTP/2 preface
+                Ok(0) => return Ok(opened.elapsed()),
+                Err(e) if matches!(e.kind(), ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset) => {
+                    return Ok(opened.elapsed());
+                }
+                Err(e) => return Err(anyhow::anyhow!("reading the idle connection failed, not closed: {e}")),
+                Ok(_) => {} // the server's HTTP/2 preface and GOAWAY
             }
         }
     };
     let closed = tokio::time::timeout(STALE_AFTER * 10, read_until_closed)
         .await
-        .map_err(|_| anyhow::anyhow!("the server kept a connection without a stream for {:?}", STALE_AFTER * 10))?;
+        .map_err(|_| anyhow::anyhow!("the server kept a connection without a stream for {:?}", STALE_AFTER * 10))??;
     eprintln!("measured: a connection without a stream closed after {closed:?} (limit {STALE_AFTER:?})");
+    // Not before the limit: a server that drops every new connection at once would pass above.
+    assert!(closed >= STALE_AFTER, "closed after {closed:?}, before the stale limit {STALE_AFTER:?}");
     Ok(())
 }
 

@@ -406,8 +406,11 @@ async fn a_stopped_registry_keeps_the_verified_digest_without_degrading() -> Res
     let generation = fx.daemonsets().get("steady").await?.metadata.generation;
     fx.stop_controller().await?;
     fx.start_controller(flags)?;
-    wait_for("the new controller's recheck kept the digest", || async {
-        Ok(counted(&fx.scrape_metrics().await?).then_some(()))
+    // The recheck is counted during the reconcile, before its status write: read the status
+    // once a reconcile of the new controller (its counters start at zero) has ended.
+    wait_for("the new controller's recheck kept the digest, its reconcile ended", || async {
+        let counts = counted(&fx.scrape_metrics().await?) && fx.metric_total("sked_reconciles_total").await? > 0;
+        Ok(counts.then_some(()))
     })
     .await?;
     let s = fx.schedulers().get("steady").await?;
@@ -473,14 +476,22 @@ async fn registry_credentials_belong_to_one_scheduler_and_follow_rotation() -> R
     fx.create_scheduler("a-with-creds", with_creds).await?;
     wait_daemonset_image(&fx, "a-with-creds", &deployed).await?;
 
-    // Another Scheduler without credentials, same image, after the first was verified (same
-    // selector; the first keeps the node, being older or earlier by name): it borrows nothing,
+    // Another Scheduler without credentials, same image, after the first was verified, on a
+    // node of its own (so only its image can keep it from being deployed): it borrows nothing,
     // and the verified digest does not let it in.
-    fx.create_scheduler("b-no-creds", spec_on(&image, &[POOL])).await?;
+    let own_pool = ("pool", "trust-b");
+    fx.create_node("trust-node-b", &[own_pool]).await?;
+    fx.create_scheduler("b-no-creds", spec_on(&image, &[own_pool])).await?;
     let s = wait_image_refused(&fx, "b-no-creds", "refused without credentials").await?;
     let message = sked_tests::condition(&s, "Degraded").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains("refused access") && message.contains("imagePullSecrets"), "{message}");
     assert_eq!(daemonset_image(&fx, "b-no-creds").await?, None, "never deployed");
+    // The positive control: given its own secret for the same registry, it is deployed there
+    // (so the node was its own, and the missing credentials alone kept it out).
+    pull_secret(&fx, "b-cred", &private.host, "team", "s3cret").await?;
+    let patch = json!({"spec": {"imagePullSecrets": [{"name": "b-cred"}]}});
+    fx.schedulers().patch("b-no-creds", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    wait_daemonset_image(&fx, "b-no-creds", &deployed).await?;
 
     // The team's secret is rotated to a wrong password: the next check uses it at once.
     pull_secret(&fx, "team-cred", &private.host, "team", "wrong").await?;
@@ -510,6 +521,16 @@ async fn a_policy_change_reverifies_and_a_broken_policy_is_ignored() -> Result<(
         s.status.as_ref().and_then(|st| st.resolved_image.as_deref()) == Some(signed_again.as_str())
     })
     .await?;
+
+    // The last good policy, not a broken one that admits anything: an unsigned image and one
+    // signed by another key are still refused.
+    let unsigned = world.push("keyed/policy-3", "v1", "unsigned, under the last good policy")?;
+    fx.create_scheduler("policy-3", spec_on(&unsigned, &[("pool", "nowhere")])).await?;
+    wait_image_refused(&fx, "policy-3", "the unsigned image refused under the last good policy").await?;
+    let foreign = world.push("keyed/policy-4", "v1", "signed by another key, under the last good policy")?;
+    world.cosign.sign_with_key(&foreign, &world.other_key.key)?;
+    fx.create_scheduler("policy-4", spec_on(&foreign, &[("pool", "nowhere")])).await?;
+    wait_image_refused(&fx, "policy-4", "the image signed by another key refused under the last good policy").await?;
 
     // A policy that trusts another key re-verifies the running Scheduler, which now fails; its
     // DaemonSet is kept.
