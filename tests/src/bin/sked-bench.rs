@@ -9,16 +9,25 @@
 //!   owner, every DaemonSet applied), with the reconcile rate limit raised and with default
 //!   flags, and the floor: the same API writes issued back to back at the controller's
 //!   concurrency against the same server (see `../shared/notes` on reading it);
-//! - API writes and registry requests in an idle minute with 5,000 streams open;
+//! - API writes and registry requests in an idle minute with 5,000 streams open (the leaders'
+//!   tag recheck is set below the window, so the window covers one per Scheduler, and the print
+//!   says whether it did);
 //! - the leader's RSS and CPU at rest;
-//! - one node's kernel change to its Scheduler's status: p50 and p99;
+//! - report sent -> status seen: from a simulated agent sending a node's new verdict to the
+//!   bench's watch seeing the Scheduler's KernelAttached condition follow, p50 and p99;
 //! - the fleet-wide change of the pods' KernelAttached conditions when the agents first report:
 //!   how long until every pod says True, and how many pod status writes it took;
-//! - the leader killed: time until the new leader accepted all agents, its TokenReviews, and
-//!   condition changes, events and pod condition writes it caused (goal: none).
+//! - the leader killed: time until the new leader accepted all agents, its TokenReviews, the
+//!   condition changes and events, the new leader's writes by resource and verb (the API
+//!   server's audit log; each controller runs as a user of its own) and the pods replaced or
+//!   restarted (uids and restart counts): goal none.
 //!
-//! Sizes come from `BENCH_NODES`, `BENCH_SCHEDULERS` and `BENCH_IDLE_SECONDS` (defaults 5000,
-//! 200, 60) for a quick try at a smaller scale. The controller binary is `SKED_CONTROLLER_BIN`.
+//! The views watch Schedulers, Node labels and DaemonSets; a watch that fails or ends stops
+//! the bench with that error rather than computing figures from a frozen view.
+//!
+//! Sizes come from `BENCH_NODES`, `BENCH_SCHEDULERS`, `BENCH_IDLE_SECONDS` and
+//! `BENCH_RECHECK_SECONDS` (defaults 5000, 200, 60, 45) for a quick try at a smaller scale. The
+//! controller binary is `SKED_CONTROLLER_BIN`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -75,6 +84,9 @@ struct Sizes {
     nodes: usize,
     schedulers: usize,
     idle: Duration,
+    /// The leaders' `--image-recheck-interval`: shorter than the idle window, so the window
+    /// covers every Scheduler's tag recheck at least once (the default, 5 minutes, would not).
+    recheck: Duration,
 }
 
 impl Sizes {
@@ -87,6 +99,7 @@ impl Sizes {
             nodes: var("BENCH_NODES", 5000)? as usize,
             schedulers: var("BENCH_SCHEDULERS", 200)? as usize,
             idle: Duration::from_secs(var("BENCH_IDLE_SECONDS", 60)?),
+            recheck: Duration::from_secs(var("BENCH_RECHECK_SECONDS", 45)?),
         };
         if sizes.schedulers < 2 * TIERS || sizes.nodes < sizes.schedulers {
             bail!("BENCH_SCHEDULERS must be at least {} and BENCH_NODES at least BENCH_SCHEDULERS", 2 * TIERS);
@@ -208,13 +221,15 @@ async fn run() -> Result<()> {
     step(started, "the floor: the same writes, back to back");
     figures.floor = floor(&client, &writes).await?;
 
-    step(started, "cold start, default flags");
+    step(started, "cold start, default flags (but the tag recheck, so the idle window covers one)");
     reset(&client, &sizes).await?;
+    let recheck = format!("--image-recheck-interval={}s", sizes.recheck.as_secs());
+    let replica_flags = [&base_flags[..], &[recheck]].concat();
     let (converged, leader) =
-        cold_start(&cluster, &controller_bin, dir.path(), "replica-a", &base_flags, &view, &sizes).await?;
+        cold_start(&cluster, &controller_bin, dir.path(), "replica-a", &replica_flags, &view, &sizes).await?;
     figures.cold_default = converged;
     figures.cold_rss_bytes = leader.rss()?.0;
-    let standby = ControllerProcess::start(&cluster, &controller_bin, dir.path(), "replica-b", &base_flags)?;
+    let standby = ControllerProcess::start(&cluster, &controller_bin, dir.path(), "replica-b", &replica_flags)?;
 
     step(started, "lifting the hold taint: the DaemonSets' pods are created and bound");
     lift_hold(&client, &sizes).await?;
@@ -247,6 +262,7 @@ async fn run() -> Result<()> {
     figures.idle_registry = registry.requests() - registry_before;
     figures.idle_rechecks = registry.requests_to(TAG_PATH) - rechecks_before;
     figures.idle_seconds = idle_started.elapsed().as_secs_f64();
+    figures.idle_covers_recheck = idle_started.elapsed() > sizes.recheck;
     figures.rest_rss_bytes = rss;
     figures.rest_cpu = (cpu_after - cpu_before) / figures.idle_seconds;
     figures.peak_rss_bytes = leader.peak_rss()?;
@@ -255,12 +271,12 @@ async fn run() -> Result<()> {
     figures.latencies = kernel_change_latencies(&fleet, &view, 50).await?;
 
     step(started, "killing the leader");
-    let conditions_before = view.conditions();
+    let conditions_before = view.conditions()?;
     let events_before = scheduler_events(&client).await?;
-    let before_kill = cluster.apiserver_requests()?;
+    let pods_before = pod_lives(&client).await?;
     let mut leader = leader;
     leader.kill();
-    let killed = Instant::now();
+    let (killed, killed_at) = (Instant::now(), jiff::Timestamp::now());
     fleet.wait_accepted_by(1, Some(killed)).await?;
     figures.failover_agents = killed.elapsed();
     figures.failover_token_reviews = standby.metric("sked_token_reviews_total")?;
@@ -268,13 +284,20 @@ async fn run() -> Result<()> {
     // to the stale limit from the start of its term: watch past that, so a node that came back
     // late would show.
     tokio::time::sleep(REPORT_STALE_AFTER + Duration::from_secs(5)).await;
-    let changed = changed_conditions(&conditions_before, &view.conditions());
+    let changed = changed_conditions(&conditions_before, &view.conditions()?);
     for (key, before, after) in changed.iter().take(5) {
         eprintln!("  changed on failover: {key:?}: {before:?} -> {after:?}");
     }
     figures.failover_changes = changed.len();
     figures.failover_events = scheduler_events(&client).await? - events_before;
-    figures.failover_pod_writes = pod_status_patches(&writes_between(&before_kill, &cluster.apiserver_requests()?));
+    // What the API server's audit log has of the new leader (all it wrote after the kill) and
+    // of the killed one; and the pods, by uid and restarts.
+    let after_kill: Vec<_> = cluster.audited_writes()?.into_iter().filter(|w| w.received > killed_at).collect();
+    figures.failover_writes = writes_by(&after_kill, "replica-b");
+    figures.failover_killed_writes = writes_by(&after_kill, "replica-a").values().sum();
+    let pods_after = pod_lives(&client).await?;
+    figures.failover_pods_changed =
+        pods_before.iter().filter(|(name, life)| pods_after.get(*name) != Some(*life)).count();
 
     figures.print(&sizes);
     drop(fleet);
@@ -459,7 +482,8 @@ impl ControllerProcess {
     fn start(cluster: &TestCluster, binary: &Path, dir: &Path, name: &str, flags: &[String]) -> Result<Self> {
         let (metrics, reports) = (free_port()?, free_port()?);
         let child = Command::new(binary)
-            .env("KUBECONFIG", &cluster.kubeconfig)
+            // A user of its own, so the audit log tells its writes from the other replica's.
+            .env("KUBECONFIG", cluster.user_kubeconfig(name)?)
             .env("POD_NAME", name)
             .args(flags)
             .args([
@@ -563,6 +587,16 @@ struct Seen {
     schedulers: HashMap<String, Scheduler>,
     owners: HashMap<String, String>,
     daemonsets: std::collections::BTreeSet<String>,
+    /// The first watch that failed or ended, and how: from then on the view is not the
+    /// cluster's, and every figure read from it fails (`ClusterView::wait`, `conditions`).
+    failed: Option<String>,
+}
+
+impl Seen {
+    fn fail(&mut self, watch: &str, how: String) {
+        eprintln!("bench: the {watch} watch {how}; the view stops here");
+        self.failed.get_or_insert(format!("the {watch} watch {how}"));
+    }
 }
 
 impl Seen {
@@ -608,7 +642,11 @@ impl ClusterView {
             let mut events =
                 watcher(Api::<Scheduler>::all(client.clone()), watcher::Config::default()).default_backoff().boxed();
             tasks.push(tokio::spawn(async move {
-                while let Some(Ok(event)) = events.next().await {
+                loop {
+                    let event = match events.next().await {
+                        Some(Ok(event)) => event,
+                        failed => return ended(&seen, &tx, "Scheduler", failed.map(|e| e.map(|_| ()))),
+                    };
                     let mut seen = lock(&seen);
                     match event {
                         watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
@@ -631,7 +669,11 @@ impl ClusterView {
                 .touched_objects()
                 .boxed();
             tasks.push(tokio::spawn(async move {
-                while let Some(Ok(n)) = events.next().await {
+                loop {
+                    let n = match events.next().await {
+                        Some(Ok(n)) => n,
+                        failed => return ended(&seen, &tx, "Node", failed.map(|e| e.map(|_| ()))),
+                    };
                     let owner = n.labels().get(OWNER_LABEL).cloned();
                     let mut seen = lock(&seen);
                     match owner {
@@ -651,7 +693,11 @@ impl ClusterView {
             tasks.push(tokio::spawn(async move {
                 let mut names = std::collections::BTreeSet::new();
                 let mut relist = std::collections::BTreeSet::new();
-                while let Some(Ok(event)) = events.next().await {
+                loop {
+                    let event = match events.next().await {
+                        Some(Ok(event)) => event,
+                        failed => return ended(&seen, &tx, "DaemonSet", failed.map(|e| e.map(|_| ()))),
+                    };
                     match event {
                         watcher::Event::Apply(ds) => {
                             names.insert(ds.name_any());
@@ -673,32 +719,78 @@ impl ClusterView {
         Ok(Self { seen, version, _tasks: tasks })
     }
 
-    /// Waits until `done` holds of what is seen.
+    /// Waits until `done` holds of what is seen; fails at once if a watch failed.
     async fn wait(&self, what: &str, done: impl Fn(&Seen) -> bool) -> Result<()> {
         let mut version = self.version.clone();
         tokio::time::timeout(PATIENCE, async {
             loop {
-                if done(&lock(&self.seen)) {
-                    return Ok(());
+                let answer = {
+                    let seen = lock(&self.seen);
+                    seen.failed.clone().map(Err).or_else(|| done(&seen).then_some(Ok(())))
+                };
+                match answer {
+                    Some(Err(failed)) => bail!("{failed}: cannot tell whether {what}"),
+                    Some(Ok(())) => return Ok(()),
+                    None => version.changed().await.map_err(|_| anyhow!("the watches ended"))?,
                 }
-                version.changed().await.map_err(|_| anyhow!("the watches ended"))?;
             }
         })
         .await
         .map_err(|_| anyhow!("not done after {PATIENCE:?}: {what}"))?
     }
 
-    /// Every Scheduler's conditions: (scheduler, type) to (status, reason, message, since).
-    fn conditions(&self) -> Conditions {
+    /// Every Scheduler's conditions: (scheduler, type) to (status, reason, message, since);
+    /// an error if a watch failed.
+    fn conditions(&self) -> Result<Conditions> {
         let seen = lock(&self.seen);
+        if let Some(failed) = &seen.failed {
+            bail!("{failed}: the conditions seen are not the cluster's");
+        }
         let mut out = BTreeMap::new();
         for (name, s) in &seen.schedulers {
             for c in s.status.iter().flat_map(|st| st.conditions.iter()) {
                 out.insert((name.clone(), c.type_.clone()), describe(c));
             }
         }
-        out
+        Ok(out)
     }
+}
+
+/// Records how a watch of `kind` ended (`None`: the stream ended; `Some(Err)`: it failed) and
+/// wakes the waiters, which then fail. The watcher would re-list after an error, but the events
+/// in between are lost: a figure read across them could be wrong, so the bench says so and stops.
+fn ended(seen: &Mutex<Seen>, tx: &watch::Sender<u64>, kind: &str, how: Option<Result<(), watcher::Error>>) {
+    let how = match how {
+        Some(Err(e)) => format!("failed: {e}"),
+        _ => "ended".to_owned(),
+    };
+    lock(seen).fail(kind, how);
+    tx.send_modify(|v| *v += 1);
+}
+
+/// Every pod of the fleet by name: its uid and its containers' restarts.
+async fn pod_lives(client: &Client) -> Result<BTreeMap<String, (String, i32)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    Ok(pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            let restarts = p.status.iter().flat_map(|s| s.container_statuses.iter().flatten()).map(|c| c.restart_count);
+            (p.name_any(), (p.uid().unwrap_or_default(), restarts.sum()))
+        })
+        .collect())
+}
+
+/// The writes of `user` among `writes` that change state, counted by (resource, subresource,
+/// verb): its Lease renewals and its TokenReviews (counted apart) left out.
+fn writes_by(writes: &[sked_tests::cluster::AuditedWrite], user: &str) -> BTreeMap<(String, String, String), u64> {
+    let mut out = BTreeMap::new();
+    for w in writes.iter().filter(|w| w.user == user && w.resource != "leases" && w.changes_state()) {
+        *out.entry((w.resource.clone(), w.subresource.clone(), w.verb.to_uppercase())).or_default() += 1;
+    }
+    out
 }
 
 fn describe(c: &Condition) -> (String, String, String, String) {
@@ -747,7 +839,9 @@ fn writes_between(
 ) -> BTreeMap<(String, String, String), u64> {
     after
         .iter()
-        .filter(|((_, _, verb), _)| ["POST", "PUT", "PATCH", "APPLY", "DELETE"].contains(&verb.as_str()))
+        .filter(|((_, _, verb), _)| {
+            ["POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"].contains(&verb.as_str())
+        })
         .filter_map(|(k, n)| {
             let d = n.saturating_sub(before.get(k).copied().unwrap_or(0));
             (d > 0).then(|| (k.clone(), d))
@@ -1096,6 +1190,8 @@ struct Figures {
     /// verified once).
     cold_registry: usize,
     idle_seconds: f64,
+    /// Whether the idle window was longer than the leader's tag recheck interval.
+    idle_covers_recheck: bool,
     rest_rss_bytes: u64,
     rest_cpu: f64,
     peak_rss_bytes: u64,
@@ -1107,7 +1203,13 @@ struct Figures {
     /// From the agents' start until every pod says KernelAttached=True.
     pod_conditions_true: Duration,
     pod_condition_writes: u64,
-    failover_pod_writes: u64,
+    /// The new leader's writes after the kill (the audit log), by (resource, subresource, verb),
+    /// its Lease left out.
+    failover_writes: BTreeMap<(String, String, String), u64>,
+    /// The killed leader's writes after the kill.
+    failover_killed_writes: u64,
+    /// Pods whose uid or restart count differ after the failover, or that are gone.
+    failover_pods_changed: usize,
 }
 
 impl Figures {
@@ -1177,6 +1279,11 @@ impl Figures {
             self.idle_registry, self.idle_rechecks
         );
         println!(
+            "idle: the window {} a tag recheck (--image-recheck-interval={} s)",
+            if self.idle_covers_recheck { "covers" } else { "does NOT cover" },
+            sizes.recheck.as_secs()
+        );
+        println!(
             "cold start: registry requests     {:>8}    ({} Schedulers, one signed image)",
             self.cold_registry, sizes.schedulers
         );
@@ -1187,17 +1294,28 @@ impl Figures {
         );
         println!("controller at rest: CPU           {:>8.1} % of one core", self.rest_cpu * 100.0);
         println!("controller peak RSS (VmHWM)       {:>8.1} MiB", mib(self.peak_rss_bytes));
+        // From the simulated agent being handed a new verdict (it sends the report at once) to the
+        // bench's watch seeing the Scheduler's KernelAttached condition follow it.
         println!(
-            "kernel change -> status: p50      {:>8.0} ms  ({} samples, {} ms apart)",
+            "report sent -> status seen: p50   {:>8.0} ms  ({} samples, {} ms apart; agent's send to the condition in a watch)",
             pct(0.5).as_secs_f64() * 1000.0,
             self.latencies.len(),
             SAMPLE_SPACING.as_millis()
         );
-        println!("kernel change -> status: p99      {:>8.0} ms", pct(0.99).as_secs_f64() * 1000.0);
+        println!("report sent -> status seen: p99   {:>8.0} ms", pct(0.99).as_secs_f64() * 1000.0);
         println!("failover: all agents accepted     {:>8.1} s after the kill", self.failover_agents.as_secs_f64());
         println!("failover: TokenReviews            {:>8}", self.failover_token_reviews);
         println!("failover: condition changes       {:>8}    (goal 0)", self.failover_changes);
         println!("failover: events                  {:>8}    (goal 0)", self.failover_events);
-        println!("failover: pod condition writes    {:>8}    (goal 0)", self.failover_pod_writes);
+        println!(
+            "failover: new leader's writes     {:>8}    (goal 0; the audit log, its Lease apart) {}",
+            self.failover_writes.values().sum::<u64>(),
+            writes(&self.failover_writes)
+        );
+        println!("failover: killed leader's writes  {:>8}    (goal 0)", self.failover_killed_writes);
+        println!(
+            "failover: pods replaced/restarted {:>8}    (goal 0; uids and restart counts)",
+            self.failover_pods_changed
+        );
     }
 }
