@@ -113,11 +113,49 @@ impl Cluster {
             .header(http::header::ACCEPT, "text/plain;version=0.0.4")
             .body(Vec::new())
             .map_err(|e| Error::Other(format!("building the request {path}: {e}")))?;
-        let what = format!(
-            "reading the agent's /metrics of pod {name} through the API server ({path}; get on pods/proxy in namespace {} is needed: the chart's <release>-stats-reader Role grants it)",
-            self.namespace
-        );
-        let text = self.client.request_text(request).await.map_err(|e| Error::api(what, e))?;
+        let what = format!("reading the agent's /metrics of pod {name} through the API server ({path})");
+        let text = self.client.request_text(request).await.map_err(|e| proxy_error(what, &path, &self.namespace, e))?;
         Ok((name, text))
+    }
+}
+
+/// What a failed read through the API server's pod proxy means: RBAC's refusal ("... is
+/// forbidden: User ... cannot get resource pods/proxy") names the Role that grants it; any other
+/// 403 or 5xx is the proxy's own failure to reach the pod, not a permission.
+fn proxy_error(what: String, path: &str, namespace: &str, e: kube::Error) -> Error {
+    match e {
+        kube::Error::Api(s) if s.code == 403 && s.message.contains("forbidden") => Error::Forbidden {
+            what: format!(
+                "{what}; get on pods/proxy in namespace {namespace} is needed: the chart's <release>-stats-reader Role grants it"
+            ),
+            message: s.message,
+        },
+        kube::Error::Api(s) if s.code == 403 || s.code >= 500 => Error::Other(format!(
+            "{what}: the API server could not reach the pod: {}; its pod proxy must reach the pods' network (`kubectl get --raw {path}` fails the same way)",
+            s.message
+        )),
+        e => Error::api(what, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure(message, "").with_code(code).boxed())
+    }
+
+    #[test]
+    fn a_proxy_that_cannot_reach_the_pod_is_not_called_a_permission() {
+        let rbac =
+            r#"pods "p" is forbidden: User "v" cannot get resource "pods/proxy" in API group "" in the namespace "ns""#;
+        let refused = proxy_error("reading".into(), "/p", "ns", status(403, rbac));
+        assert!(matches!(&refused, Error::Forbidden { what, .. } if what.contains("<release>-stats-reader Role")));
+        let unreachable = proxy_error("reading".into(), "/p", "ns", status(403, "resolve_deny: denied destination"));
+        assert!(matches!(&unreachable, Error::Other(m) if m.contains("could not reach the pod")), "{unreachable}");
+        let down = proxy_error("reading".into(), "/p", "ns", status(503, "error trying to reach service"));
+        assert!(matches!(down, Error::Other(_)));
+        assert!(matches!(proxy_error("reading".into(), "/p", "ns", status(404, "x")), Error::NotFound(_)));
     }
 }
