@@ -312,8 +312,9 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
         ensure!(Instant::now() < deadline, "fewer than three statistics moved: {now:?}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
+    let names: std::collections::BTreeSet<&str> = before.keys().filter_map(|k| k.split('{').next()).collect();
     eprintln!(
-        "measured: relayed -> three statistics moved: {:?}; {} series of scx_bpfland, moving: {moved:?}",
+        "measured: relayed -> three statistics moved: {:?}; {} series of scx_bpfland ({names:?}), moving: {moved:?}",
         relaying.elapsed(),
         before.len()
     );

@@ -300,6 +300,7 @@ async fn run() -> Result<()> {
         pods_before.iter().filter(|(name, life)| pods_after.get(*name) != Some(*life)).count();
 
     figures.print(&sizes);
+    drop(view);
     drop(fleet);
     drop(standby);
     Ok(())
@@ -753,6 +754,14 @@ impl ClusterView {
             }
         }
         Ok(out)
+    }
+}
+
+impl Drop for ClusterView {
+    /// The watches end with the view, before the control plane they watch stops (which they
+    /// would otherwise report as a failure).
+    fn drop(&mut self) {
+        self._tasks.iter().for_each(tokio::task::JoinHandle::abort);
     }
 }
 
