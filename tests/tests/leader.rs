@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -276,6 +276,7 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     wait_for("steady-a to hold the lease", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("steady-a"))) })
         .await?;
     let second = ControllerProcess::start_with(&fx, dir.path(), "steady-b", &flags(port_b))?;
+    let second_started = Instant::now();
     let service = leader_service(&fx, vec![("steady-a", port_a), ("steady-b", port_b)]).await?;
 
     let nodes = ["k-1", "k-2", "k-3"];
@@ -319,6 +320,36 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     })
     .await?;
 
+    // The standby hears no agent (they reach the leader alone): were it writing, once its stale
+    // limit has passed since it started, a change both replicas see (an annotation poke) would
+    // have it write every node stale. It writes nothing while steady-a leads.
+    let reconciles = |c: &ControllerProcess| -> Result<f64> {
+        Ok(c.scrape()?
+            .lines()
+            .filter(|l| l.starts_with("sked_reconciles_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum())
+    };
+    let standby_stale = second_started + Duration::from_secs(21);
+    wait_for("steady-b's stale limit passed since it started", || async {
+        Ok((Instant::now() > standby_stale).then_some(()))
+    })
+    .await?;
+    let reconciled = reconciles(&first)?;
+    let poke = serde_json::json!({"metadata": {"annotations": {"test.sked/standby-poke": "1"}}});
+    fx.schedulers().patch("kept", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&poke)).await?;
+    wait_for("steady-a to reconcile the poked Scheduler", || async {
+        Ok((reconciles(&first)? > reconciled).then_some(()))
+    })
+    .await?;
+    let standby_writes: Vec<String> = fx
+        .writes_by("steady-b")?
+        .iter()
+        .filter(|w| w.changes_state() && w.resource != "leases")
+        .map(|w| format!("{} {}/{}", w.kind(), w.namespace, w.name))
+        .collect();
+    assert!(standby_writes.is_empty(), "the standby wrote while steady-a led: {standby_writes:?}");
+
     // SIGKILL: the lease is left to run out, every agent's stream breaks.
     first.child.kill()?;
     let _ = first.child.wait();
@@ -347,13 +378,6 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
         Ok((jiff::Timestamp::now() > grace_over).then_some(()))
     })
     .await?;
-    let reconciles = |c: &ControllerProcess| -> Result<f64> {
-        Ok(c.scrape()?
-            .lines()
-            .filter(|l| l.starts_with("sked_reconciles_total{"))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum())
-    };
     let reconciled = reconciles(&second)?;
     let poke = serde_json::json!({"metadata": {"annotations": {"test.sked/poke": "1"}}});
     fx.schedulers().patch("kept", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&poke)).await?;
