@@ -335,13 +335,7 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
         Ok((Instant::now() > standby_stale).then_some(()))
     })
     .await?;
-    let reconciled = reconciles(&first)?;
-    let poke = serde_json::json!({"metadata": {"annotations": {"test.sked/standby-poke": "1"}}});
-    fx.schedulers().patch("kept", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&poke)).await?;
-    wait_for("steady-a to reconcile the poked Scheduler", || async {
-        Ok((reconciles(&first)? > reconciled).then_some(()))
-    })
-    .await?;
+    poke_until_reconciled(&fx, "test.sked/standby-poke", "steady-a", || reconciles(&first)).await?;
     let standby_writes: Vec<String> = fx
         .writes_by("steady-b")?
         .iter()
@@ -378,13 +372,7 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
         Ok((jiff::Timestamp::now() > grace_over).then_some(()))
     })
     .await?;
-    let reconciled = reconciles(&second)?;
-    let poke = serde_json::json!({"metadata": {"annotations": {"test.sked/poke": "1"}}});
-    fx.schedulers().patch("kept", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&poke)).await?;
-    wait_for("steady-b to reconcile the poked Scheduler", || async {
-        Ok((reconciles(&second)? > reconciled).then_some(()))
-    })
-    .await?;
+    poke_until_reconciled(&fx, "test.sked/poke", "steady-b", || reconciles(&second)).await?;
 
     let after = fx.schedulers().get("kept").await?;
     assert_eq!(conditions(&after), conditions_before, "no condition moved");
@@ -509,4 +497,21 @@ async fn a_server_that_cannot_start_stops_the_process_with_the_flag_to_change() 
     }
     drop(taken);
     Ok(())
+}
+
+/// Annotates Scheduler `kept` with `key` (a change every replica sees) and waits until
+/// `reconciles` (a replica's reconcile count) moves past where it stood.
+async fn poke_until_reconciled(
+    fx: &Fixture,
+    key: &str,
+    replica: &str,
+    reconciles: impl Fn() -> Result<f64>,
+) -> Result<()> {
+    let before = reconciles()?;
+    let poke = serde_json::json!({"metadata": {"annotations": {key: "1"}}});
+    fx.schedulers().patch("kept", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&poke)).await?;
+    wait_for(&format!("{replica} to reconcile the poked Scheduler"), || async {
+        Ok((reconciles()? > before).then_some(()))
+    })
+    .await
 }
