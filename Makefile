@@ -55,10 +55,11 @@ else
 CARGO_TEST = $(CARGO) test
 endif
 
-## test: unit, property and integration tests (integration tests start a real control plane).
+## test: unit, property and integration tests (integration tests start a real control plane,
+## one per suite; hack/test-suites.sh runs SKED_TEST_LANES suites at a time, default 3).
 test: setup
 	$(call build_tools,$(TOOLS_TEST))
-	$(CARGO_TEST) --workspace
+	@hack/test-suites.sh $(CARGO_TEST)
 
 test-unit:
 	$(CARGO_TEST) --workspace --lib --bins --test crd_is_current
