@@ -68,10 +68,11 @@ started=$SECONDS
 ) &
 rest=$!
 # One suite per lane, the next one starting as a lane frees: longest first.
+# shellcheck disable=SC2016 # expanded by the inner bash, from its arguments
 printf '%s\n' "${suites[@]}" | xargs -P "$lanes" -I{} bash -c 'run "$1" "${@:2}" -p sked-tests --test "$1"' _ {} "$@" || true
 wait "$rest" || true
 
-failed=$(cd "$logs" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | tr '\n' ' ')
+failed=$(find "$logs" -name '*.failed' -printf '%f\n' | sed 's/\.failed$//' | sort | tr '\n' ' ')
 if [[ -n $failed ]]; then
   echo "test-suites: failed: $failed(each one's output is above)" >&2
   exit 1
