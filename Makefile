@@ -56,7 +56,7 @@ CARGO_TEST = $(CARGO) test
 endif
 
 ## test: unit, property and integration tests (integration tests start a real control plane,
-## one per suite; hack/test-suites.sh runs SKED_TEST_LANES suites at a time, default 3).
+## one per suite; hack/test-suites.sh runs SKED_TEST_LANES suites at a time, default 2).
 test: setup
 	$(call build_tools,$(TOOLS_TEST))
 	@hack/test-suites.sh $(CARGO_TEST)
@@ -68,12 +68,15 @@ test-integration: setup
 	$(call build_tools,$(TOOLS_TEST))
 	$(CARGO_TEST) -p sked-tests
 
+# The suites name the whole workspace (`--workspace --test NAME`, as hack/test-suites.sh does):
+# Cargo then resolves the features `make test` built with and builds no dependency twice.
+
 # Boots Debian kernels under qemu (one with sched_ext, one without) and attaches a real BPF
 # scheduler; installs qemu, clang, bpftool, busybox with apt when missing.
 test-kernel: setup
 	$(call build_tools,$(TOOLS_KERNEL))
 	bash hack/kernel-e2e.sh deps
-	$(CARGO_TEST) -p sked-tests --test real_kernel -- --ignored --nocapture --test-threads=1
+	$(CARGO_TEST) --workspace --test real_kernel -- --ignored --nocapture --test-threads=1
 
 ## test-node: sked on a real node: the sched_ext kernel under qemu with containerd, runc and
 ## the pinned kubelet; the agent (the workspace's build, as the other suites run it) and the
@@ -84,7 +87,7 @@ test-kernel: setup
 test-node: setup
 	$(call build_tools,$(TOOLS_NODE))
 	bash hack/kernel-e2e.sh deps
-	bpfland=$$(hack/scx-scheduler.sh scx_bpfland) && SKED_SCX_BPFLAND_BIN=$$bpfland $(CARGO_TEST) -p sked-tests --test real_node -- --ignored --nocapture --test-threads=1
+	bpfland=$$(hack/scx-scheduler.sh scx_bpfland) && SKED_SCX_BPFLAND_BIN=$$bpfland $(CARGO_TEST) --workspace --test real_node -- --ignored --nocapture --test-threads=1
 
 ## bench: sked at fleet scale (release build; not part of `make test`): 5,000 Nodes, 200
 ## Schedulers and 5,000 agent streams on the test control plane; prints the figures

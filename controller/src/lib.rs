@@ -12,7 +12,8 @@
 //!   [`reviews`]: TokenReview results kept by token hash; `connections`: report connections,
 //!   bounded in number and closed when they carry no stream; [`handshake_gate`]: the door of a
 //!   TLS port (silent peers dropped, pending handshakes bounded per source address);
-//! - [`trust`], [`webhook`]: image trust and admission.
+//! - [`trust`], [`webhook`]: image trust and admission; `tag_recheck`: the tags Schedulers name,
+//!   resolved again apart from the reconciles.
 
 #![forbid(unsafe_code)]
 
@@ -40,6 +41,7 @@ pub mod reports;
 pub mod reports_ca;
 pub mod reviews;
 pub mod sched_ext_labels;
+mod tag_recheck;
 pub mod telemetry;
 pub mod throttle;
 pub mod tls;

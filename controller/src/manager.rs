@@ -286,8 +286,8 @@ fn context(
     })
 }
 
-/// Runs the reports server, the label keepers, the policy re-verifier and the reconcile loop
-/// until shutdown or until one of them fails.
+/// Runs the reports server, the label keepers, the policy re-verifier, the tags' rechecks and
+/// the reconcile loop until shutdown or until one of them fails.
 async fn serve(
     ctx: &Arc<Context>,
     leadership: &Leadership,
@@ -317,6 +317,7 @@ async fn serve(
             )
         ),
         until(stop.clone(), publish_reports_ca(client, flags, leader())),
+        until(stop.clone(), crate::tag_recheck::recheck_tags(ctx.clone(), triggers.clone(), leader())),
         reconcile_loop(flags, index, ctx.clone(), trigger_rx, leader(), stop.clone()),
         // On shutdown, hand leadership over first, while the rest drains.
         async {

@@ -24,10 +24,13 @@ pub(crate) struct Applied {
 /// An image admission kept for one Scheduler, with what it was decided from.
 #[derive(Clone, Debug)]
 pub(crate) struct Admission {
+    /// The Scheduler's name, to reconcile it when a recheck of its tag changes what is admitted.
+    pub(crate) name: String,
     /// `spec.sched`, the pull secrets' names and the trust policy generation it was decided under.
     pub(crate) inputs: (String, Vec<String>, u64),
     pub(crate) admitted: Admitted,
-    /// When to ask the registry again (a tag may move); `None` for a digest, which cannot.
+    /// When to ask the registry again (a tag may move; `tag_recheck` does, apart from the
+    /// reconciles); `None` for a digest, which cannot.
     pub(crate) recheck_at: Option<Instant>,
 }
 

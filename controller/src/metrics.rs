@@ -109,7 +109,7 @@ impl Metrics {
         );
         registry.register(
             "image_verifications",
-            "Image admissions by caller (reconcile, webhook) and outcome (verified, cached, unsigned_allowed, or the failure kind)",
+            "Image admissions by caller (reconcile, webhook, recheck) and outcome (verified, cached, unsigned_allowed, or the failure kind)",
             verifications.clone(),
         );
         registry.register("trust_policy_reloads", "Trust policy file reloads by result", policy_reloads.clone());

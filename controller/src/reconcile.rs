@@ -93,7 +93,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
 
     // The trust policy admits the image (whether or not the Scheduler has nodes, so its status
     // always tells) before anything is deployed; a refusal leaves the DaemonSet as it is.
-    let (admission, recheck_at) = Box::pin(admit(ctx, scheduler, &uid)).await;
+    let admission = Box::pin(admit(ctx, scheduler, &uid)).await;
     if let Err(e) = &admission {
         warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
     }
@@ -160,9 +160,8 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     // agents ends, when a tag is due to be resolved again, and when pod conditions are left to
     // write; everything else (reports, reports
     // going stale, pods, the DaemonSet) is an event.
-    let tag_recheck = recheck_at.map(|at| at.saturating_duration_since(std::time::Instant::now()));
     let grace_recheck = (!kernel.summary.settled).then_some(kernel.grace_left + Duration::from_millis(100));
-    let rechecks = [grace_recheck, tag_recheck, deployed.requeue, rollout_recheck, pods_recheck];
+    let rechecks = [grace_recheck, deployed.requeue, rollout_recheck, pods_recheck];
     Ok(match rechecks.into_iter().flatten().min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
@@ -431,12 +430,9 @@ async fn carry_out(
 /// reach the registry (or the trust root), the digest verified before stays admitted and the
 /// recheck is tried again within a minute; so does the digest a DaemonSet runs for the same
 /// inputs (its admission annotation), which a new leader finds without having verified it
-/// itself. Returns when to recheck.
-async fn admit(
-    ctx: &Context,
-    scheduler: &Scheduler,
-    uid: &str,
-) -> (Result<crate::trust::Admitted, TrustError>, Option<std::time::Instant>) {
+/// itself. When a tag is due, `tag_recheck` resolves it apart from the reconciles and
+/// reconciles only the Schedulers it changed for; a reconcile that comes first admits again here.
+async fn admit(ctx: &Context, scheduler: &Scheduler, uid: &str) -> Result<crate::trust::Admitted, TrustError> {
     let secrets = scheduler.spec.pull_secret_names();
     let inputs = (scheduler.spec.sched.clone(), secrets.clone(), ctx.trust.policy().generation);
     let now = std::time::Instant::now();
@@ -444,14 +440,19 @@ async fn admit(
     if let Some(kept) = &kept
         && kept.recheck_at.is_none_or(|at| now < at)
     {
-        return (Ok(kept.admitted.clone()), kept.recheck_at);
+        return Ok(kept.admitted.clone());
     }
     let result = ctx.trust.admit(&ctx.client, &scheduler.spec.sched, &secrets).await;
     let interval = ctx.flags.image_recheck_interval;
     let kept = match (&result, kept) {
         (Err(e), kept) if e.is_transient() => kept.or_else(|| {
             let admitted = deployed_admission(ctx, scheduler, &secrets)?;
-            Some(crate::memo::Admission { inputs: inputs.clone(), admitted, recheck_at: None })
+            Some(crate::memo::Admission {
+                name: scheduler.name_any(),
+                inputs: inputs.clone(),
+                admitted,
+                recheck_at: None,
+            })
         }),
         _ => None,
     };
@@ -461,26 +462,26 @@ async fn admit(
             ctx.metrics.verified("reconcile", admitted.outcome.metric_label());
             // Counted from when the registry was asked, perhaps for another Scheduler on the same
             // tag: the Schedulers sharing a tag recheck it together, with one request.
-            let recheck_at = admitted.from_tag.then(|| admitted.resolved_at.unwrap_or(now) + interval);
-            let admission = crate::memo::Admission { inputs, admitted: admitted.clone(), recheck_at };
+            let recheck_at = crate::tag_recheck::next_recheck(&Ok(admitted.clone()), now, interval);
+            let admission =
+                crate::memo::Admission { name: scheduler.name_any(), inputs, admitted: admitted.clone(), recheck_at };
             admissions.insert(uid.to_owned(), admission);
-            (Ok(admitted), recheck_at)
+            Ok(admitted)
         }
         (Err(e), Some(mut kept)) => {
             // Not a refusal: said apart, so an outage is not counted as a failed verification.
             ctx.metrics.verified("reconcile", KEPT_UNREACHABLE);
             warn!(image = %scheduler.spec.sched, err = %e, kept = %kept.admitted.image,
                 "could not resolve the image again; the digest verified before stays deployed");
-            let recheck_at = Some(now + interval.min(Duration::from_secs(60)));
-            kept.recheck_at = recheck_at;
+            kept.recheck_at = Some(now + interval.min(Duration::from_secs(60)));
             let admitted = kept.admitted.clone();
             admissions.insert(uid.to_owned(), kept);
-            (Ok(admitted), recheck_at)
+            Ok(admitted)
         }
         (Err(e), None) => {
             ctx.metrics.verified("reconcile", e.metric_label());
             admissions.remove(uid);
-            (Err(e), None)
+            Err(e)
         }
     }
 }
