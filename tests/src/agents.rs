@@ -118,21 +118,21 @@ pub fn workspace_binary(name: &'static str, env: &str) -> Result<PathBuf> {
         profile_dir = profile_dir.parent().ok_or_else(|| anyhow!("unexpected binary location"))?;
     }
     let target_dir = profile_dir.parent().ok_or_else(|| anyhow!("unexpected binary location"))?;
-    let package = match name {
-        "sked-canary-loader" | "sked-vm-relay" | "sked-demo" => "sked-tests",
-        other => other,
-    };
     // The same profile as the caller (`make bench` runs a release build against release binaries).
     let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    // `--workspace`, as `make test` and CI build the binaries: the same features of shared
+    // dependencies, so a binary built there is current here and this is a no-op (with `-p`
+    // alone Cargo resolves other features and builds them again, for minutes, while the
+    // caller's runtime waits on this call).
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", package, "--bin", name])
+        .args(["build", "--quiet", "--workspace", "--bin", name])
         .args(release.then_some("--release"))
         .env("CARGO_TARGET_DIR", target_dir)
         .current_dir(crate::cluster::workspace_root())
         .status()
-        .with_context(|| format!("running cargo build -p {package}"))?;
+        .with_context(|| format!("running cargo build --bin {name}"))?;
     if !status.success() {
-        bail!("cargo build -p {package} failed");
+        bail!("cargo build --bin {name} failed");
     }
     let path = profile_dir.join(name);
     built.push((name, path.clone()));

@@ -47,6 +47,9 @@ fn rollout(bake: i32, attach_timeout: i32) -> RolloutSpec {
 }
 
 async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Cluster> {
+    // Built (or found current) before the controller starts: the harness starts agents from
+    // inside the test's runtime, which the in-process controller shares.
+    sked_tests::agents::agent_binary()?;
     let dir = tempfile::tempdir()?;
     let tls = ReportsTls::generate(dir.path())?;
     let (flags, controller) = tls.serving_flags()?;
