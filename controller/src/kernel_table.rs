@@ -20,8 +20,8 @@ pub struct KernelTable {
     /// labels follow verdicts), and a wake-up for whoever takes them.
     changed_nodes: Mutex<BTreeSet<String>>,
     verdicts: tokio::sync::Notify,
-    /// When a node was last heard from for the first time since the table was cleared: agents
-    /// coming back to a new leader.
+    /// When a node was last heard from for the first time (or again after its stale report was
+    /// forgotten): agents coming back to a new leader.
     last_arrival: Mutex<Option<Instant>>,
 }
 
@@ -91,6 +91,18 @@ impl KernelTable {
         before - nodes.len()
     }
 
+    /// What a new leadership term keeps: the reports that came on streams their agents hold to
+    /// every replica and are not stale (by age, `stale_after` at `now`: the stale mark is set
+    /// only once a second). Every other node is waited for as a node never heard: an agent
+    /// that reaches the leader alone told another leader in the meantime. Returns how many
+    /// went.
+    pub fn forget_for_new_term(&self, now: Instant, stale_after: Duration) -> usize {
+        let mut nodes = lock(&self.nodes);
+        let before = nodes.len();
+        nodes.retain(|_, r| r.every_replica && !r.stale && now.saturating_duration_since(r.received) <= stale_after);
+        before - nodes.len()
+    }
+
     /// Marks the exits in `exits` recorded, where their nodes still report them.
     pub fn exits_recorded(&self, exits: &[KernelExit]) {
         let mut nodes = lock(&self.nodes);
@@ -103,15 +115,8 @@ impl KernelTable {
         }
     }
 
-    /// Forgets every report: a new leadership term hears the agents afresh (what this replica
-    /// heard in an earlier term is old, and would read as stale reports of every node).
-    pub fn clear(&self) {
-        lock(&self.nodes).clear();
-        lock(&self.changed_nodes).clear();
-        *lock(&self.last_arrival) = None;
-    }
-
-    /// When a node was last heard from for the first time since the table was cleared.
+    /// When a node was last heard from for the first time, or again after its stale report was
+    /// forgotten.
     pub fn last_arrival(&self) -> Option<Instant> {
         *lock(&self.last_arrival)
     }
@@ -179,18 +184,33 @@ mod tests {
     }
 
     #[test]
-    fn a_cleared_table_knows_no_node() {
+    fn only_a_node_new_to_the_table_is_an_arrival() {
         let t = KernelTable::default();
+        assert_eq!(t.last_arrival(), None);
         let now = Instant::now();
         t.record("a", report("s", Verdict::Attached, now), STALE);
         assert_eq!(t.last_arrival(), Some(now), "a node new to the table arrived");
         t.record("a", report("s", Verdict::Attached, now + STALE), STALE);
         assert_eq!(t.last_arrival(), Some(now), "a known node's report is no arrival");
-        t.clear();
-        assert_eq!(t.last_arrival(), None);
-        assert!(t.read(|nodes| nodes.is_empty()));
-        assert!(t.take_changed().is_empty());
-        assert!(t.expire(now + STALE * 2, STALE).is_empty(), "nothing left to go stale");
+    }
+
+    #[test]
+    fn a_new_term_keeps_only_fresh_reports_from_streams_to_every_replica() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        let every = |received| report("s", Verdict::Attached, received).from_every_replica(true);
+        t.record("old", every(now), STALE);
+        t.record("aging", every(now + STALE / 2), STALE);
+        t.record("fresh", every(now + STALE), STALE);
+        t.record("leader-only", report("s", Verdict::Attached, now + STALE), STALE);
+        assert_eq!(t.expire(now + STALE + STALE / 4, STALE), ["s"], "the old report went stale");
+        // Past the stale limit of "aging", before the next expiry marks it.
+        assert_eq!(t.forget_for_new_term(now + STALE + STALE * 3 / 4, STALE), 3);
+        let left: BTreeSet<String> = t.read(|n| n.keys().cloned().collect());
+        assert_eq!(left, BTreeSet::from(["fresh".to_owned()]));
+        let back = now + STALE * 2;
+        t.record("old", every(back), STALE);
+        assert_eq!(t.last_arrival(), Some(back), "the forgotten node arrives again");
     }
 
     #[test]

@@ -89,9 +89,9 @@ impl Leadership {
     }
 
     /// Stops leading now: every reader sees `false` (writes stop, reconciles in flight are
-    /// abandoned, report streams close), then the Lease is released so another replica takes
-    /// over at once. Waits at most two seconds for the release; the lease expires on its own
-    /// otherwise. Calling it again does nothing.
+    /// abandoned, the report streams of agents that reach the leader alone close), then the
+    /// Lease is released so another replica takes over at once. Waits at most two seconds for
+    /// the release; the lease expires on its own otherwise. Calling it again does nothing.
     pub async fn step_down(&self) {
         let forward = lock(&self.forward).take();
         if let Some(forward) = forward {

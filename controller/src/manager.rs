@@ -16,7 +16,7 @@ use kube::runtime::wait;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::Scheduler;
 use crate::config::ControllerFlags;
@@ -230,14 +230,17 @@ async fn control(
         info!(schedulers, nodes, "initial Scheduler and Node lists loaded");
         let _ = ready.send(true);
 
+        // Every replica's kernel table follows the reports of the agents that hold a stream to
+        // each replica, leading or not: a new term keeps those that are fresh, and waits for
+        // every other node as for a node not heard yet. What an earlier term of this replica
+        // wrote is forgotten: the API server says what is written now.
         let kernel = Arc::new(KernelTable::default());
-        // A term starts from what the API server says and what agents report to it, not from
-        // what an earlier term of this replica wrote or heard.
         let term = {
-            let (memo, kernel) = (memo.clone(), kernel.clone());
+            let (memo, kernel, stale_after) = (memo.clone(), kernel.clone(), parts.flags.report_stale_after);
             move || {
                 memo.new_term();
-                kernel.clear();
+                let forgotten = kernel.forget_for_new_term(std::time::Instant::now(), stale_after);
+                debug!(nodes = forgotten, "a new term waits for the nodes whose reports it did not keep");
             }
         };
         let leadership = elect(client, parts.flags, &parts.instance, term).await?;
@@ -347,6 +350,15 @@ async fn elect(
 ) -> Result<Leadership, BoxError> {
     if !flags.leader_elect {
         return Ok(Leadership::always(on_gain));
+    }
+    let (duration, grace) = (flags.leader_election_lease_duration, flags.leader_election_renew_grace);
+    if grace.as_secs().max(1) >= duration.as_secs().max(2) {
+        return Err(format!(
+            "--leader-election-renew-grace ({}) must be shorter than --leader-election-lease-duration ({}) in whole seconds: the leader renews its lease that long before it runs out",
+            humantime::format_duration(grace),
+            humantime::format_duration(duration)
+        )
+        .into());
     }
     let identity = format!("{}_{:x}", instance, jiff::Timestamp::now().as_nanosecond() as u64);
     Leadership::elect(

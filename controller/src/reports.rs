@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
-use sked_proto::contract::REPORTS_AUDIENCE;
+use sked_proto::contract::{EVERY_REPLICA_METADATA, REPORTS_AUDIENCE};
 use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
 use sked_proto::v1::reports_server::{Reports, ReportsServer};
 use sked_proto::{Ack, Report, Verdict};
@@ -56,9 +56,13 @@ pub struct Inner {
     stale_after: Duration,
     triggers: UnboundedSender<ObjectRef<Scheduler>>,
     pub stats: Arc<ReportStats>,
-    /// Reports are taken only by the leader: the reports Service selects the leader's pod, and
-    /// a replica that loses leadership closes its streams so agents reconnect to the new one.
+    /// Whether this replica leads. Every replica keeps the streams of agents that hold one to
+    /// each replica ([`EVERY_REPLICA_METADATA`]); the stream of an agent that reaches the leader
+    /// alone is refused by a standby and closed when leadership moves, so it finds the leader.
     leader: tokio::sync::watch::Receiver<bool>,
+    /// Set when the server stops: every stream ends, those of agents that reach every replica
+    /// too (nothing else would end them), so the graceful shutdown does not wait on them.
+    closing: tokio::sync::watch::Sender<bool>,
     /// TokenReview results by token hash.
     reviews: ReviewCache,
     /// TokenReviews in flight: a reconnect storm of a whole fleet queues here rather than
@@ -133,6 +137,7 @@ impl ReportsService {
             triggers,
             stats,
             leader,
+            closing: tokio::sync::watch::Sender::new(false),
             reviews: ReviewCache::default(),
             reviewing: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
             streams: std::sync::Mutex::new(HashMap::new()),
@@ -409,8 +414,12 @@ type AckStream = Pin<Box<dyn Stream<Item = Result<Ack, Status>> + Send>>;
 impl Reports for ReportsService {
     type StreamStream = AckStream;
 
+    /// A standby takes the reports of agents that hold a stream to every replica: its kernel
+    /// table stays current, so the replica that takes over needs no agent to reconnect before
+    /// it can judge a node. Only the leader's reconciles write what the table says.
     async fn stream(&self, request: Request<Streaming<Report>>) -> Result<Response<AckStream>, Status> {
-        if !*self.0.leader.borrow() {
+        let every_replica = request.metadata().contains_key(EVERY_REPLICA_METADATA);
+        if !every_replica && !*self.0.leader.borrow() {
             return Err(Status::unavailable(
                 "this controller replica is not the leader; reconnect to reach the leader",
             ));
@@ -433,6 +442,7 @@ impl Reports for ReportsService {
         let session = Session {
             inbound: request.into_inner(),
             caller,
+            follows_leader: !every_replica,
             service: Arc::clone(&self.0),
             _slot: slot,
             _on_connection: on_connection,
@@ -453,6 +463,8 @@ impl Reports for ReportsService {
 struct Session {
     inbound: Streaming<Report>,
     caller: Caller,
+    /// The agent reaches the leader alone: the stream ends when this replica stops leading.
+    follows_leader: bool,
     service: Arc<Inner>,
     _slot: StreamSlot,
     _on_connection: Option<OpenStream>,
@@ -464,7 +476,15 @@ impl Session {
     async fn next_ack(&mut self) -> Result<Ack, Option<Status>> {
         let (service, node) = (&self.service, &self.caller.node);
         let idle = service.stale_after;
-        let mut leader = service.leader.clone();
+        let (mut leader, follows_leader) = (service.leader.clone(), self.follows_leader);
+        let lost_leadership = async move {
+            if follows_leader {
+                let _ = leader.wait_for(|leading| !*leading).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let mut closing = service.closing.subscribe();
         let next = tokio::select! {
             next = tokio::time::timeout(idle, self.inbound.message()) => match next {
                 Ok(next) => next,
@@ -473,9 +493,13 @@ impl Session {
                     return Err(Some(Status::deadline_exceeded("no report within the stale limit; reconnect")));
                 }
             },
-            _ = leader.wait_for(|leading| !*leading) => {
-                info!(node = %node, "lost leadership: closing the report stream");
+            () = lost_leadership => {
+                info!(node = %node, "lost leadership: closing the report stream of an agent that reaches the leader alone");
                 return Err(Some(Status::unavailable("leadership moved to another replica; reconnect")));
+            }
+            _ = closing.wait_for(|closing| *closing) => {
+                debug!(node = %node, "the reports server stops: closing the report stream");
+                return Err(Some(Status::unavailable("this controller replica is stopping; reconnect")));
             }
         };
         let report = match next {
@@ -491,7 +515,7 @@ impl Session {
             return Err(Some(service.refuse(refusal, Status::permission_denied(why))));
         }
         service.stats.reports.inc();
-        let entry = node_report(&report, Instant::now());
+        let entry = node_report(&report, Instant::now()).from_every_replica(!self.follows_leader);
         for scheduler in service.table.record(node, entry, service.stale_after) {
             debug!(node = %node, scheduler = %scheduler, verdict = Verdict::from_wire(report.verdict).as_str(), "kernel view changed");
             let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
@@ -588,7 +612,10 @@ pub async fn serve(
     let (tx, rx) = mpsc::channel::<std::io::Result<Incoming>>(64);
     let places = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-    let accept = tokio::spawn(async move {
+    // The accept loop and its handshakes end with this function, however it ends (a dropped
+    // future too: a JoinSet aborts its tasks on drop), so the port is free once it returns.
+    let mut accept = tokio::task::JoinSet::new();
+    accept.spawn(async move {
         loop {
             // Bounded connections: past the limit, new ones wait in the listen queue. Below it a
             // connection is taken at once and waits for its handshake turn here, in order: a
@@ -629,6 +656,11 @@ pub async fn serve(
     // report for the stale limit is ended, and a connection without a stream is closed after it
     // (`Guarded`). A ping timer per connection would wake the server 167 times a second at
     // 5,000 nodes to learn nothing more.
+    let inner = Arc::clone(&service.0);
+    let shutdown = async move {
+        shutdown.await;
+        inner.closing.send_replace(true);
+    };
     let served = Server::builder()
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .initial_stream_window_size(Some(WINDOW_BYTES))
@@ -636,7 +668,7 @@ pub async fn serve(
         .add_service(ReportsServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
-    accept.abort();
+    drop(accept);
     served.map_err(Into::into)
 }
 

@@ -34,6 +34,10 @@ pub struct NodeReport {
     /// Whether this controller recorded (or chose not to record) the event of `last_exit`; kept by
     /// the kernel table while the node reports the same exit.
     pub exit_recorded: bool,
+    /// It came on a stream its agent holds to every controller replica: a standby heard it
+    /// too, and keeps it into its term as leader. An agent that reaches the leader alone told
+    /// another leader in the meantime, so its report is not kept into a new term.
+    pub every_replica: bool,
 }
 
 impl NodeReport {
@@ -60,7 +64,13 @@ impl NodeReport {
             stale: false,
             last_exit,
             exit_recorded: false,
+            every_replica: false,
         }
+    }
+
+    /// The same report, marked as come on a stream its agent holds to every replica.
+    pub fn from_every_replica(self, every_replica: bool) -> Self {
+        Self { every_replica, ..self }
     }
 }
 

@@ -41,6 +41,9 @@ pub struct AgentSettings {
     pub service_account: String,
     /// Address the agent dials, e.g. `https://sked-reports.sked-system.svc:8443`.
     pub reports_address: String,
+    /// A name whose DNS records are every controller replica (the chart's headless Service),
+    /// for the agent to hold a stream to each; `None`: the agent dials `reports_address` alone.
+    pub reports_replicas: Option<String>,
     /// ConfigMap with `ca.crt` for the reports server.
     pub ca_configmap: String,
 }
@@ -226,6 +229,9 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
             ..EnvVar::default()
         },
     ];
+    if let Some(replicas) = &agent.reports_replicas {
+        env.push(EnvVar { name: env::CONTROLLER_REPLICAS.into(), value: Some(replicas.clone()), ..EnvVar::default() });
+    }
     if let Some(ops) = expected_ops {
         env.push(EnvVar { name: env::EXPECTED_OPS.into(), value: Some(ops.to_owned()), ..EnvVar::default() });
     }
@@ -371,6 +377,7 @@ mod tests {
                 image: "ghcr.io/schedkit/sked-agent:v0.1.0".into(),
                 service_account: "sked-agent".into(),
                 reports_address: "https://sked-reports.sked-system.svc:8443".into(),
+                reports_replicas: Some("sked-reports-replicas.sked-system.svc".into()),
                 ca_configmap: "sked-reports-ca".into(),
             },
         }
@@ -420,7 +427,10 @@ mod tests {
         let agent = &pod.containers[1];
         assert_eq!(agent.name, "agent");
         let env: Vec<&str> = agent.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(env, ["NODE_NAME", "POD_NAME", "SKED_SCHEDULER", "SKED_CONTROLLER_ADDRESS"]);
+        assert_eq!(
+            env,
+            ["NODE_NAME", "POD_NAME", "SKED_SCHEDULER", "SKED_CONTROLLER_ADDRESS", "SKED_CONTROLLER_REPLICAS"]
+        );
         let probe = agent.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
         assert_eq!(probe.path.as_deref(), Some("/readyz"));
         assert_eq!(pod.service_account_name.as_deref(), Some("sked-agent"));

@@ -57,6 +57,12 @@ struct Cli {
     /// reporting, only /readyz and /metrics.
     #[arg(long, env = env::CONTROLLER_ADDRESS)]
     controller_address: Option<String>,
+    /// Every controller replica, to hold a report stream to each (so a standby has heard this
+    /// node before it leads): a name whose DNS records are the replicas, e.g.
+    /// sked-reports-replicas.sked-system.svc, or a comma-separated list of host[:port] (the
+    /// port defaults to the controller address's). Unset: one stream, to --controller-address.
+    #[arg(long, env = env::CONTROLLER_REPLICAS)]
+    controller_replicas: Option<String>,
     #[arg(long, default_value = contract::CA_FILE)]
     ca_file: PathBuf,
     #[arg(long, default_value = contract::TOKEN_FILE)]
@@ -143,6 +149,7 @@ async fn run(cli: Cli) -> ExitCode {
     if let Some(address) = cli.controller_address.clone() {
         let cfg = ReporterConfig {
             address,
+            replicas: cli.controller_replicas.clone().filter(|r| !r.trim().is_empty()),
             ca_file: cli.ca_file.clone(),
             token_file: cli.token_file.clone(),
             server_name: cli.server_name.clone(),

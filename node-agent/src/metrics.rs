@@ -37,7 +37,12 @@ pub struct Metrics {
     exits: Family<Labels, Counter>,
     pub kernel_log_followed: Gauge,
     capability_missing: Family<Labels, Gauge>,
-    pub stream_connected: Gauge,
+    /// 1 while at least one report stream is open (see [`Metrics::stream_opened`]).
+    stream_connected: Gauge,
+    /// Report streams open, one per controller replica reached.
+    streams_open: Gauge,
+    /// Serialises the two gauges above, so they never disagree.
+    streams_lock: Mutex<()>,
     pub reports_sent: Counter,
     pub stream_failures: Counter,
     pub kernel_reads: Counter,
@@ -73,6 +78,8 @@ impl Metrics {
             kernel_log_followed: Gauge::default(),
             capability_missing: Family::default(),
             stream_connected: Gauge::default(),
+            streams_open: Gauge::default(),
+            streams_lock: Mutex::default(),
             reports_sent: Counter::default(),
             stream_failures: Counter::default(),
             kernel_reads: Counter::default(),
@@ -128,10 +135,19 @@ impl Metrics {
         );
         registry.register(
             "report_stream_connected",
-            "1 while the report stream to the controller is up",
+            "1 while at least one report stream to the controller is up",
             m.stream_connected.clone(),
         );
-        registry.register("reports_sent", "Reports sent to the controller", m.reports_sent.clone());
+        registry.register(
+            "report_streams_open",
+            "Report streams open, one per controller replica the agent reaches (the leader and each standby)",
+            m.streams_open.clone(),
+        );
+        registry.register(
+            "reports_sent",
+            "Reports sent, counted once per controller replica they went to",
+            m.reports_sent.clone(),
+        );
         registry.register(
             "report_stream_failures",
             "Report streams that failed or could not be opened",
@@ -161,6 +177,21 @@ impl Metrics {
         // The relayed series keep their own names (scx_...), outside the agent's prefix.
         root.register_collector(Box::new(m.scx_stats.clone()));
         Self { registry: root, ..m }
+    }
+
+    /// Counts a report stream that opened; `report_stream_connected` follows.
+    pub fn stream_opened(&self) {
+        let _serial = self.streams_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.streams_open.inc();
+        self.stream_connected.set(1);
+    }
+
+    /// Counts a report stream that closed; `report_stream_connected` drops to 0 with the last.
+    pub fn stream_closed(&self) {
+        let _serial = self.streams_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.streams_open.dec() <= 1 {
+            self.stream_connected.set(0);
+        }
     }
 
     /// Counts a failed connection to, or request of, the scheduler's stats socket.

@@ -8,6 +8,12 @@ pub const REPORTS_AUDIENCE: &str = "sked-reports";
 /// Port of the agent's `/readyz`, `/healthz` and `/metrics`.
 pub const AGENT_PORT: u16 = 9464;
 
+/// gRPC metadata an agent sends on a report stream when it holds one to every controller
+/// replica: any replica keeps such a stream, leading or not. A stream without it (an agent that
+/// reaches the leader alone) is refused by a standby and closed when its replica stops leading,
+/// so that agent reconnects to the new leader.
+pub const EVERY_REPLICA_METADATA: &str = "sked-every-replica";
+
 /// How often an agent reports when nothing changes (its `--heartbeat-interval` default); a new
 /// leader gives agents this long to report before it judges their kernels.
 pub const HEARTBEAT_INTERVAL: &str = "10s";
@@ -50,6 +56,8 @@ pub mod env {
     pub const EXPECTED_OPS: &str = "SKED_EXPECTED_OPS";
     /// The reports server's address.
     pub const CONTROLLER_ADDRESS: &str = "SKED_CONTROLLER_ADDRESS";
+    /// Every controller replica (a name whose DNS records are the replicas), when set.
+    pub const CONTROLLER_REPLICAS: &str = "SKED_CONTROLLER_REPLICAS";
 }
 
 #[cfg(test)]

@@ -215,6 +215,9 @@ pub struct AgentSpec<'a> {
     pub ca: &'a Path,
     /// The reports server's TLS name, when it is not the address's host.
     pub server_name: Option<&'a str>,
+    /// Every controller replica (`host:port,...`), to hold a stream to each; `None`: the
+    /// agent dials `controller` alone.
+    pub replicas: Option<&'a str>,
     pub token: &'a str,
 }
 
@@ -224,6 +227,8 @@ pub struct ReportsEndpoint<'a> {
     pub ca: &'a Path,
     /// The server's TLS name, when it is not the address's host.
     pub server_name: Option<&'a str>,
+    /// Every controller replica (`host:port,...`), to hold a stream to each.
+    pub replicas: Option<&'a str>,
 }
 
 impl AgentProcess {
@@ -248,6 +253,7 @@ impl AgentProcess {
             controller: reports.address,
             ca: reports.ca,
             server_name: reports.server_name,
+            replicas: reports.replicas,
             token: &token,
         })
     }
@@ -304,6 +310,9 @@ impl AgentProcess {
         }
         if let Some(name) = spec.server_name {
             cmd.args(["--server-name", name]);
+        }
+        if let Some(replicas) = spec.replicas {
+            cmd.args(["--controller-replicas", replicas]);
         }
         let child = cmd.spawn().context("starting sked-agent")?;
         Ok(Self { child, node: spec.node.to_owned(), sysfs, http, log, kernel_log })

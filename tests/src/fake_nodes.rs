@@ -290,6 +290,7 @@ impl FakeNodes {
             controller: &self.reports_address,
             ca: &self.reports_ca,
             server_name: None,
+            replicas: None,
             token: &token,
         })?;
         let stage = if at_once { Stage::Attached(Instant::now()) } else { Stage::Started };

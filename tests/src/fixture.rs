@@ -147,8 +147,9 @@ impl Fixture {
         Ok(fixture)
     }
 
-    /// Starts an in-process controller with `flags` (adjusted for tests), as after a failover
-    /// when one ran before: a new process, with new counters and an empty kernel table.
+    /// Starts an in-process controller with `flags` (adjusted for tests); when one ran before,
+    /// as after a failover to a replica that heard no agent yet (agents that reach the leader
+    /// alone): a new process, with new counters and an empty kernel table.
     pub fn start_controller(&mut self, mut flags: ControllerFlags) -> Result<()> {
         // Fast retries keep failure tests short; the backoff itself is unit-tested.
         flags.reconcile_retry_base_delay = Duration::from_millis(200);

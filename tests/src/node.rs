@@ -380,8 +380,12 @@ impl NodeInstall {
         .await?;
         lap("cert-manager and helm install --wait", &mut timings);
 
-        let service_names =
-            [format!("sked-reports.{namespace}.svc"), format!("sked-reports.{namespace}.svc.cluster.local")];
+        // The leader's Service, and the headless Service of every replica (the one controller here).
+        let service_names = [
+            format!("sked-reports.{namespace}.svc"),
+            format!("sked-reports.{namespace}.svc.cluster.local"),
+            format!("sked-reports-replicas.{namespace}.svc"),
+        ];
         let node = TestNode::start(
             cluster,
             client,

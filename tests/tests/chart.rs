@@ -182,6 +182,13 @@ async fn the_chart_lints_renders_for_the_api_server_and_installs() -> Result<()>
     let reports = Api::<Service>::namespaced(fx.client.clone(), ns).get("sked-reports").await?;
     let selector = reports.spec.and_then(|s| s.selector).unwrap_or_default();
     assert_eq!(selector.get("sked.schedkit.io/leader").map(String::as_str), Some("true"), "routes to the leader");
+    // Every replica by name, for the agents to hold a stream to each.
+    let replicas = Api::<Service>::namespaced(fx.client.clone(), ns).get("sked-reports-replicas").await?;
+    let spec = replicas.spec.unwrap_or_default();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"), "headless: one DNS record per replica");
+    assert!(!spec.selector.unwrap_or_default().contains_key("sked.schedkit.io/leader"), "lists every replica");
+    let replicas_flag = format!("--reports-replicas=sked-reports-replicas.{ns}.svc");
+    assert!(args.contains(&replicas_flag), "{replicas_flag} missing: {args:?}");
     // What the agents mount lives where their pods run.
     let ca_map = Api::<ConfigMap>::namespaced(fx.client.clone(), workloads).get("sked-reports-ca").await?;
     assert_eq!(ca_map.data.unwrap_or_default().get("ca.crt"), Some(&ca));

@@ -211,7 +211,8 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
     })
     .await?;
     let address = format!("https://127.0.0.1:{leader}");
-    let endpoint = ReportsEndpoint { address: &address, ca: &ca_file, server_name: Some(&reports_name) };
+    let endpoint =
+        ReportsEndpoint { address: &address, ca: &ca_file, server_name: Some(&reports_name), replicas: None };
     let agents = fx.cluster.dir.join("agents");
     AgentProcess::preset_kernel(&agents, "worker-1", "enabled", Some("rusty_1.0.0_x86_64"), 1)?;
     let mut agent = AgentProcess::for_pod(&fx.client, NS, &agents, &pod, "canary", &endpoint).await?;

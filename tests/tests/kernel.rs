@@ -72,7 +72,8 @@ impl Setup {
     }
 
     async fn agent(&self, node: &str) -> Result<AgentProcess> {
-        let reports = ReportsEndpoint { address: &self.controller, ca: &self.tls.ca, server_name: None };
+        let reports =
+            ReportsEndpoint { address: &self.controller, ca: &self.tls.ca, server_name: None, replicas: None };
         AgentProcess::for_pod(
             &self.fx.client,
             &self.fx.namespace,
@@ -163,7 +164,7 @@ async fn a_new_leader_keeps_kernel_conditions_until_agents_report() -> Result<()
     s.fx.wait_event(&s.name, "Normal", "KernelAttached", 1).await?;
     let events = s.fx.scheduler_events(&s.name).await?;
 
-    // The leader goes; the next one starts with an empty kernel table, and the agents cannot
+    // The leader goes; the next one has heard no agent (these reach the leader alone), and they cannot
     // reach it yet (another port): within a heartbeat it judges nothing.
     s.fx.stop_controller().await?;
     let flags = ControllerFlags {
@@ -623,7 +624,7 @@ async fn a_flood_of_silent_connections_keeps_no_agent_out() -> Result<()> {
 }
 
 #[tokio::test]
-async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() -> Result<()> {
+async fn a_standby_keeps_the_streams_of_agents_that_reach_every_replica_and_refuses_the_others() -> Result<()> {
     use sked_controller::kernel_table::KernelTable;
     use sked_controller::metrics::ReportStats;
     use sked_controller::reports::ReportsService;
@@ -669,6 +670,7 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
         controller: &format!("https://localhost:{port}"),
         ca: &s.tls.ca,
         server_name: None,
+        replicas: None,
         token: &token,
     })?;
     let metric = |name: &str| -> Result<i64> {
@@ -705,8 +707,55 @@ async fn only_the_leader_takes_reports_and_a_lost_leadership_closes_streams() ->
     })
     .await?;
     assert_eq!(stats.accepted_streams.get(), 1);
+    drop(agent);
+
+    // An agent that holds a stream to every replica (k-2's) is taken by the standby, and its
+    // stream outlives a term of leadership.
+    let pod = &s.pods["k-2"];
+    let token = bound_token(&s.fx.client, &s.fx.namespace, "sked-agent", Some(pod)).await?;
+    let replicas = format!("127.0.0.1:{port}");
+    let every_replica = AgentProcess::start(&AgentSpec {
+        dir: s.dir.path(),
+        node: "k-2",
+        pod: &pod.name_any(),
+        scheduler: &s.name,
+        expected_ops: Some("rusty"),
+        controller: &format!("https://localhost:{port}"),
+        ca: &s.tls.ca,
+        server_name: None,
+        replicas: Some(&replicas),
+        token: &token,
+    })?;
+    wait_for("the standby to take k-2's stream", || async {
+        Ok((stats.accepted_streams.get() == 2 && stats.open_streams.load(Ordering::Relaxed) == 1).then_some(()))
+    })
+    .await?;
+    // A term of leadership begins and ends while the stream carries reports: it stays open.
+    let more_reports = |n: u64| {
+        let (stats, from) = (stats.clone(), stats.reports.get());
+        move || {
+            let stats = stats.clone();
+            async move { Ok((stats.reports.get() >= from + n).then_some(())) }
+        }
+    };
+    leader_tx.send(true)?;
+    wait_for("a report on k-2's stream while leading", more_reports(1)).await?;
+    leader_tx.send(false)?;
+    wait_for("two more reports on k-2's stream after the term", more_reports(2)).await?;
+    assert_eq!(stats.accepted_streams.get(), 2, "k-2's stream was never closed: it reached every replica");
+    assert_eq!(stats.open_streams.load(Ordering::Relaxed), 1);
+    let (_, body) = every_replica.get("/metrics")?;
+    assert!(body.lines().any(|l| l == "sked_agent_report_streams_open 1"), "{body}");
+    assert!(body.lines().any(|l| l == "sked_agent_report_stream_connected 1"), "{body}");
+
+    // The server stops: it ends the streams it would otherwise keep, and returns.
     let _ = stop_tx.send(());
-    let _ = server.await;
+    server.await?.map_err(|e| anyhow::anyhow!("the reports server: {e}"))?;
+    wait_for("k-2's agent to see its stream closed", || async {
+        let (_, body) = every_replica.get("/metrics")?;
+        Ok(body.lines().any(|l| l == "sked_agent_report_streams_open 0").then_some(()))
+    })
+    .await?;
     Ok(())
 }
 

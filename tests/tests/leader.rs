@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -219,33 +219,6 @@ fn webhook_cert(dir: &Path) -> Result<sked_tests::pki::TestCa> {
     Ok(ca)
 }
 
-/// Stands in for the reports Service, which selects the leader's pod: each connection goes to
-/// the reports port of the controller that holds the lease when it arrives (`replicas`: name
-/// and reports port). Returns the port agents dial.
-async fn leader_service(fx: &Fixture, replicas: Vec<(&'static str, u16)>) -> Result<u16> {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-    let port = listener.local_addr()?.port();
-    let client = fx.client.clone();
-    tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            let (client, replicas) = (client.clone(), replicas.clone());
-            tokio::spawn(async move {
-                let leases: Api<Lease> = Api::namespaced(client, "sked-system");
-                let holder = leases.get_opt(LEASE).await.ok().flatten().and_then(|l| l.spec?.holder_identity);
-                let Some((_, port)) =
-                    replicas.iter().find(|(name, _)| holder.as_deref().is_some_and(|h| h.starts_with(name)))
-                else {
-                    return; // no leader: the connection closes, as with a Service without endpoints
-                };
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", *port)).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    Ok(port)
-}
-
 /// A Scheduler's conditions as they read: type, status, reason, message, last transition.
 fn conditions(s: &sked_controller::Scheduler) -> Vec<(String, String, String, String, String)> {
     let conditions = s.status.as_ref().map(|st| st.conditions.clone()).unwrap_or_default();
@@ -268,7 +241,6 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
             format!("--reports-cert-file={}", tls.cert.display()),
             format!("--reports-key-file={}", tls.key.display()),
             "--agent-heartbeat-interval=1s".to_owned(),
-            // Room for the lease to run out and every agent to come back, then judged.
             "--report-stale-after=20s".to_owned(),
         ]
     };
@@ -276,8 +248,8 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     wait_for("steady-a to hold the lease", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("steady-a"))) })
         .await?;
     let second = ControllerProcess::start_with(&fx, dir.path(), "steady-b", &flags(port_b))?;
-    let second_started = Instant::now();
-    let service = leader_service(&fx, vec![("steady-a", port_a), ("steady-b", port_b)]).await?;
+    // Each agent holds a stream to both replicas, as the chart's headless Service lists them.
+    let replicas = format!("127.0.0.1:{port_a},127.0.0.1:{port_b}");
 
     let nodes = ["k-1", "k-2", "k-3"];
     for node in nodes {
@@ -285,11 +257,16 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     }
     fx.create_scheduler("kept", spec_on("ghcr.io/schedkit/scx_rusty:v1", &[("pool", "k")])).await?;
     let pods = sked_tests::wait_bound_pods(&fx.client, &fx.namespace, "kept", nodes.len()).await?;
-    let endpoint = format!("https://localhost:{service}");
+    let endpoint = format!("https://localhost:{port_a}");
     let mut agents = Vec::new();
     for (node, pod) in &pods {
         AgentProcess::preset_kernel(dir.path(), node, "enabled", Some("rusty"), 1)?;
-        let reports = sked_tests::agents::ReportsEndpoint { address: &endpoint, ca: &tls.ca, server_name: None };
+        let reports = sked_tests::agents::ReportsEndpoint {
+            address: &endpoint,
+            ca: &tls.ca,
+            server_name: None,
+            replicas: Some(&replicas),
+        };
         agents.push(AgentProcess::for_pod(&fx.client, &fx.namespace, dir.path(), pod, "kept", &reports).await?);
     }
     // The pods run, and each says the kernel runs its scheduler before the leader goes (a
@@ -320,9 +297,8 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     })
     .await?;
 
-    // The standby hears no agent (they reach the leader alone): were it writing, once its stale
-    // limit has passed since it started, a change both replicas see (an annotation poke) would
-    // have it write every node stale. It writes nothing while steady-a leads.
+    // The standby hears every agent too, and writes nothing while steady-a leads: a change both
+    // replicas see (an annotation poke) is reconciled by steady-a alone.
     let reconciles = |c: &ControllerProcess| -> Result<f64> {
         Ok(c.scrape()?
             .lines()
@@ -330,9 +306,11 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
             .sum())
     };
-    let standby_stale = second_started + Duration::from_secs(21);
-    wait_for("steady-b's stale limit passed since it started", || async {
-        Ok((Instant::now() > standby_stale).then_some(()))
+    let metric = |c: &ControllerProcess, name: &str| -> Result<f64> {
+        Ok(c.scrape()?.lines().filter_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).sum())
+    };
+    wait_for("every agent's stream to the standby", || async {
+        Ok((metric(&second, "sked_agents_connected ")? >= 3.0).then_some(()))
     })
     .await?;
     poke_until_reconciled(&fx, "test.sked/standby-poke", "steady-a", || reconciles(&first)).await?;
@@ -344,20 +322,21 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
         .collect();
     assert!(standby_writes.is_empty(), "the standby wrote while steady-a led: {standby_writes:?}");
 
-    // SIGKILL: the lease is left to run out, every agent's stream breaks.
+    // SIGKILL: the lease is left to run out, every agent's stream to steady-a breaks; their
+    // streams to steady-b stay as they were.
+    let accepted_before = metric(&second, "sked_report_streams_accepted_total ")?;
     first.child.kill()?;
     let _ = first.child.wait();
     let killed = Instant::now();
     let killed_at = jiff::Timestamp::now();
-    let accepted = |c: &ControllerProcess| -> Result<f64> {
-        Ok(c.scrape()?
-            .lines()
-            .filter_map(|l| l.strip_prefix("sked_report_streams_accepted_total "))
-            .filter_map(|v| v.parse::<f64>().ok())
-            .sum())
-    };
-    wait_for("every agent accepted by steady-b", || async { Ok((accepted(&second)? >= 3.0).then_some(())) }).await?;
-    eprintln!("measured: leader killed -> every agent accepted by the new leader: {:?}", killed.elapsed());
+    wait_for("steady-b to lead", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("steady-b"))) }).await?;
+    eprintln!("measured: leader killed -> steady-b holds the lease: {:?}", killed.elapsed());
+    assert_eq!(
+        metric(&second, "sked_report_streams_accepted_total ")?,
+        accepted_before,
+        "the new leader took over every agent's stream without one reconnecting"
+    );
+    assert!(metric(&second, "sked_agents_connected ")? >= 3.0, "every agent still reports to steady-b");
 
     // Judged after the new leader's grace: a reconcile of the Scheduler that starts once the
     // grace is over (an annotation poke) sees every node reported.
@@ -433,6 +412,7 @@ async fn sigterm_releases_the_lease_at_once_and_exits_with_streams_open() -> Res
         controller: &format!("https://localhost:{reports_port}"),
         ca: &tls.ca,
         server_name: None,
+        replicas: None,
         token: &token,
     })?;
     wait_for("the agent's stream to be open", || async {

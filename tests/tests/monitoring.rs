@@ -105,7 +105,7 @@ fn the_alerts_and_the_dashboard_check_with_promtool() -> Result<()> {
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, rules_file(&rendered)?)?;
     let checked = promtool(&["check", "rules", &rules.to_string_lossy()])?;
-    assert!(checked.contains("SUCCESS: 4 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 5 rules found"), "{checked}");
     let tests = std::fs::read_to_string(workspace_root().join("tests/fixtures/monitoring/alerts-test.yaml"))?;
     let tests_file = dir.path().join("alerts-test.yaml");
     std::fs::write(&tests_file, tests.replace("[RULES]", &format!("[{}]", rules.display())))?;

@@ -50,7 +50,7 @@ async fn pool(name: &str, nodes: &[&str], rollout: RolloutSpec) -> Result<Pool> 
         ..spec_on(IMAGE, &[("pool", name)])
     };
     fx.create_scheduler(name, spec).await?;
-    let reports = ReportsEndpoint { address: &controller, ca: &tls.ca, server_name: None };
+    let reports = ReportsEndpoint { address: &controller, ca: &tls.ca, server_name: None, replicas: None };
     let played = FakeNodes::new(
         &fx.client,
         &fx.namespace,

@@ -58,7 +58,7 @@ async fn cluster(name: &str, nodes: &[&str], spec: SchedulerSpec) -> Result<Clus
         fx.create_node(n, &[("pool", name)]).await?;
     }
     fx.create_scheduler(name, spec).await?;
-    let reports = ReportsEndpoint { address: &controller, ca: &tls.ca, server_name: None };
+    let reports = ReportsEndpoint { address: &controller, ca: &tls.ca, server_name: None, replicas: None };
     let played = FakeNodes::new(
         &fx.client,
         &fx.namespace,
@@ -104,7 +104,7 @@ impl Cluster {
     /// The kubelets and kernels of the pool's nodes for another Scheduler's pods (their fake
     /// kernels in a directory of their own).
     fn play(&self, scheduler: &str) -> Result<FakeNodes> {
-        let reports = ReportsEndpoint { address: &self.controller, ca: &self.ca, server_name: None };
+        let reports = ReportsEndpoint { address: &self.controller, ca: &self.ca, server_name: None, replicas: None };
         let dir = self.dir.path().join(scheduler);
         std::fs::create_dir_all(&dir)?;
         let (pods, nodes) = (format!("name={scheduler}"), format!("pool={}", self.name));

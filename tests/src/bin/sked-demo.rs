@@ -93,7 +93,7 @@ async fn start() -> Result<Demo> {
 
     step("playing each node's kubelet and kernel: an agent per pod on a fake sched_ext tree");
     let address = format!("https://localhost:{reports_port}");
-    let reports = ReportsEndpoint { address: &address, ca: &tls.ca, server_name: None };
+    let reports = ReportsEndpoint { address: &address, ca: &tls.ca, server_name: None, replicas: None };
     let mut nodes = FakeNodes::new(
         &client,
         NAMESPACE,
