@@ -28,6 +28,19 @@ pub enum Command {
 }
 
 impl ControllerFlags {
+    /// Why the Lease timing cannot work, if it cannot: the renew grace must be shorter than the
+    /// lease, in the whole seconds a Lease holds (the election library would panic otherwise).
+    pub fn lease_timing_error(&self) -> Option<String> {
+        let (duration, grace) = (self.leader_election_lease_duration, self.leader_election_renew_grace);
+        (grace.as_secs().max(1) >= duration.as_secs().max(2)).then(|| {
+            format!(
+                "--leader-election-renew-grace ({}) must be shorter than --leader-election-lease-duration ({}) in whole seconds: the leader renews its lease that long before it runs out",
+                humantime::format_duration(grace),
+                humantime::format_duration(duration)
+            )
+        })
+    }
+
     /// How the Schedulers' DaemonSets and their agent sidecars are made, by these flags.
     pub fn workload_settings(&self) -> crate::workload::WorkloadSettings {
         crate::workload::WorkloadSettings {
@@ -332,6 +345,25 @@ mod tests {
         let err = parse(&["--log-level=info", "--log-verbosity=2"]).unwrap_err().to_string();
         assert!(err.contains("--log-verbosity"), "{err}");
         assert!(parse(&["--log-verbosity=2"]).is_ok());
+    }
+
+    #[test]
+    fn a_renew_grace_not_shorter_than_the_lease_is_refused_by_name() {
+        assert_eq!(parse(&[]).unwrap().controller.lease_timing_error(), None, "the defaults work");
+        let short = parse(&["--leader-election-lease-duration=3s", "--leader-election-renew-grace=2s"]).unwrap();
+        assert_eq!(short.controller.lease_timing_error(), None);
+        for (duration, grace) in [("10s", "10s"), ("5s", "7s"), ("2s", "2s"), ("3s", "3500ms")] {
+            let cli = parse(&[
+                &format!("--leader-election-lease-duration={duration}"),
+                &format!("--leader-election-renew-grace={grace}"),
+            ])
+            .unwrap();
+            let error = cli.controller.lease_timing_error().unwrap_or_default();
+            assert!(
+                error.contains("--leader-election-renew-grace") && error.contains("--leader-election-lease-duration"),
+                "{duration}/{grace}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -351,14 +351,8 @@ async fn elect(
     if !flags.leader_elect {
         return Ok(Leadership::always(on_gain));
     }
-    let (duration, grace) = (flags.leader_election_lease_duration, flags.leader_election_renew_grace);
-    if grace.as_secs().max(1) >= duration.as_secs().max(2) {
-        return Err(format!(
-            "--leader-election-renew-grace ({}) must be shorter than --leader-election-lease-duration ({}) in whole seconds: the leader renews its lease that long before it runs out",
-            humantime::format_duration(grace),
-            humantime::format_duration(duration)
-        )
-        .into());
+    if let Some(error) = flags.lease_timing_error() {
+        return Err(error.into());
     }
     let identity = format!("{}_{:x}", instance, jiff::Timestamp::now().as_nanosecond() as u64);
     Leadership::elect(

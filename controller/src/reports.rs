@@ -436,7 +436,7 @@ impl Reports for ReportsService {
         let caller = self.0.authenticate(&token).await?;
         let slot = self.0.open_slot(&caller.node)?;
         self.0.stats.accepted_streams.inc();
-        info!(node = %caller.node, pod = %caller.pod, scheduler = %caller.scheduler, "report stream accepted");
+        info!(node = %caller.node, pod = %caller.pod, scheduler = %caller.scheduler, every_replica, "report stream accepted");
         // The stream is read as its acks are asked for, in the task that serves it: one task
         // per stream, not two tasks and a channel between them.
         let session = Session {

@@ -120,6 +120,15 @@ impl ControllerPods {
         pods.iter().find(|p| p.pod == pod).and_then(|p| p.ports.get(name).copied())
     }
 
+    /// Whether a line of some pod's log contains every one of `parts`.
+    pub fn logged(&self, parts: &[&str]) -> bool {
+        let pods = self.pods.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pods.iter().any(|p| {
+            let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+            text.lines().any(|line| parts.iter().all(|part| line.contains(part)))
+        })
+    }
+
     /// Every pod's log tail, for a failure's message.
     pub fn logs(&self) -> String {
         let pods = self.pods.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

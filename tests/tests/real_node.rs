@@ -136,6 +136,14 @@ async fn on_the_node(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).context("the pod's IP")?;
     let metrics = node.vm.run(&format!("wget -qO- http://{ip}:{}/metrics", sked_proto::contract::AGENT_PORT)).await?;
     ensure!(metrics.contains("sked_agent_"), "the agent's /metrics from the pod:\n{metrics}");
+    // It found the controller through the replicas' headless Service (the chart's
+    // --reports-replicas), not the leader's Service: a stream every replica keeps.
+    ensure!(metrics.lines().any(|l| l == "sked_agent_report_streams_open 1"), "the agent's /metrics:\n{metrics}");
+    ensure!(
+        install.controller.logged(&["report stream accepted", NODE, "\"every_replica\":true"]),
+        "no stream through sked-reports-replicas in the controller's log:\n{}",
+        install.controller.logs()
+    );
 
     // The scheduler process killed: the pod turns NotReady and KernelAttached False; the
     // kubelet restarts it and both come back.
