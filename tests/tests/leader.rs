@@ -340,12 +340,15 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
 
     // Judged after the new leader's grace: a reconcile of the Scheduler that starts once the
     // grace is over (an annotation poke) sees every node reported.
-    let b_lines = second.lines()?;
-    let leading = b_lines
-        .iter()
-        .find(|l| l["msg"] == "leading: reconciling Schedulers")
-        .and_then(|l| l["time"].as_str()?.parse::<jiff::Timestamp>().ok())
-        .context("steady-b says when it started leading")?;
+    // The Lease names steady-b a moment before steady-b logs that it leads.
+    let leading = wait_for("steady-b to say when it started leading", || async {
+        Ok(second
+            .lines()?
+            .iter()
+            .find(|l| l["msg"] == "leading: reconciling Schedulers")
+            .and_then(|l| l["time"].as_str()?.parse::<jiff::Timestamp>().ok()))
+    })
+    .await?;
     let grace_over = leading + jiff::SignedDuration::from_secs(20);
     wait_for("steady-b's grace for the agents to be over", || async {
         Ok((jiff::Timestamp::now() > grace_over).then_some(()))
