@@ -542,6 +542,8 @@ fn rollout_step(
         stable,
         nodes: &nodes,
         entering: &entering,
+        // Held while the failure they were held under stands (as `rollout::advance` keeps them).
+        held: if failed.is_some() { &previous.held_nodes } else { &[] },
         expected_pods: expected_pods(ctx, &name, ds, placement, nodes.len()),
         pacing: rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len() + entering.len()),
         now: wall,

@@ -200,6 +200,10 @@ pub struct Input<'a> {
     pub nodes: &'a [NodeView],
     /// The owned nodes that do not yet.
     pub entering: &'a [Entering],
+    /// Nodes held out (`status.heldNodes` while the failure they were held under stands): sent
+    /// back to revision zero when taking them over failed, they count as entering but enter no
+    /// wave until the spec changes.
+    pub held: &'a [String],
     /// How many nodes the DaemonSet controller means to run a pod on (its
     /// `desiredNumberScheduled`): an owned node may get none (a taint the Scheduler does not
     /// tolerate), and such a node is not waited for.
@@ -289,11 +293,14 @@ pub fn decide(input: &Input<'_>) -> Plan {
     // A node that joined the cluster on its own is not held back for a wave, once there is a
     // revision that ran everywhere (a first revision goes canary first, everywhere). (A node no
     // pod can run on enters like any other: once labelled, it is skipped at once.)
-    let at_once = |e: &&Entering| e.runs_it || (e.joined && input.stable.is_some());
+    // A held node takes no place in a wave, or the nodes behind it would never enter.
+    let held = |e: &&Entering| input.held.contains(&e.node);
+    let at_once = |e: &&Entering| !held(e) && (e.runs_it || (e.joined && input.stable.is_some()));
     plan.admit = input.entering.iter().filter(at_once).map(|e| e.node.clone()).collect();
-    let mut waiting: Vec<String> = input.entering.iter().filter(|e| !at_once(e)).map(|e| e.node.clone()).collect();
+    let mut waiting: Vec<String> =
+        input.entering.iter().filter(|e| !at_once(e) && !held(e)).map(|e| e.node.clone()).collect();
     waiting.sort();
-    plan.entering = waiting.len();
+    plan.entering = waiting.len() + input.entering.iter().filter(held).count();
     if plan.failure.is_some() {
         plan.recheck_in = None;
         plan.phase = RolloutPhase::RolledBack;
@@ -807,6 +814,7 @@ mod tests {
             stable,
             nodes,
             entering: &[],
+            held: &[],
             expected_pods: expected,
             pacing: pacing(1, 1),
             now: 1000,
@@ -814,7 +822,16 @@ mod tests {
     }
 
     fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Plan {
-        decide(&Input { target: T, stable: Some(S), nodes, entering: &[], expected_pods: nodes.len(), pacing, now })
+        decide(&Input {
+            target: T,
+            stable: Some(S),
+            nodes,
+            entering: &[],
+            held: &[],
+            expected_pods: nodes.len(),
+            pacing,
+            now,
+        })
     }
 
     #[test]
@@ -971,6 +988,7 @@ mod tests {
             stable: Some(S),
             nodes: &nodes,
             entering: &[],
+            held: &[],
             expected_pods: 3,
             pacing: pacing(1, 1),
             now: 0,
@@ -1112,7 +1130,7 @@ mod tests {
     }
 
     fn decide_first(nodes: &[NodeView], entering: &[Entering], pacing: Pacing, now: i64) -> Plan {
-        decide(&Input { target: T, stable: None, nodes, entering, expected_pods: nodes.len(), pacing, now })
+        decide(&Input { target: T, stable: None, nodes, entering, held: &[], expected_pods: nodes.len(), pacing, now })
     }
 
     #[test]
@@ -1147,6 +1165,7 @@ mod tests {
             stable: Some(T),
             nodes: &nodes,
             entering: &joined,
+            held: &[],
             expected_pods: 2,
             pacing: pacing(1, 1),
             now: 1000,
@@ -1185,6 +1204,7 @@ mod tests {
             stable: None,
             nodes: &[down, tainted, up("a", T)],
             entering: &fresh,
+            held: &[],
             expected_pods: 2,
             pacing: pacing(1, 1),
             now: 500,
@@ -1217,6 +1237,7 @@ mod tests {
             stable: None,
             nodes: &[tainted("a"), tainted("b")],
             entering: &[],
+            held: &[],
             expected_pods: 0,
             pacing: pacing(1, 1),
             now: 500,
@@ -1236,6 +1257,7 @@ mod tests {
             stable: None,
             nodes: &[tainted("a")],
             entering: &waiting,
+            held: &[],
             expected_pods: 0,
             pacing: pacing(1, 1),
             now: 500,
@@ -1280,6 +1302,7 @@ mod tests {
             stable: Some(S),
             nodes: &nodes,
             entering: &waiting,
+            held: &[],
             expected_pods: 4,
             pacing: pacing(1, 1),
             now: 300,
@@ -1329,6 +1352,7 @@ mod tests {
             stable: Some(S),
             nodes: &nodes,
             entering: &[],
+            held: &[],
             expected_pods: 2,
             pacing: pacing(1, 1),
             now: 300,
@@ -1357,6 +1381,32 @@ mod tests {
         p.wanted = Some((S, "r.io/s@sha256:old"));
         let retried = advance(&p);
         assert_eq!((retried.admit.len(), retried.status.held_nodes.len()), (2, 0));
+    }
+
+    #[test]
+    fn a_held_node_takes_no_place_in_a_wave_and_the_nodes_behind_it_enter() {
+        // Under S after T failed, c was sent back and is held; b and e wait to be taken over
+        // one at a time. c sorts first, yet the wave is b's, then e's: c never enters.
+        let nodes = [up("a", S)];
+        let waiting = entering(&["c", "b", "e"], false);
+        let held = vec!["c".to_string()];
+        let input = Input {
+            target: S,
+            stable: Some(S),
+            nodes: &nodes,
+            entering: &waiting,
+            held: &held,
+            expected_pods: 1,
+            pacing: pacing(0, 1),
+            now: 1_000,
+        };
+        let plan = decide(&input);
+        assert_eq!((plan.admit.clone(), plan.entering), (vec!["b".to_string()], 2));
+        let plan = decide(&Input { entering: &entering(&["c", "e"], false), ..input.clone() });
+        assert_eq!((plan.admit.clone(), plan.entering), (vec!["e".to_string()], 1));
+        // A held node that joined the cluster on its own is not admitted at once either.
+        let plan = decide(&Input { entering: &entering(&["c"], true), ..input });
+        assert_eq!((plan.admit.len(), plan.entering), (0, 1));
     }
 
     #[test]
@@ -1451,7 +1501,7 @@ mod tests {
             let changed: Vec<String> = sim.nodes.iter().filter(|(_, (r, _))| r == T).map(|(n, _)| n.clone()).collect();
             // The rollback: the template is the stable revision again, every changed node restored.
             let views = sim.views(now);
-            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], expected_pods: views.len(), pacing: p, now });
+            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], held: &[], expected_pods: views.len(), pacing: p, now });
             let mut restored: Vec<String> = restore.replace.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
             restored.sort();
             prop_assert_eq!(restored, changed);
@@ -1495,7 +1545,7 @@ mod tests {
                 let waiting: Vec<Entering> = names.iter().filter(|n| !labelled.contains_key(*n))
                     .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false }).collect();
                 let expected = views.iter().filter(|v| v.unfit.is_none()).count();
-                let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, expected_pods: expected, pacing: p, now });
+                let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, pacing: p, now });
                 prop_assert!(tainted.is_none() || plan.failure.as_ref().map(|f| &f.node) != tainted.as_ref(), "a tainted node never fails it");
                 let switching = views.iter().filter(|v| v.unfit.is_none() && !matches!(v.kernel, KernelView::Attached { .. })).count();
                 // Leaving revision zero counts against the budget like any switch; in a first
