@@ -65,84 +65,95 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(report_stats: Arc<ReportStats>) -> Self {
         let mut registry = Registry::with_prefix("sked");
-        let reconciles = Family::<Labels, Counter>::default();
-        let reconcile_errors = Family::<Labels, Counter>::default();
-        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
-        let conflicting_nodes = Family::<Labels, Gauge>::default();
-        let leader = Gauge::default();
-        let agents_connected = Gauge::default();
-        let verifications = Family::<Labels, Counter>::default();
-        let policy_reloads = Family::<Labels, Counter>::default();
-        let rollbacks = Family::<Labels, Counter>::default();
-        let tls_connections = Family::<Labels, Counter>::default();
-        let tls_dropped = Family::<Labels, Counter>::default();
-        registry.register("reconciles", "Scheduler reconciles by result", reconciles.clone());
-        registry.register("reconcile_errors", "Failed reconciles by error kind", reconcile_errors.clone());
-        registry.register("reconcile_duration_seconds", "Time a reconcile took", reconcile_duration.clone());
+        let mut m = Self {
+            registry: Registry::default(),
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            conflicting_nodes: Family::default(),
+            leader: Gauge::default(),
+            agents_connected: Gauge::default(),
+            verifications: Family::default(),
+            policy_reloads: Family::default(),
+            rollbacks: Family::default(),
+            tls_connections: Family::default(),
+            tls_dropped: Family::default(),
+            report_stats,
+        };
+        m.register_reconciles(&mut registry);
+        m.register_reports(&mut registry);
+        m.register_trust_and_tls(&mut registry);
+        m.registry = registry;
+        m
+    }
+
+    /// Registers the reconciles, their outcome and the leadership.
+    fn register_reconciles(&self, registry: &mut Registry) {
+        registry.register("reconciles", "Scheduler reconciles by result", self.reconciles.clone());
+        registry.register("reconcile_errors", "Failed reconciles by error kind", self.reconcile_errors.clone());
+        registry.register("reconcile_duration_seconds", "Time a reconcile took", self.reconcile_duration.clone());
         registry.register(
             "conflicting_nodes",
             "Selected nodes a Scheduler lost to older ones",
-            conflicting_nodes.clone(),
+            self.conflicting_nodes.clone(),
         );
-        registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
-        registry.register("agents_connected", "Agent report streams open on this replica", agents_connected.clone());
+        registry.register("leader", "1 while this replica holds the leader lease", self.leader.clone());
+        registry.register(
+            "rollbacks",
+            "Rollouts stopped because the new revision failed (rolled back, or nothing to roll back to), by Scheduler",
+            self.rollbacks.clone(),
+        );
+    }
+
+    /// Registers the agents' report streams and their authentication.
+    fn register_reports(&self, registry: &mut Registry) {
+        let stats = &self.report_stats;
+        registry.register(
+            "agents_connected",
+            "Agent report streams open on this replica",
+            self.agents_connected.clone(),
+        );
         registry.register(
             "report_streams_accepted",
             "Agent report streams accepted since start",
-            report_stats.accepted_streams.clone(),
+            stats.accepted_streams.clone(),
         );
         registry.register(
             "report_streams_refused",
             "Agent report streams refused (bad token, wrong node) since start",
-            report_stats.refused_streams.clone(),
+            stats.refused_streams.clone(),
         );
-        registry.register("reports_received", "Agent reports received since start", report_stats.reports.clone());
+        registry.register("reports_received", "Agent reports received since start", stats.reports.clone());
         registry.register(
             "report_refusals",
             "Agent report streams refused, by reason (missing_token, token_rejected, not_agent, not_pod_bound, pod_gone, not_scheduler_pod, wrong_node, wrong_scheduler)",
-            report_stats.refusals.clone(),
+            stats.refusals.clone(),
         );
         registry.register(
             "token_reviews",
             "TokenReviews the reports server sent to the API server (results are cached by token hash)",
-            report_stats.token_reviews.clone(),
+            stats.token_reviews.clone(),
         );
+    }
+
+    /// Registers image admissions, trust policy reloads and the TLS ports' connections.
+    fn register_trust_and_tls(&self, registry: &mut Registry) {
         registry.register(
             "image_verifications",
             "Image admissions by caller (reconcile, webhook, recheck) and outcome (verified, cached, unsigned_allowed, or the failure kind)",
-            verifications.clone(),
+            self.verifications.clone(),
         );
-        registry.register("trust_policy_reloads", "Trust policy file reloads by result", policy_reloads.clone());
-        registry.register(
-            "rollbacks",
-            "Rollouts stopped because the new revision failed (rolled back, or nothing to roll back to), by Scheduler",
-            rollbacks.clone(),
-        );
+        registry.register("trust_policy_reloads", "Trust policy file reloads by result", self.policy_reloads.clone());
         registry.register(
             "tls_connections",
             "TCP connections taken on a TLS port (reports, webhook), before their handshake",
-            tls_connections.clone(),
+            self.tls_connections.clone(),
         );
         registry.register(
             "tls_connections_dropped",
             "Connections closed before they were served, by port and reason (source_limit, silent, handshake_failed, handshake_timeout)",
-            tls_dropped.clone(),
+            self.tls_dropped.clone(),
         );
-        Self {
-            registry,
-            reconciles,
-            reconcile_errors,
-            reconcile_duration,
-            conflicting_nodes,
-            leader,
-            agents_connected,
-            verifications,
-            policy_reloads,
-            rollbacks,
-            tls_connections,
-            tls_dropped,
-            report_stats,
-        }
     }
 
     /// Records one reconcile.

@@ -97,14 +97,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     if let Err(e) = &admission {
         warn!(image = %scheduler.spec.sched, err = %e, "image refused; the DaemonSet is left as it is");
     }
-    // The revision the spec asks for, and whether it already failed (then it is not tried again
-    // until the spec changes; while the image is not admitted, the failure of this generation
-    // stands too).
-    let wanted = admission.as_ref().ok().map(|a| (workload::revision(scheduler, &a.image), a.image.clone()));
-    let failed = previous_rollout.failed.clone().filter(|f| {
-        scheduler.metadata.generation == Some(f.generation)
-            && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
-    });
+    let (wanted, failed) = wanted_revision(scheduler, admission.as_ref().ok(), &previous_rollout);
     let Some(deployed) =
         Box::pin(sync_daemonset(ctx, scheduler, &placement, wanted.as_ref(), failed.as_ref(), &previous_rollout))
             .await?
@@ -122,24 +115,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     let step = daemonset.map(|ds| {
         rollout_step(ctx, scheduler, ds, &placement, &previous_rollout, failed.as_ref(), wanted.as_ref(), wall, now)
     });
-    let rollout = step.as_ref().map(|s| s.status.clone()).or(previous.rollout.clone());
-    // Only when no pod can go anywhere does the status name what keeps them away.
-    let untolerated =
-        (desired == 0 && !placement.owned.is_empty()).then(|| untolerated_taints(ctx, scheduler, &placement)).flatten();
-    let outcome = status::compute(&Observed {
-        generation: scheduler.metadata.generation,
-        previous: &previous,
-        daemonset,
-        placement: &placement,
-        image: step.as_ref().map(|s| s.image.as_str()),
-        spec_error: deployed.spec_error.as_deref(),
-        image_error: admission.as_ref().err().map(ToString::to_string).as_deref(),
-        image_error_transient: admission.as_ref().err().is_some_and(TrustError::is_transient),
-        kernel: &kernel.summary,
-        rollout: rollout.as_ref(),
-        untolerated: untolerated.as_deref(),
-        now: Time(jiff::Timestamp::now()),
-    });
+    let outcome = status_of(ctx, scheduler, &placement, &previous, &deployed, &admission, &kernel, step.as_ref());
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
         return Ok(Action::await_change());
@@ -158,13 +134,62 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     }
     // Look again when a rollout waits for a bake or a deadline, when a new term's grace for the
     // agents ends, when a tag is due to be resolved again, and when pod conditions are left to
-    // write; everything else (reports, reports
-    // going stale, pods, the DaemonSet) is an event.
+    // write; everything else (reports, reports going stale, pods, the DaemonSet) is an event.
     let grace_recheck = (!kernel.summary.settled).then_some(kernel.grace_left + Duration::from_millis(100));
     let rechecks = [grace_recheck, deployed.requeue, rollout_recheck, pods_recheck];
     Ok(match rechecks.into_iter().flatten().min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
+    })
+}
+
+/// The revision the spec asks for (with the admitted image), and its failure if it already
+/// failed: then it is not tried again until the spec changes. While the image is not admitted,
+/// the failure of this generation stands too.
+fn wanted_revision(
+    scheduler: &Scheduler,
+    admitted: Option<&crate::trust::Admitted>,
+    previous: &RolloutStatus,
+) -> (Option<(String, String)>, Option<RolloutFailure>) {
+    let wanted = admitted.map(|a| (workload::revision(scheduler, &a.image), a.image.clone()));
+    let failed = previous.failed.clone().filter(|f| {
+        scheduler.metadata.generation == Some(f.generation)
+            && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
+    });
+    (wanted, failed)
+}
+
+/// The Scheduler's status from what this reconcile saw (decided by [`status::compute`]).
+#[allow(clippy::too_many_arguments)]
+fn status_of(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    placement: &crate::arbiter::Placement,
+    previous: &SchedulerStatus,
+    deployed: &Deployed,
+    admission: &Result<crate::trust::Admitted, TrustError>,
+    kernel: &KernelView,
+    step: Option<&RolloutStep>,
+) -> status::Outcome {
+    let daemonset = deployed.daemonset.as_ref();
+    let desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
+    let rollout = step.map(|s| s.status.clone()).or(previous.rollout.clone());
+    // Only when no pod can go anywhere does the status name what keeps them away.
+    let untolerated =
+        (desired == 0 && !placement.owned.is_empty()).then(|| untolerated_taints(ctx, scheduler, placement)).flatten();
+    status::compute(&Observed {
+        generation: scheduler.metadata.generation,
+        previous,
+        daemonset,
+        placement,
+        image: step.map(|s| s.image.as_str()),
+        spec_error: deployed.spec_error.as_deref(),
+        image_error: admission.as_ref().err().map(ToString::to_string).as_deref(),
+        image_error_transient: admission.as_ref().err().is_some_and(TrustError::is_transient),
+        kernel: &kernel.summary,
+        rollout: rollout.as_ref(),
+        untolerated: untolerated.as_deref(),
+        now: Time(jiff::Timestamp::now()),
     })
 }
 

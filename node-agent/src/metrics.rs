@@ -90,93 +90,108 @@ impl Metrics {
             scx_stats_dropped: Counter::default(),
             registry: Registry::default(),
         };
-        registry.register("sched_ext_state", "sched_ext state (1 for the current one)", m.state.clone());
-        registry.register("verdict", "The agent's verdict (1 for the current one)", m.verdict.clone());
-        registry.register("attached", "1 when this pod's scheduler is attached in the kernel", m.attached.clone());
+        m.register_kernel(registry);
+        m.register_streams(registry);
+        m.register_stats(registry);
+        // The relayed series keep their own names (scx_...), outside the agent's prefix.
+        root.register_collector(Box::new(m.scx_stats.clone()));
+        Self { registry: root, ..m }
+    }
+
+    /// Registers what the agent reads of the kernel: sched_ext state, the verdict, events and exits.
+    fn register_kernel(&self, registry: &mut Registry) {
+        registry.register("kernel_reads", "Reads of the sched_ext sysfs files", self.kernel_reads.clone());
+        registry.register("sched_ext_state", "sched_ext state (1 for the current one)", self.state.clone());
+        registry.register("verdict", "The agent's verdict (1 for the current one)", self.verdict.clone());
+        registry.register("attached", "1 when this pod's scheduler is attached in the kernel", self.attached.clone());
         registry.register(
             "sched_ext_enable_seq",
             "Times a sched_ext scheduler was enabled since boot",
-            m.enable_seq.clone(),
+            self.enable_seq.clone(),
         );
         registry.register(
             "sched_ext_nr_rejected",
             "Tasks sent back to the default scheduler because the BPF scheduler disallowed them (nr_rejected)",
-            m.nr_rejected.clone(),
+            self.nr_rejected.clone(),
         );
         registry.register(
             "sched_ext_hotplug_seq",
             "CPU hotplug events seen by sched_ext since boot (hotplug_seq)",
-            m.hotplug_seq.clone(),
+            self.hotplug_seq.clone(),
         );
         registry.register(
             "sched_ext_switch_all",
             "1 when the BPF scheduler runs every task, 0 when only tasks that opted in (switch_all)",
-            m.switch_all.clone(),
+            self.switch_all.clone(),
         );
         registry.register(
             "sched_ext_events",
             "root/events counters of the attached scheduler, by event (SCX_EV_ prefix removed) and ops name; kept growing across unloads",
-            m.events.clone(),
+            self.events.clone(),
         );
         registry.register(
             "sched_ext_exits",
             "Times the kernel disabled a BPF scheduler on this node since the agent started, by the kernel's reason",
-            m.exits.clone(),
+            self.exits.clone(),
         );
         registry.register(
             "kernel_log_followed",
             "1 while the agent reads the kernel log (/dev/kmsg) for the reasons of exits",
-            m.kernel_log_followed.clone(),
+            self.kernel_log_followed.clone(),
         );
         registry.register(
             "capability_missing",
             "1 for each capability the owner check needs and the agent lacks (CAP_SYS_ADMIN, CAP_SYS_PTRACE)",
-            m.capability_missing.clone(),
+            self.capability_missing.clone(),
         );
+    }
+
+    /// Registers the report streams to the controller.
+    fn register_streams(&self, registry: &mut Registry) {
         registry.register(
             "report_stream_connected",
             "1 while at least one report stream to the controller is up",
-            m.stream_connected.clone(),
+            self.stream_connected.clone(),
         );
         registry.register(
             "report_streams_open",
             "Report streams open, one per controller replica the agent reaches (the leader and each standby)",
-            m.streams_open.clone(),
+            self.streams_open.clone(),
         );
         registry.register(
             "reports_sent",
             "Reports sent, counted once per controller replica they went to",
-            m.reports_sent.clone(),
+            self.reports_sent.clone(),
         );
         registry.register(
             "report_stream_failures",
             "Report streams that failed or could not be opened",
-            m.stream_failures.clone(),
+            self.stream_failures.clone(),
         );
-        registry.register("kernel_reads", "Reads of the sched_ext sysfs files", m.kernel_reads.clone());
+    }
+
+    /// Registers the relay of the scheduler's own statistics.
+    fn register_stats(&self, registry: &mut Registry) {
         registry.register(
             "scx_stats_up",
             "1 while the scheduler's statistics (scx_stats) are relayed, as the scx_* series",
-            m.scx_stats_up.clone(),
+            self.scx_stats_up.clone(),
         );
         registry.register(
             "scx_stats_failures",
             "Failed connections to and requests of the scheduler's stats socket, by reason (no_socket, timeout, oversized, garbled, refused, closed, io)",
-            m.scx_stats_failures.clone(),
+            self.scx_stats_failures.clone(),
         );
         registry.register(
             "scx_stats_series",
             "Series relayed from the scheduler's last stats reply",
-            m.scx_stats_series.clone(),
+            self.scx_stats_series.clone(),
         );
         registry.register(
             "scx_stats_dropped_series",
             "Series of the scheduler's stats replies not relayed (past the cap of series per reply)",
-            m.scx_stats_dropped.clone(),
+            self.scx_stats_dropped.clone(),
         );
-        // The relayed series keep their own names (scx_...), outside the agent's prefix.
-        root.register_collector(Box::new(m.scx_stats.clone()));
-        Self { registry: root, ..m }
     }
 
     /// Counts a report stream that opened; `report_stream_connected` follows.
