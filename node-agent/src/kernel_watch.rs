@@ -14,6 +14,7 @@ use crate::attacher::{self, LinkMemory, Owner};
 use crate::kmsg::{self, Exit};
 use crate::metrics::Metrics;
 use crate::observation::Observation;
+use crate::reactor;
 use crate::sysfs::{self, SchedState};
 use crate::uevent;
 use crate::verdict;
@@ -78,9 +79,7 @@ impl Observer {
         uevents: bool,
     ) {
         let socket = if uevents {
-            // SAFETY: the AsyncFd owns the OwnedFd, which stays open and unchanged until it drops.
-            let registered = uevent::subscribe()
-                .and_then(|fd| unsafe { AsyncFd::register(fd) }.map_err(|e| std::io::Error::other(e.to_string())));
+            let registered = uevent::subscribe().and_then(reactor::register);
             match registered {
                 Ok(fd) => Some(fd),
                 Err(e) => {
@@ -152,8 +151,7 @@ pub fn open_kernel_log(path: &Path) -> std::io::Result<std::fs::File> {
 /// Follows the kernel log for as long as the task runs, publishing the node's last exit on
 /// `tx` and counting exits in `metrics`.
 pub async fn follow_kernel_log(file: std::fs::File, tx: watch::Sender<Option<Exit>>, metrics: Arc<Metrics>) {
-    // SAFETY: the AsyncFd owns the file, which stays open and unchanged until it drops.
-    let fd = match unsafe { AsyncFd::register(file) } {
+    let fd = match reactor::register(file) {
         Ok(fd) => fd,
         Err(e) => {
             warn!(err = %e, "cannot watch the kernel log; exits are not reported");
@@ -231,11 +229,7 @@ impl KernelLog {
 /// that was on the kernel's clock.
 pub fn wall_ms(micros: u64) -> i64 {
     let now_ms = jiff::Timestamp::now().as_millisecond();
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec it is given.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
-        return now_ms;
-    }
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     let since_boot_ms = ts.tv_sec.saturating_mul(1000) + ts.tv_nsec / 1_000_000;
     let logged_ms = i64::try_from(micros / 1000).unwrap_or(i64::MAX);
     now_ms - since_boot_ms.saturating_sub(logged_ms).max(0)
@@ -243,16 +237,13 @@ pub fn wall_ms(micros: u64) -> i64 {
 
 /// Reads every pending datagram; true when one was a sched_ext event.
 fn drain_uevents(fd: &std::os::fd::OwnedFd) -> bool {
-    use std::os::fd::AsRawFd;
     let mut relevant = false;
     let mut buf = [0u8; 8192];
     loop {
-        // SAFETY: recv into a stack buffer of the given length on a non-blocking socket.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n <= 0 {
-            return relevant;
-        }
-        let len = usize::try_from(n).unwrap_or(0).min(buf.len());
+        let len = match rustix::net::recv(fd, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((n, _)) if n > 0 => n.min(buf.len()),
+            _ => return relevant,
+        };
         if uevent::parse(&buf[..len]).is_some_and(|e| e.is_sched_ext()) {
             relevant = true;
         }
@@ -277,8 +268,8 @@ mod tests {
         use std::os::fd::OwnedFd;
         let (read, mut write) = std::io::pipe()?;
         let read = std::fs::File::from(OwnedFd::from(read));
-        // SAFETY: sets O_NONBLOCK on a pipe this test owns, as open_kernel_log does.
-        unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&read), libc::F_SETFL, libc::O_NONBLOCK) };
+        // Non-blocking, as open_kernel_log opens the kernel log.
+        rustix::fs::fcntl_setfl(&read, rustix::fs::OFlags::NONBLOCK)?;
         write
             .write_all(b"6,385,6913881,-;sched_ext: BPF scheduler \"sked_canary\" disabled (disabled by sysrq-S)\n")?;
         drop(write);

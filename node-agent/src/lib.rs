@@ -5,11 +5,15 @@
 //! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
 //! - [`observation`] is one look at the node (what was read, the verdict, why);
 //! - [`uevent`] parses kernel uevents; [`kernel_watch`] re-reads on each one and polls as a fallback;
+//! - [`reactor`] holds the agent's only unsafe call (handing a descriptor it owns to tokio);
 //! - [`kmsg`] reads the kernel log's lines on why a scheduler left the kernel (followed by [`kernel_watch`]);
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`;
 //! - [`scx_stats`] speaks the schedulers' statistics protocol; [`stats_relay`] relays them to
 //!   `/metrics` while this pod's scheduler is attached.
+
+// Denied everywhere but in `reactor`, which allows it for its one call and says why.
+#![deny(unsafe_code)]
 
 pub mod attacher;
 pub mod http;
@@ -18,6 +22,7 @@ pub mod kmsg;
 pub mod metrics;
 pub mod observation;
 pub mod privileges;
+pub mod reactor;
 pub mod report;
 pub mod scx_stats;
 pub mod stats_relay;

@@ -1,3 +1,6 @@
+//! sked-agent's binary: flags, then the kernel watch, the report stream and the HTTP server.
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 /// One parsed kernel uevent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,30 +47,15 @@ pub fn parse(buf: &[u8]) -> Option<Uevent> {
 
 /// Opens a non-blocking socket subscribed to kernel uevents (multicast group 1).
 pub fn subscribe() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2)/bind(2) calls on a zeroed sockaddr_nl; the fd is owned below.
-    unsafe {
-        let fd = libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            libc::NETLINK_KOBJECT_UEVENT,
-        );
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let owned = OwnedFd::from_raw_fd(fd);
-        let mut addr: libc::sockaddr_nl = std::mem::zeroed();
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        addr.nl_groups = 1;
-        let rc = libc::bind(
-            owned.as_raw_fd(),
-            (&addr as *const libc::sockaddr_nl).cast(),
-            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        );
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(owned)
-    }
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, netlink};
+    let fd = rustix::net::socket_with(
+        AddressFamily::NETLINK,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        Some(netlink::KOBJECT_UEVENT),
+    )?;
+    rustix::net::bind(&fd, &netlink::SocketAddrNetlink::new(0, 1))?;
+    Ok(fd)
 }
 
 #[cfg(test)]
