@@ -9,6 +9,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .codec_path("crate::codec::SmallCodec")
+        // The service needs tonic: only with the `grpc` feature.
+        .client_mod_attribute(".", r#"#[cfg(feature = "grpc")]"#)
+        .server_mod_attribute(".", r#"#[cfg(feature = "grpc")]"#)
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -7,12 +7,13 @@
 /// Protobuf package of the agent API.
 pub const PACKAGE: &str = "sked.agent.v1";
 
-/// Generated messages, client and server.
+/// Generated messages, and with the `grpc` feature the client and server.
 pub mod v1 {
     #![allow(clippy::all, clippy::pedantic)]
-    tonic::include_proto!("sked.agent.v1");
+    include!(concat!(env!("OUT_DIR"), "/sked.agent.v1.rs"));
 }
 
+#[cfg(feature = "grpc")]
 pub mod codec;
 pub mod contract;
 pub mod text;
