@@ -48,10 +48,6 @@ triple() {
   native=$([[ $(dpkg --print-architecture) == "$deb" ]] && echo 1 || echo 0)
 }
 
-as_root() {
-  if ((EUID == 0)); then "$@"; else sudo -n "$@"; fi
-}
-
 # toolchain ARCH [nosmoke]: the C cross toolchain, the target's libelf/zlib and the Rust target
 # (and qemu-user to run what is built, unless nosmoke).
 toolchain() {

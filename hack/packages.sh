@@ -1,6 +1,13 @@
 # shellcheck shell=bash
 # One home for "install the Debian packages this step needs that are missing", sourced by
-# hack/setup.sh, hack/cross.sh and hack/kernel-e2e.sh.
+# hack/setup.sh, hack/cross.sh, hack/kernel-e2e.sh and hack/scx-scheduler.sh.
+#
+# as_root COMMAND...
+#   Runs COMMAND as root: directly when root, else with password-less sudo.
+as_root() {
+  if ((EUID == 0)); then "$@"; else sudo -n "$@"; fi
+}
+
 #
 # install_missing WHO [--recommends] PACKAGE...
 #   Installs those of PACKAGE that are not installed, as root or with password-less sudo, and
@@ -21,18 +28,16 @@ install_missing() {
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   ((${#missing[@]})) || return 0
-  local as_root=()
-  if ((EUID != 0)); then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then as_root=(sudo -n); else as_root=(none); fi
-  fi
-  if [[ ${SKED_SETUP_NO_INSTALL:-} == 1 || ${as_root[0]:-} == none ]] || ! command -v apt-get >/dev/null; then
+  local can_root=1
+  if ((EUID != 0)) && ! { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then can_root=0; fi
+  if [[ ${SKED_SETUP_NO_INSTALL:-} == 1 ]] || ((!can_root)) || ! command -v apt-get >/dev/null; then
     echo "$who: missing Debian packages: ${missing[*]}" >&2
     echo "$who: install them, then run this again:  sudo sh -c 'apt-get update && apt-get install -y ${missing[*]}'" >&2
     return 2
   fi
   echo "$who: installing Debian packages: ${missing[*]}" >&2
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${recommends[@]}" "${missing[@]}" >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${recommends[@]}" "${missing[@]}" >/dev/null
   PACKAGES_INSTALLED=1 # read by the caller
   export PACKAGES_INSTALLED
 }
