@@ -338,8 +338,12 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
         } else {
             arbiter.upsert_scheduler(Claim::of(&s))
         };
-        // Any change of the Scheduler itself is reconciled, placement moved or not.
-        changed.insert(s.name_any());
+        // Any change of the Scheduler itself is reconciled, placement moved or not; but not the
+        // echo of the status its own reconcile wrote (a reconcile, and a rate-limit token, spent
+        // on nothing, and the next real change waits behind it).
+        if terminating(&s) || !self.memo.is_own_status_echo(&s) {
+            changed.insert(s.name_any());
+        }
         changed
     }
 
@@ -410,10 +414,10 @@ impl Feed<Node> for NodeFeed {
 }
 
 /// Keeps the facts of the scheduler pods, and triggers a Scheduler when a fact of one of its pods
-/// changed (bound to a node, Ready or not, restarted, terminating), when one came or went; after
-/// a relist, every Scheduler with a pod before or after. `listed` turns true after the first
-/// full list.
-async fn feed_pods<S>(events: S, pods: Arc<Mutex<PodSet>>, tx: Triggers, listed: watch::Sender<bool>)
+/// changed (bound to a node, Ready or not, restarted, terminating, its KernelAttached condition
+/// unless that is the one this term wrote), when one came or went; after a relist, every
+/// Scheduler with a pod before or after. `listed` turns true after the first full list.
+async fn feed_pods<S>(events: S, pods: Arc<Mutex<PodSet>>, memo: &Memo, tx: Triggers, listed: watch::Sender<bool>)
 where
     S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>>,
 {
@@ -425,7 +429,7 @@ where
                 let facts = SchedulerPod::of(&p);
                 let now = facts.scheduler.clone();
                 match lock(&pods).insert(facts.clone()) {
-                    Some(before) if *before == facts => BTreeSet::new(),
+                    Some(before) if *before == facts || own_condition_echo(memo, &before, &facts) => BTreeSet::new(),
                     Some(before) => now.into_iter().chain(before.scheduler.clone()).collect(),
                     None => now.into_iter().collect(),
                 }
@@ -460,6 +464,14 @@ where
             let _ = tx.unbounded_send(ObjectRef::new(&scheduler));
         }
     }
+}
+
+/// Whether the one change from `before` to `now` is the KernelAttached condition this term wrote:
+/// the echo of a reconcile's own write, which gives the next one nothing to do.
+fn own_condition_echo(memo: &Memo, before: &SchedulerPod, now: &SchedulerPod) -> bool {
+    let Some(scheduler) = now.scheduler.as_deref() else { return false };
+    let otherwise_same = SchedulerPod { kernel: before.kernel.clone(), ..now.clone() } == *before;
+    otherwise_same && memo.is_own_pod_condition(scheduler, &now.uid, now.kernel.as_ref())
 }
 
 /// The Scheduler owning a DaemonSet (the owner is cluster-scoped, so the namespace is dropped).
@@ -553,7 +565,7 @@ impl Feeds {
                 nodes_listed,
                 &ownership
             ),
-            feed_pods(scheduler_pods.default_backoff(), pods, tx.clone(), pods_listed),
+            feed_pods(scheduler_pods.default_backoff(), pods, memo, tx.clone(), pods_listed),
             feed_daemonsets(scheduler_daemonsets.default_backoff(), daemonsets, tx, daemonsets_listed),
             async {
                 // Every list, or nothing: a partial view could hand a node to the wrong Scheduler
@@ -567,5 +579,40 @@ impl Feeds {
                 }
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ready: &str, kernel: Option<&str>) -> SchedulerPod {
+        let mut conditions = vec![serde_json::json!({"type": "Ready", "status": ready})];
+        if let Some(status) = kernel {
+            conditions.push(serde_json::json!({"type": crate::api::pod_kernel::POD_CONDITION, "status": status,
+                "reason": "KernelAttached", "message": "m", "lastTransitionTime": "1970-01-01T00:00:07Z"}));
+        }
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a-x", "uid": "p-1", "labels": {NAME_LABEL: "a", MANAGED_BY_LABEL: MANAGED_BY}},
+            "spec": {"containers": [], "nodeName": "n"},
+            "status": {"conditions": conditions},
+        }))
+        .expect("a valid Pod");
+        SchedulerPod::of(&pod)
+    }
+
+    #[test]
+    fn only_the_condition_this_term_wrote_is_an_echo() {
+        let memo = Memo::default();
+        let (before, after) = (pod("True", None), pod("True", Some("True")));
+        assert!(after.kernel.is_some(), "the condition is read: {after:?}");
+        assert!(!own_condition_echo(&memo, &before, &after), "not written by this term");
+        let sent = after.kernel.clone().expect("read above");
+        lock(&memo.pod_conditions).entry("a".into()).or_default().insert("p-1".into(), (sent, None));
+        assert!(own_condition_echo(&memo, &before, &after));
+        // Another fact changed with it (Ready): the reconcile has something to look at.
+        assert!(!own_condition_echo(&memo, &before, &pod("False", Some("True"))));
+        // A condition someone else set is no echo.
+        assert!(!own_condition_echo(&memo, &before, &pod("True", Some("False"))));
     }
 }

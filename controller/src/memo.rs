@@ -99,6 +99,25 @@ impl Memo {
         lock(&self.applied).retain(|name, _| names.contains(name));
     }
 
+    /// Whether `scheduler` is what this term's last status write left it: the status written,
+    /// observing the generation it has. Its watch event is then the echo of that write and
+    /// tells a reconcile nothing new (a spec change moves the generation; anyone else's status
+    /// write differs from ours).
+    pub(crate) fn is_own_status_echo(&self, scheduler: &Scheduler) -> bool {
+        let (Some(uid), Some(status)) = (scheduler.uid(), scheduler.status.as_ref()) else { return false };
+        status.observed_generation.is_some()
+            && status.observed_generation == scheduler.metadata.generation
+            && lock(&self.written).get(&uid) == Some(status)
+    }
+
+    /// Whether `condition` on the pod `uid` of `scheduler` is the one this term wrote there and
+    /// the pod watch had not shown yet: the echo of that write.
+    pub(crate) fn is_own_pod_condition(&self, scheduler: &str, uid: &str, condition: Option<&KernelCondition>) -> bool {
+        let sent = lock(&self.pod_conditions);
+        let written = sent.get(scheduler).and_then(|s| s.get(uid)).map(|(c, _)| c);
+        written.is_some() && written == condition
+    }
+
     pub(crate) fn forget(&self, scheduler: &Scheduler) {
         if let Some(uid) = scheduler.uid() {
             lock(&self.written).remove(&uid);
@@ -106,5 +125,57 @@ impl Memo {
             lock(&self.recorded_ejections).remove(&uid);
         }
         lock(&self.applied).remove(&scheduler.name_any());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduler(generation: i64, observed: i64, phase_message: &str) -> Scheduler {
+        let mut s: Scheduler = serde_json::from_value(serde_json::json!({
+            "apiVersion": "sked.schedkit.io/v1",
+            "kind": "Scheduler",
+            "metadata": {"name": "a", "uid": "u-1", "generation": generation},
+            "spec": {"sched": "r.io/s@sha256:00"},
+        }))
+        .expect("a valid Scheduler");
+        s.status = Some(SchedulerStatus {
+            observed_generation: Some(observed),
+            kernel_attached_summary: Some(phase_message.to_owned()),
+            ..SchedulerStatus::default()
+        });
+        s
+    }
+
+    #[test]
+    fn only_the_scheduler_as_its_own_last_write_left_it_is_an_echo() {
+        let memo = Memo::default();
+        let written = scheduler(2, 2, "1/1");
+        assert!(!memo.is_own_status_echo(&written), "nothing written yet");
+        lock(&memo.written).insert("u-1".into(), written.status.clone().unwrap_or_default());
+        assert!(memo.is_own_status_echo(&written));
+        // The spec changed since (the generation moved on): not an echo.
+        assert!(!memo.is_own_status_echo(&scheduler(3, 2, "1/1")));
+        // Someone else's status: not an echo.
+        assert!(!memo.is_own_status_echo(&scheduler(2, 2, "0/1")));
+        // A new term remembers no write.
+        memo.new_term();
+        assert!(!memo.is_own_status_echo(&written));
+    }
+
+    #[test]
+    fn a_pod_condition_is_an_echo_only_while_it_is_the_one_sent() {
+        let memo = Memo::default();
+        let sent =
+            KernelCondition { status: "True".into(), reason: "KernelAttached".into(), message: "m".into(), since: 7 };
+        assert!(!memo.is_own_pod_condition("a", "p-1", Some(&sent)));
+        lock(&memo.pod_conditions).entry("a".into()).or_default().insert("p-1".into(), (sent.clone(), None));
+        assert!(memo.is_own_pod_condition("a", "p-1", Some(&sent)));
+        let other = KernelCondition { status: "False".into(), ..sent.clone() };
+        assert!(!memo.is_own_pod_condition("a", "p-1", Some(&other)));
+        assert!(!memo.is_own_pod_condition("a", "p-1", None));
+        assert!(!memo.is_own_pod_condition("a", "p-2", Some(&sent)));
+        assert!(!memo.is_own_pod_condition("b", "p-1", Some(&sent)));
     }
 }
