@@ -57,7 +57,7 @@ pub(crate) struct Memo {
 }
 
 /// A pod condition written, and what the pod carried then.
-type SentCondition = (KernelCondition, Option<KernelCondition>);
+pub(crate) type SentCondition = (KernelCondition, Option<KernelCondition>);
 
 impl Default for Memo {
     fn default() -> Self {
@@ -105,9 +105,12 @@ impl Memo {
     /// write differs from ours).
     pub(crate) fn is_own_status_echo(&self, scheduler: &Scheduler) -> bool {
         let (Some(uid), Some(status)) = (scheduler.uid(), scheduler.status.as_ref()) else { return false };
-        status.observed_generation.is_some()
-            && status.observed_generation == scheduler.metadata.generation
-            && lock(&self.written).get(&uid) == Some(status)
+        if status.observed_generation.is_none() || status.observed_generation != scheduler.metadata.generation {
+            return false;
+        }
+        // Compared as written on the wire: the API server keeps times to the second.
+        let written = lock(&self.written).get(&uid).map(serde_json::to_value);
+        matches!(written, Some(Ok(w)) if serde_json::to_value(status).is_ok_and(|s| s == w))
     }
 
     /// Whether `condition` on the pod `uid` of `scheduler` is the one this term wrote there and
@@ -159,6 +162,23 @@ mod tests {
         assert!(!memo.is_own_status_echo(&scheduler(3, 2, "1/1")));
         // Someone else's status: not an echo.
         assert!(!memo.is_own_status_echo(&scheduler(2, 2, "0/1")));
+        // The API server keeps times to the second: what comes back is still the echo.
+        let mut precise = written.status.clone().unwrap_or_default();
+        precise.conditions = vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: "Ready".into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_millisecond(1_700_000_000_123).unwrap_or_default(),
+            ),
+            observed_generation: Some(2),
+        }];
+        lock(&memo.written).insert("u-1".into(), precise.clone());
+        let echoed: SchedulerStatus =
+            serde_json::from_value(serde_json::to_value(&precise).unwrap_or_default()).unwrap_or_default();
+        assert_ne!(echoed, precise, "the wire drops the milliseconds");
+        assert!(memo.is_own_status_echo(&Scheduler { status: Some(echoed), ..written.clone() }));
         // A new term remembers no write.
         memo.new_term();
         assert!(!memo.is_own_status_echo(&written));

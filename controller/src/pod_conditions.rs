@@ -16,6 +16,7 @@ use tracing::{debug, warn};
 
 use crate::api::pod_kernel::POD_CONDITION;
 use crate::context::Context;
+use crate::memo::SentCondition;
 use crate::mutex::lock;
 use crate::pod_condition;
 use crate::pods::{KernelCondition, SchedulerPod};
@@ -49,6 +50,20 @@ pub(crate) async fn sync(ctx: &Context, scheduler: &str, grace_over: bool) -> Op
         writes.truncate(MAX_WRITES_PER_RECONCILE);
         recheck = Some(recheck.map_or(MORE_AFTER, |r| r.min(MORE_AFTER)));
     }
+    let live: HashMap<String, Option<KernelCondition>> =
+        pods.iter().map(|p| (p.uid.clone(), p.kernel.clone())).collect();
+    // Remembered before the writes: the watch may show one before its response comes, and it
+    // is that write's echo then (see `Memo::is_own_pod_condition`). Put back if it fails.
+    let mut before: HashMap<String, Option<SentCondition>> = HashMap::new();
+    {
+        let mut memo = lock(&ctx.memo.pod_conditions);
+        let sent = memo.entry(scheduler.to_owned()).or_default();
+        // What the watch has shown, or what is gone, is no longer in flight.
+        sent.retain(|uid, (condition, _)| live.get(uid).is_some_and(|kernel| kernel.as_ref() != Some(condition)));
+        for w in &writes {
+            before.insert(w.uid.clone(), sent.insert(w.uid.clone(), (w.condition.clone(), w.observed.clone())));
+        }
+    }
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
     let results: Vec<(Write, bool)> = futures::stream::iter(writes)
         .map(|w| {
@@ -61,15 +76,14 @@ pub(crate) async fn sync(ctx: &Context, scheduler: &str, grace_over: bool) -> Op
         .buffer_unordered(CONCURRENT_WRITES)
         .collect()
         .await;
-    let live: HashMap<&str, &SchedulerPod> = pods.iter().map(|p| (p.uid.as_str(), p.as_ref())).collect();
     let mut memo = lock(&ctx.memo.pod_conditions);
     let sent = memo.entry(scheduler.to_owned()).or_default();
-    // What the watch has shown, or what is gone, is no longer in flight.
-    sent.retain(|uid, (condition, _)| live.get(uid.as_str()).is_some_and(|p| p.kernel.as_ref() != Some(condition)));
     for (w, ok) in results {
-        if ok {
-            sent.insert(w.uid, (w.condition, w.observed));
-        } else {
+        if !ok {
+            match before.remove(&w.uid).flatten() {
+                Some(earlier) => sent.insert(w.uid, earlier),
+                None => sent.remove(&w.uid),
+            };
             recheck = Some(recheck.map_or(RETRY_AFTER, |r| r.min(RETRY_AFTER)));
         }
     }

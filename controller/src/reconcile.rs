@@ -399,13 +399,22 @@ async fn save_status(
     outcome: &status::Outcome,
 ) -> Result<(), Error> {
     if outcome.status != *previous {
+        // Remembered before the write: the watch may show it before the response comes, and it
+        // is this write's echo then (see `Memo::is_own_status_echo`). Put back if it fails.
+        let before = lock(&ctx.memo.written).insert(uid.to_owned(), outcome.status.clone());
         if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
+            {
+                let mut written = lock(&ctx.memo.written);
+                match before {
+                    Some(before) => written.insert(uid.to_owned(), before),
+                    None => written.remove(uid),
+                };
+            }
             let message = format!("Could not save the Scheduler's status: {source}");
             let event = EventSpec { kind: EventKind::Warning, reason: Reason::StatusUpdateFailed, message };
             publish(ctx, scheduler, &event).await;
             return Err(Error::WriteStatus { name: scheduler.name_any(), source });
         }
-        lock(&ctx.memo.written).insert(uid.to_owned(), outcome.status.clone());
     } else {
         debug!("reconciled; nothing changed");
     }
