@@ -278,7 +278,9 @@ async fn run() -> Result<()> {
     figures.standby_cpu = (standby_cpu_after - standby_cpu_before) / figures.idle_seconds;
 
     step(started, "one node's kernel change to its Scheduler's status");
+    let reconciles_before = leader.reconcile_durations()?;
     figures.latencies = kernel_change_latencies(&fleet, &view, 50).await?;
+    figures.latency_reconciles = ReconcileDurations::between(&reconciles_before, &leader.reconcile_durations()?);
 
     step(started, "killing the leader");
     let conditions_before = view.conditions()?;
@@ -521,14 +523,20 @@ impl ControllerProcess {
         format!("https://localhost:{}", self.reports)
     }
 
-    /// The sum of a metric's samples on /metrics.
-    fn metric(&self, name: &str) -> Result<f64> {
+    /// The replica's /metrics text.
+    fn scrape(&self) -> Result<String> {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics))?;
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
         let mut text = String::new();
         s.read_to_string(&mut text)?;
-        Ok(text
+        Ok(text)
+    }
+
+    /// The sum of a metric's samples on /metrics.
+    fn metric(&self, name: &str) -> Result<f64> {
+        Ok(self
+            .scrape()?
             .lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
@@ -558,6 +566,20 @@ impl ControllerProcess {
         // SAFETY: sysconf has no preconditions.
         let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         Ok((self.status_kib("VmRSS:")? * 1024, ticks / per_second))
+    }
+
+    /// The replica's reconcile duration histogram: cumulative counts by upper bound (seconds).
+    fn reconcile_durations(&self) -> Result<Vec<(f64, f64)>> {
+        Ok(self
+            .scrape()?
+            .lines()
+            .filter_map(|l| l.strip_prefix("sked_reconcile_duration_seconds_bucket{le=\""))
+            .filter_map(|l| {
+                let (le, rest) = l.split_once('"')?;
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                Some((le, rest.rsplit_once(' ')?.1.parse().ok()?))
+            })
+            .collect())
     }
 
     fn peak_rss(&self) -> Result<u64> {
@@ -1248,6 +1270,8 @@ struct Figures {
     rest_cpu: f64,
     peak_rss_bytes: u64,
     latencies: Vec<Duration>,
+    /// The leader's reconciles while the latencies were sampled: where a slow sample's time went.
+    latency_reconciles: ReconcileDurations,
     /// From the kill to the standby's `sked_leader` gauge at 1: the killed leader's Lease ran out.
     failover_lease: Duration,
     failover_agents: Duration,
@@ -1268,6 +1292,27 @@ struct Figures {
     failover_killed_writes: u64,
     /// Pods whose uid or restart count differ after the failover, or that are gone.
     failover_pods_changed: usize,
+}
+
+/// Reconciles of one phase, from two reads of the reconcile duration histogram.
+#[derive(Default)]
+struct ReconcileDurations {
+    count: f64,
+    /// Those over 40 ms, and the upper bound of the slowest one's bucket.
+    over_40ms: f64,
+    slowest_within: f64,
+}
+
+impl ReconcileDurations {
+    fn between(before: &[(f64, f64)], after: &[(f64, f64)]) -> Self {
+        // Bounds as printed and parsed back (`+Inf` exactly; inf - inf is NaN, never "near").
+        let same = |b: f64, le: f64| b == le || (b - le).abs() < 1e-9;
+        let at = |h: &[(f64, f64)], le: f64| h.iter().find(|(b, _)| same(*b, le)).map_or(0.0, |(_, n)| *n);
+        let count = at(after, f64::INFINITY) - at(before, f64::INFINITY);
+        let within = |le: f64| at(after, le) - at(before, le);
+        let slowest_within = after.iter().map(|(le, _)| *le).find(|le| within(*le) >= count).unwrap_or(f64::INFINITY);
+        Self { count, over_40ms: count - within(0.04), slowest_within }
+    }
 }
 
 impl Figures {
@@ -1366,6 +1411,16 @@ impl Figures {
             SAMPLE_SPACING.as_millis()
         );
         println!("report sent -> status seen: p99   {:>8.0} ms", pct(0.99).as_secs_f64() * 1000.0);
+        let slowest: Vec<String> =
+            self.latencies.iter().rev().take(3).map(|l| format!("{:.0}", l.as_secs_f64() * 1000.0)).collect();
+        let r = &self.latency_reconciles;
+        println!(
+            "  slowest samples {} ms; the leader's reconciles meanwhile: {}, {} over 40 ms, the slowest under {:.0} ms",
+            slowest.join(", "),
+            r.count,
+            r.over_40ms,
+            r.slowest_within * 1000.0
+        );
         println!(
             "failover: the standby leads       {:>8.1} s after the kill (the killed leader's Lease ran out)",
             self.failover_lease.as_secs_f64()
