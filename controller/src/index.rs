@@ -309,10 +309,16 @@ struct SchedulerFeed<'a> {
     store: &'a mut reflector::store::Writer<Scheduler>,
     memo: &'a Memo,
     metrics: &'a Metrics,
+    /// The Scheduler an `Apply` event replaces, as the store held it.
+    replaced: Option<Arc<Scheduler>>,
 }
 
 impl Feed<Scheduler> for SchedulerFeed<'_> {
     fn observe(&mut self, event: &Event<Scheduler>) {
+        self.replaced = match event {
+            Event::Apply(s) => self.store.as_reader().get(&ObjectRef::from_obj(s)),
+            _ => None,
+        };
         self.store.apply_watcher_event(event);
     }
 
@@ -338,10 +344,12 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
         } else {
             arbiter.upsert_scheduler(Claim::of(&s))
         };
-        // Any change of the Scheduler itself is reconciled, placement moved or not; but not the
-        // echo of the status its own reconcile wrote (a reconcile, and a rate-limit token, spent
-        // on nothing, and the next real change waits behind it).
-        if terminating(&s) || !self.memo.is_own_status_echo(&s) {
+        // Any change of the Scheduler itself is reconciled (an annotation too), placement moved
+        // or not; but not the echo of the status its own reconcile wrote (a reconcile, and a
+        // rate-limit token, spent on nothing, and the next real change waits behind it).
+        let echo = self.replaced.take().is_some_and(|before| only_status_moved(&before, &s))
+            && self.memo.is_own_status_echo(&s);
+        if terminating(&s) || !echo {
             changed.insert(s.name_any());
         }
         changed
@@ -352,6 +360,19 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
         self.metrics.forget_scheduler(&s.name_any());
         arbiter.remove_scheduler(&s.name_any())
     }
+}
+
+/// Whether `after` differs from `before` in its status alone (and the bookkeeping every write
+/// moves: resourceVersion, managedFields).
+fn only_status_moved(before: &Scheduler, after: &Scheduler) -> bool {
+    let (b, a) = (&before.metadata, &after.metadata);
+    before.spec == after.spec
+        && b.generation == a.generation
+        && b.labels == a.labels
+        && b.annotations == a.annotations
+        && b.finalizers == a.finalizers
+        && b.owner_references == a.owner_references
+        && b.deletion_timestamp == a.deletion_timestamp
 }
 
 /// The Node feed: labels into the arbiter, and each Node's facts.
@@ -545,7 +566,7 @@ impl Feeds {
                 });
                 others.iter_mut().for_each(|m| m.fields_v1 = None);
             });
-        let feed = SchedulerFeed { store: &mut store, memo, metrics };
+        let feed = SchedulerFeed { store: &mut store, memo, metrics, replaced: None };
         futures::join!(
             feed_arbiter(
                 "Scheduler",
@@ -599,6 +620,26 @@ mod tests {
         }))
         .expect("a valid Pod");
         SchedulerPod::of(&pod)
+    }
+
+    #[test]
+    fn a_change_besides_the_status_is_never_an_echo() {
+        let before: Scheduler = serde_json::from_value(serde_json::json!({
+            "apiVersion": "sked.schedkit.io/v1", "kind": "Scheduler",
+            "metadata": {"name": "a", "generation": 2, "resourceVersion": "1"},
+            "spec": {"sched": "r.io/s@sha256:00"},
+        }))
+        .expect("a valid Scheduler");
+        let mut written = before.clone();
+        written.metadata.resource_version = Some("2".into());
+        written.status = Some(crate::api::SchedulerStatus { observed_generation: Some(2), ..Default::default() });
+        assert!(only_status_moved(&before, &written));
+        let mut annotated = written.clone();
+        annotated.metadata.annotations = Some([("poke".to_owned(), "1".to_owned())].into());
+        assert!(!only_status_moved(&written, &annotated), "an annotation is reconciled");
+        let mut respecced = written.clone();
+        respecced.spec.args = vec!["--x".into()];
+        assert!(!only_status_moved(&written, &respecced));
     }
 
     #[test]
