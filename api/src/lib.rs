@@ -357,13 +357,19 @@ pub struct RolloutStatus {
     /// Scheduler's until this one takes them) and wait for their wave.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub entering_nodes: i32,
+    /// The nodes the rollout covers: every node the Scheduler owns, less the skipped ones
+    /// (what `desiredNumberScheduled` shows while a rollout status is kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_nodes: Option<i32>,
     /// Nodes left out of the rollout: their kernel cannot run sched_ext or runs another
-    /// scheduler, the Node is not Ready, a taint the Scheduler does not tolerate keeps its pod
-    /// away, no kubelet took their pod up, or only their kubelet cannot pull the image.
+    /// scheduler, the Node is not Ready (or has not registered), a taint the Scheduler does not
+    /// tolerate keeps its pod away, kube-scheduler did not bind their pod, no kubelet took their
+    /// pod up, or only their kubelet cannot pull the image. Each enters by itself once it can.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped_nodes: Vec<String>,
     /// How many nodes are skipped for each reason (`KernelUnsupported`, `ForeignScheduler`,
-    /// `NodeNotReady`, `TaintNotTolerated`, `PodNotStarted`, `ImagePullFailing`).
+    /// `NodeNotReady`, `TaintNotTolerated`, `PodNotScheduled`, `PodNotStarted`,
+    /// `ImagePullFailing`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub skipped_reasons: std::collections::BTreeMap<String, i32>,
     /// The revision that failed and was rolled back; not tried again until the spec changes.

@@ -107,14 +107,22 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     let daemonset = deployed.daemonset.as_ref();
 
     ctx.metrics.set_conflicting_nodes(&scheduler.name_any(), placement.lost.len());
-    let desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
     let now = std::time::Instant::now();
-    let kernel = Box::pin(kernel_view(ctx, scheduler, &placement, desired, now)).await;
     // The rollout: which pods to replace, and whether the revision being rolled out failed.
     let wall = jiff::Timestamp::now().as_second();
     let step = daemonset.map(|ds| {
         rollout_step(ctx, scheduler, ds, &placement, &previous_rollout, failed.as_ref(), wanted.as_ref(), wall, now)
     });
+    // KernelAttached counts the nodes the rollout covers: not those skipped for their own
+    // trouble (down, full, tainted), where no pod of any revision runs.
+    let ds_desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
+    let covered = match &step {
+        Some(step) => {
+            KernelCount { desired: step.status.desired_nodes.unwrap_or(ds_desired), off: &step.off_kernel_count }
+        }
+        None => KernelCount { desired: ds_desired, off: &[] },
+    };
+    let kernel = Box::pin(kernel_view(ctx, scheduler, &placement, &covered, now)).await;
     let outcome = status_of(ctx, scheduler, &placement, &previous, &deployed, &admission, &kernel, step.as_ref());
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
@@ -361,17 +369,30 @@ struct KernelView {
 /// (`--report-stale-after`, at least one heartbeat), longer while agents are still coming back.
 /// A reported problem is news at once. Each ejection is recorded once: one from before this
 /// term may have been recorded by the previous leader, which its events say.
+/// Which nodes KernelAttached counts: `desired` of them, none of `off` (skipped for their own
+/// trouble).
+struct KernelCount<'a> {
+    desired: i32,
+    off: &'a [String],
+}
+
 async fn kernel_view(
     ctx: &Context,
     scheduler: &Scheduler,
     placement: &crate::arbiter::Placement,
-    desired: i32,
+    count: &KernelCount<'_>,
     now: std::time::Instant,
 ) -> KernelView {
     let name = scheduler.name_any();
     let stale_after = ctx.flags.report_stale_after;
-    let scheduled: BTreeSet<String> =
-        ctx.index.scheduled_nodes(&name).intersection(&placement.owned).cloned().collect();
+    let scheduled: BTreeSet<String> = ctx
+        .index
+        .scheduled_nodes(&name)
+        .intersection(&placement.owned)
+        .filter(|n| !count.off.contains(*n))
+        .cloned()
+        .collect();
+    let desired = count.desired;
     let mut summary =
         ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
     let heartbeat = ctx.flags.agent_heartbeat_interval;
@@ -550,6 +571,8 @@ struct RolloutStep {
     /// A first revision failed in this reconcile: its nodes go back to the kernel's default.
     to_zero: Option<RolloutFailure>,
     recheck_in: Option<Duration>,
+    /// Skipped nodes KernelAttached does not count (see `rollout::Plan::off_kernel_count`).
+    off_kernel_count: Vec<String>,
 }
 
 /// Reads the Scheduler's pods and kernel reports and decides the next rollout step.
@@ -608,7 +631,10 @@ fn rollout_step(
     }
     let recheck_in =
         plan.recheck_in.map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200));
-    RolloutStep::of(step, template.image, &pods, stable.is_none(), recheck_in)
+    RolloutStep {
+        off_kernel_count: plan.off_kernel_count,
+        ..RolloutStep::of(step, template.image, &pods, stable.is_none(), recheck_in)
+    }
 }
 
 impl RolloutStep {
@@ -642,6 +668,7 @@ impl RolloutStep {
             evict: step.evict,
             to_zero,
             recheck_in,
+            off_kernel_count: Vec::new(),
         }
     }
 }
@@ -667,8 +694,12 @@ fn node_views(
         labelled
             .iter()
             .map(|node| {
-                let pod =
-                    pods.iter().filter(|p| p.node.as_deref() == Some(node.as_str())).min_by_key(|p| p.is_terminating());
+                // A pod not bound yet counts for the node it is made for: one never bound is
+                // that node's trouble, not a pod the DaemonSet controller still owes.
+                let pod = pods
+                    .iter()
+                    .filter(|p| p.node_or_target() == Some(node.as_str()))
+                    .min_by_key(|p| p.is_terminating());
                 let report = reports
                     .get(node)
                     .filter(|r| r.scheduler == name && now.saturating_duration_since(r.received) <= stale_after);
@@ -762,6 +793,7 @@ fn node_view(
         ready_since: p.ready_since,
         created: p.created.unwrap_or(wall),
         crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,
+        bound: p.node.is_some(),
         started: p.started,
         pull_error: p.pull_error.clone(),
         last_exit: p.last_exit.clone(),
@@ -814,7 +846,12 @@ fn entering_nodes(
             Some(Some(owner)) if owner == name => labelled.push(node.clone()),
             Some(owner) => {
                 let joined = owner.is_none() && ctx.index.node_created(node).is_some_and(|t| t > created);
-                entering.push(rollout::Entering { node: node.clone(), joined, runs_it: running.contains(node) });
+                entering.push(rollout::Entering {
+                    node: node.clone(),
+                    joined,
+                    runs_it: running.contains(node),
+                    unfit: unfit(ctx, scheduler, node),
+                });
             }
             None => {}
         }
@@ -826,7 +863,7 @@ fn entering_nodes(
 /// the Scheduler does not tolerate.
 fn unfit(ctx: &Context, scheduler: &Scheduler, node: &str) -> Option<rollout::Skip> {
     let facts = ctx.index.node_facts(node)?;
-    if facts.down {
+    if facts.down() {
         Some(rollout::Skip::NodeNotReady)
     } else {
         facts.untolerated(&scheduler.spec.tolerations).map(|_| rollout::Skip::TaintNotTolerated)

@@ -12,12 +12,9 @@ const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 const NOT_READY: &str = "node.kubernetes.io/not-ready";
 
 /// The taints every DaemonSet pod tolerates, by key and effect: the DaemonSet controller adds
-/// these tolerations to the pods it makes (`NoExecute` for a node that is not ready or
-/// unreachable, `NoSchedule` for pressure and cordoning). A new Node's `not-ready:NoSchedule`
-/// is not among them: no DaemonSet pod goes there before its kubelet is ready.
-const DAEMONSET_TOLERATED: [(&str, &str); 6] = [
-    (NOT_READY, "NoExecute"),
-    (UNREACHABLE, "NoExecute"),
+/// these tolerations to the pods it makes (`NoSchedule` for pressure and cordoning; it adds
+/// `NoExecute` for `not-ready` and `unreachable` too, which [`HEALTH_TAINTS`] covers).
+const DAEMONSET_TOLERATED: [(&str, &str); 4] = [
     ("node.kubernetes.io/disk-pressure", "NoSchedule"),
     ("node.kubernetes.io/memory-pressure", "NoSchedule"),
     ("node.kubernetes.io/pid-pressure", "NoSchedule"),
@@ -32,14 +29,55 @@ const MAX_TAINTS: usize = 16;
 pub struct NodeFacts {
     /// `creationTimestamp`, seconds since the epoch.
     pub created: Option<i64>,
-    /// Its Ready condition is there and not True, or it is tainted unreachable, or not ready
-    /// with `NoExecute` (as the node lifecycle controller marks a Node gone NotReady).
-    /// (A Node no kubelet ever reported on has no condition: not known to be down.)
-    pub down: bool,
+    /// Why no pod can run on it now, if its kubelet is not known to be ready (see [`NotReady`]).
+    pub not_ready: Option<NotReady>,
     /// Its `NoSchedule` and `NoExecute` taints (those that keep a pod away), at most
     /// `MAX_TAINTS` (16).
     pub taints: Vec<Taint>,
 }
+
+/// How a Node shows that its kubelet cannot run a pod now: each is the node's trouble, never a
+/// revision's, and no toleration changes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotReady {
+    /// No Ready condition at all: no kubelet has reported on it yet (a Node still registering,
+    /// or one made by hand).
+    Registering,
+    /// Its Ready condition is False or Unknown: the kubelet says so, or stopped posting.
+    Condition {
+        /// `False` or `Unknown`.
+        status: String,
+        /// The condition's reason and message (escaped and capped), e.g. "NodeStatusUnknown:
+        /// Kubelet stopped posting node status.".
+        said: String,
+        /// Its `lastHeartbeatTime`, seconds since the epoch.
+        heartbeat: Option<i64>,
+    },
+    /// Tainted `not-ready` (a new Node, until the node lifecycle controller lifts it; or with
+    /// `NoExecute`, one it lost) or `unreachable`, though its Ready condition says True.
+    Tainted { key: String },
+}
+
+impl NotReady {
+    /// One line for a person: what the Node shows.
+    pub fn describe(&self) -> String {
+        match self {
+            NotReady::Registering => "it has no Ready condition yet: no kubelet has reported on it".to_owned(),
+            NotReady::Condition { status, said, heartbeat } => {
+                let said = if said.is_empty() { String::new() } else { format!(" ({said})") };
+                let beat = heartbeat
+                    .and_then(|t| jiff::Timestamp::from_second(t).ok())
+                    .map(|t| format!("; its kubelet's last heartbeat was at {t}"))
+                    .unwrap_or_default();
+                format!("its Ready condition is {status}{said}{beat}")
+            }
+            NotReady::Tainted { key } => format!("it is tainted {key}, set while a node is not ready or unreachable"),
+        }
+    }
+}
+
+/// Most characters kept of a Ready condition's reason and message.
+const MAX_SAID_CHARS: usize = 200;
 
 impl NodeFacts {
     pub fn of(node: &Node) -> Self {
@@ -47,8 +85,7 @@ impl NodeFacts {
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-            .map(|c| c.status == "True");
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
         let taints: Vec<Taint> = node
             .spec
             .as_ref()
@@ -59,13 +96,32 @@ impl NodeFacts {
             .take(MAX_TAINTS)
             .cloned()
             .collect();
-        let tainted_down =
-            taints.iter().any(|t| t.key == UNREACHABLE || (t.key == NOT_READY && t.effect == "NoExecute"));
-        Self {
-            created: node.creation_timestamp().map(|t| t.0.as_second()),
-            down: ready == Some(false) || tainted_down,
-            taints,
-        }
+        // Any effect: a new Node's `not-ready:NoSchedule` keeps DaemonSet pods away until its
+        // kubelet is ready; `NoExecute` is how the node lifecycle controller marks one it lost.
+        let tainted_down = taints.iter().find(|t| HEALTH_TAINTS.contains(&t.key.as_str()));
+        let not_ready = match ready {
+            None => Some(NotReady::Registering),
+            Some(c) if c.status != "True" => {
+                let said = [c.reason.as_deref(), c.message.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                Some(NotReady::Condition {
+                    status: sked_proto::text::escape_and_cap(&c.status, sked_proto::text::MAX_NAME_CHARS),
+                    said: sked_proto::text::escape_and_cap(&said, MAX_SAID_CHARS),
+                    heartbeat: c.last_heartbeat_time.as_ref().map(|t| t.0.as_second()),
+                })
+            }
+            Some(_) => tainted_down.map(|t| NotReady::Tainted { key: t.key.clone() }),
+        };
+        Self { created: node.creation_timestamp().map(|t| t.0.as_second()), not_ready, taints }
+    }
+
+    /// Whether no pod can run on it now because of its own state (see [`NotReady`]).
+    pub fn down(&self) -> bool {
+        self.not_ready.is_some()
     }
 
     /// The first taint that keeps a pod with `tolerations` (and a DaemonSet pod's own) away.
@@ -79,11 +135,18 @@ impl NodeFacts {
     }
 }
 
-/// Whether `taint` keeps away a DaemonSet pod with `tolerations`.
+/// Whether `taint` keeps away a DaemonSet pod with `tolerations`. The node-health taints
+/// (`not-ready`, `unreachable`) are not counted: they tell that the node is down, which
+/// [`NodeFacts::not_ready`] says, and tolerating them would not make its kubelet run a pod.
 fn keeps_away(taint: &Taint, tolerations: &[Toleration]) -> bool {
-    !DAEMONSET_TOLERATED.contains(&(taint.key.as_str(), taint.effect.as_str()))
+    !HEALTH_TAINTS.contains(&taint.key.as_str())
+        && !DAEMONSET_TOLERATED.contains(&(taint.key.as_str(), taint.effect.as_str()))
         && !tolerations.iter().any(|tol| tolerates(tol, taint))
 }
+
+/// The taints the node lifecycle controller (and the API server, on a new Node) set while a
+/// node is not ready or unreachable.
+const HEALTH_TAINTS: [&str; 2] = [NOT_READY, UNREACHABLE];
 
 /// A taint as `kubectl describe node` shows it: `key=value:Effect`.
 pub fn describe_taint(t: &Taint) -> String {
@@ -149,20 +212,45 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_down_when_its_kubelet_says_not_ready_or_it_is_unreachable() {
+    fn a_node_is_down_when_its_kubelet_says_not_ready_never_reported_or_it_is_tainted_so() {
         let ready = |status: &str| {
             node(json!({"metadata": {"name": "n", "creationTimestamp": "2026-12-01T10:00:00Z"},
-                "status": {"conditions": [{"type": "Ready", "status": status}]}}))
+                "status": {"conditions": [{"type": "Ready", "status": status, "reason": "KubeletNotReady",
+                    "message": "container runtime is down", "lastHeartbeatTime": "2026-12-01T10:05:00Z"}]}}))
         };
-        assert!(!NodeFacts::of(&ready("True")).down);
-        assert!(NodeFacts::of(&ready("False")).down);
-        assert!(NodeFacts::of(&ready("Unknown")).down);
+        assert!(!NodeFacts::of(&ready("True")).down());
+        assert!(NodeFacts::of(&ready("False")).down());
+        assert_eq!(
+            NodeFacts::of(&ready("Unknown")).not_ready.map(|n| n.describe()).as_deref(),
+            Some(
+                "its Ready condition is Unknown (KubeletNotReady: container runtime is down); its kubelet's last heartbeat was at 2026-12-01T10:05:00Z"
+            )
+        );
         assert_eq!(NodeFacts::of(&ready("True")).created, Some(1_796_119_200));
-        // No kubelet ever reported: not known to be down.
-        assert!(!NodeFacts::of(&node(json!({"metadata": {"name": "n"}}))).down);
-        let unreachable = node(json!({"metadata": {"name": "n"},
-            "spec": {"taints": [{"key": UNREACHABLE, "effect": "NoExecute"}]}}));
-        assert!(NodeFacts::of(&unreachable).down);
+        // No kubelet ever reported: a Node still registering runs no pod.
+        assert_eq!(NodeFacts::of(&node(json!({"metadata": {"name": "n"}}))).not_ready, Some(NotReady::Registering));
+        // Ready, yet tainted as the node lifecycle controller marks a node it lost (the
+        // NoExecute clause), unreachable, or not ready yet (a new Node's NoSchedule).
+        for (key, effect) in [(NOT_READY, "NoExecute"), (UNREACHABLE, "NoExecute"), (NOT_READY, "NoSchedule")] {
+            let mut n = ready("True");
+            n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(vec![taint(key, None, effect)]),
+                ..Default::default()
+            });
+            let facts = NodeFacts::of(&n);
+            assert_eq!(facts.not_ready, Some(NotReady::Tainted { key: key.into() }), "{key}:{effect}");
+            assert!(
+                facts.all_untolerated(&[]).is_empty(),
+                "a health taint is no toleration's business: {key}:{effect}"
+            );
+        }
+        // A pressure taint on a Ready node: not down (DaemonSet pods tolerate it).
+        let mut pressure = ready("True");
+        pressure.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            taints: Some(vec![taint("node.kubernetes.io/memory-pressure", None, "NoSchedule")]),
+            ..Default::default()
+        });
+        assert!(!NodeFacts::of(&pressure).down() && NodeFacts::of(&pressure).untolerated(&[]).is_none());
     }
 
     #[test]
@@ -181,8 +269,6 @@ mod tests {
         ] {
             assert_eq!(facts.untolerated(std::slice::from_ref(&tolerated)), None, "{tolerated:?}");
         }
-        let fresh = NodeFacts { taints: vec![taint(NOT_READY, None, "NoSchedule")], ..NodeFacts::default() };
-        assert!(fresh.untolerated(&[]).is_some(), "no DaemonSet pod goes to a Node whose kubelet is not ready yet");
         for not in [
             toleration("dedicated", "Equal", Some("web"), None),
             toleration("dedicated", "Exists", None, Some("NoExecute")),

@@ -21,6 +21,15 @@ pub struct SchedulerPod {
     pub daemonset: Option<(String, String)>,
     /// The node it is bound to.
     pub node: Option<String>,
+    /// The node it is made for while not bound yet: the DaemonSet controller names it in the
+    /// pod's node affinity (`metadata.name` in a required term) and kube-scheduler binds it
+    /// there. Only the rollout reads it (a pod never bound is its node's trouble); who may
+    /// report for a node is judged by `node` alone.
+    pub meant_for: Option<String>,
+    /// kube-scheduler could not bind it: its `PodScheduled` condition is False, with the reason
+    /// and message (escaped and capped), e.g. "Unschedulable: 0/6 nodes are available: 1 Too
+    /// many pods".
+    pub unschedulable: Option<String>,
     pub revision: PodRevision,
     /// Since when (seconds since the epoch) the pod's Ready condition is True.
     pub ready_since: Option<i64>,
@@ -136,12 +145,15 @@ impl SchedulerPod {
                 MAX_EXIT_CHARS,
             )
         });
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         Self {
             name: pod.name_any(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             scheduler,
             daemonset,
-            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            meant_for: if node.is_some() { None } else { affinity_node(pod) },
+            unschedulable: if node.is_some() { None } else { unschedulable(pod) },
+            node,
             revision,
             ready_since,
             restarts: scx_status.map_or(0, |c| c.restart_count),
@@ -180,6 +192,52 @@ impl SchedulerPod {
     pub fn is_terminating(&self) -> bool {
         self.terminating_since.is_some()
     }
+
+    /// The node the pod runs on or, while not bound, is made for.
+    pub fn node_or_target(&self) -> Option<&str> {
+        self.node.as_deref().or(self.meant_for.as_deref())
+    }
+}
+
+/// Most characters kept of why kube-scheduler could not bind a pod.
+const MAX_UNSCHEDULABLE_CHARS: usize = 256;
+
+/// The node a DaemonSet pod is made for: the one `metadata.name` value in a required node
+/// affinity term, as the DaemonSet controller writes it.
+fn affinity_node(pod: &Pod) -> Option<String> {
+    let terms = &pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    terms.iter().flat_map(|t| t.match_fields.iter().flatten()).find_map(|f| {
+        let one = f.key == "metadata.name" && f.operator == "In";
+        match f.values.as_deref() {
+            Some([node]) if one => Some(node.clone()),
+            _ => None,
+        }
+    })
+}
+
+/// Why kube-scheduler could not bind the pod, when its `PodScheduled` condition is False.
+fn unschedulable(pod: &Pod) -> Option<String> {
+    let c =
+        pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    let said = [c.reason.as_deref(), c.message.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(": ");
+    Some(sked_proto::text::escape_and_cap(
+        if said.is_empty() { "PodScheduled is False" } else { &said },
+        MAX_UNSCHEDULABLE_CHARS,
+    ))
 }
 
 #[cfg(test)]
@@ -262,6 +320,8 @@ mod tests {
                 scheduler: Some("rusty".into()),
                 daemonset: Some(("rusty".into(), "ds-1".into())),
                 node: Some("node-a".into()),
+                meant_for: None,
+                unschedulable: None,
                 revision: PodRevision::Labelled("abc123".into()),
                 ready_since: at("2026-12-01T10:01:00Z"),
                 restarts: 3,
@@ -283,6 +343,38 @@ mod tests {
         );
         assert!(facts.is_terminating());
         assert_eq!(facts.revision("cur", "any", &[]), "abc123", "the label wins");
+    }
+
+    #[test]
+    fn a_pod_never_bound_names_the_node_it_is_made_for_and_why_it_is_not_there() {
+        let mut p = pod(managed(&[(REVISION_LABEL, "abc123")]), daemonset_owner("rusty"));
+        let spec: k8s_openapi::api::core::v1::PodSpec = serde_json::from_value(serde_json::json!({
+            "containers": [{"name": "scx", "image": "i"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-full"]}]}]}}}
+        }))
+        .unwrap_or_default();
+        p.spec = Some(spec);
+        p.status = serde_json::from_value(serde_json::json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/6 nodes are available: 1 Too many pods, 5 node(s) didn't match Pod's node affinity/selector.\u{1b}[0m"}]}))
+        .ok();
+        let facts = SchedulerPod::of(&p);
+        assert_eq!((facts.node.as_deref(), facts.meant_for.as_deref()), (None, Some("node-full")));
+        assert_eq!(facts.node_or_target(), Some("node-full"));
+        assert!(!facts.started);
+        assert_eq!(
+            facts.unschedulable.as_deref(),
+            Some(
+                "Unschedulable: 0/6 nodes are available: 1 Too many pods, 5 node(s) didn't match Pod's node affinity/selector.\\u{1b}[0m"
+            )
+        );
+        // Bound: the node it runs on, nothing more.
+        let bound = SchedulerPod::of(&pod(managed(&[]), daemonset_owner("rusty")));
+        assert_eq!(
+            (bound.node_or_target(), bound.meant_for.as_deref(), bound.unschedulable.as_deref()),
+            (Some("node-a"), None, None)
+        );
     }
 
     #[test]

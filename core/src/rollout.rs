@@ -38,7 +38,11 @@ use sked_api::{Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatu
 
 /// Defaults of `spec.rollout`.
 pub const DEFAULT_CANARY: i32 = 1;
-pub const DEFAULT_MAX_UNAVAILABLE: i32 = 1;
+/// `maxUnavailable` when the spec sets none: a quarter of the nodes in the rollout (at least
+/// one). A node between two schedulers runs its work on the kernel's default scheduler for the
+/// seconds its switch takes, so this caps the risk a wave takes, not an outage; waves grow to it
+/// only after the canary and every smaller wave baked clean.
+pub const DEFAULT_MAX_UNAVAILABLE_PERCENT: usize = 25;
 pub const DEFAULT_BAKE_SECONDS: i32 = 30;
 pub const DEFAULT_ATTACH_TIMEOUT_SECONDS: i32 = 120;
 /// Restarts of the scheduler container after which a new revision counts as crash-looping.
@@ -56,19 +60,30 @@ pub enum Skip {
     NodeNotReady,
     /// It has a taint the Scheduler does not tolerate: no pod of it can go there.
     TaintNotTolerated,
-    /// No kubelet took its pod up within the attach timeout.
+    /// kube-scheduler did not bind its pod to it within the attach timeout (no room for the
+    /// pod's requests, the node's pod limit, an affinity it does not meet).
+    PodNotScheduled,
+    /// Its pod was bound, and no kubelet took it up within the attach timeout.
     PodNotStarted,
     /// Its kubelet cannot pull the image, which other nodes pulled.
     ImagePullFailing,
 }
 
 impl Skip {
+    /// The node's kernel is why (no sched_ext, or another scheduler runs there): the kernel's
+    /// truth, which KernelAttached tells. Every other reason is the node's own trouble (down,
+    /// full, tainted, its kubelet or its registry access), where no pod of any revision runs.
+    pub const fn is_the_kernels(self) -> bool {
+        matches!(self, Skip::KernelUnsupported | Skip::ForeignScheduler)
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Skip::KernelUnsupported => "KernelUnsupported",
             Skip::ForeignScheduler => "ForeignScheduler",
             Skip::NodeNotReady => "NodeNotReady",
             Skip::TaintNotTolerated => "TaintNotTolerated",
+            Skip::PodNotScheduled => "PodNotScheduled",
             Skip::PodNotStarted => "PodNotStarted",
             Skip::ImagePullFailing => "ImagePullFailing",
         }
@@ -90,7 +105,7 @@ impl Pacing {
         let spec = spec.cloned().unwrap_or_default();
         let count = |v: i32| usize::try_from(v).unwrap_or(0);
         let max_unavailable = match spec.max_unavailable {
-            None => count(DEFAULT_MAX_UNAVAILABLE),
+            None => nodes * DEFAULT_MAX_UNAVAILABLE_PERCENT / 100,
             Some(IntOrString::Int(n)) => count(n),
             Some(IntOrString::String(p)) => {
                 let percent: usize = p.trim_end_matches('%').parse().unwrap_or(0);
@@ -125,6 +140,9 @@ pub struct PodView {
     /// The scheduler container restarted [`CRASH_LOOP_RESTARTS`] times or more, or waits in
     /// CrashLoopBackOff.
     pub crash_looping: bool,
+    /// kube-scheduler bound it to the node. A pod never bound says nothing of its revision: the
+    /// node has no room for it (or no kubelet that ever reported).
+    pub bound: bool,
     /// A kubelet took the pod up (it is past Pending, or reports a container). A pod no kubelet
     /// took up says nothing of its revision: its node is down or unreachable.
     pub started: bool,
@@ -187,6 +205,10 @@ pub struct Entering {
     /// It runs this Scheduler's pod already (a DaemonSet from a sked without owner labels):
     /// labelling it switches nothing.
     pub runs_it: bool,
+    /// No pod of the Scheduler can run there now ([`Skip::NodeNotReady`] or
+    /// [`Skip::TaintNotTolerated`]): it is skipped, takes no place in a wave, and enters like
+    /// any other node once it can.
+    pub unfit: Option<Skip>,
 }
 
 /// Everything a rollout decision depends on.
@@ -238,9 +260,17 @@ pub struct Plan {
     pub updated: usize,
     /// Of those, the ones Ready with the scheduler attached.
     pub attached: usize,
-    /// Nodes left out (see [`Skip`]), and how many for each reason.
+    /// The nodes the rollout covers: every node the Scheduler owns, labelled or entering,
+    /// less the skipped ones. What DESIRED shows: it does not dip while a node's label and its
+    /// pod are on their way.
+    pub desired: usize,
+    /// Nodes left out (see [`Skip`]), sorted, and how many for each reason.
     pub skipped: Vec<String>,
     pub skipped_for: std::collections::BTreeMap<Skip, usize>,
+    /// The skipped nodes whose trouble is the node's (not its kernel's, see
+    /// [`Skip::is_the_kernels`]): KernelAttached does not count them, as it counts no node a
+    /// pod cannot run on.
+    pub off_kernel_count: Vec<String>,
     /// Nodes that entered from revision zero under the stable revision (a takeover, or nodes
     /// relabelled into the pool) where it failed: they go back to revision zero.
     pub broken: Vec<String>,
@@ -255,6 +285,9 @@ impl Plan {
     }
 
     fn skip(&mut self, node: &str, why: Skip) {
+        if !why.is_the_kernels() {
+            self.off_kernel_count.push(node.to_owned());
+        }
         self.skipped.push(node.to_owned());
         *self.skipped_for.entry(why).or_default() += 1;
     }
@@ -287,18 +320,30 @@ struct Tally {
 /// another revision that runs attached, so a first deployment and a takeover go canary first
 /// and then in waves, within `maxUnavailable`.
 pub fn decide(input: &Input<'_>) -> Plan {
+    let mut plan = decide_step(input);
+    plan.skipped.sort();
+    plan.off_kernel_count.sort();
+    plan.desired = (input.nodes.len() + input.entering.len()).saturating_sub(plan.skipped.len());
+    plan
+}
+
+fn decide_step(input: &Input<'_>) -> Plan {
     let restoring = input.stable == Some(input.target);
     let mut plan = Plan { labelled: input.nodes.iter().map(|n| n.node.clone()).collect(), ..Plan::default() };
     let mut tally = tally(input, restoring, &mut plan);
     // A node that joined the cluster on its own is not held back for a wave, once there is a
-    // revision that ran everywhere (a first revision goes canary first, everywhere). (A node no
-    // pod can run on enters like any other: once labelled, it is skipped at once.)
-    // A held node takes no place in a wave, or the nodes behind it would never enter.
+    // revision that ran everywhere (a first revision goes canary first, everywhere).
+    // A held node takes no place in a wave, or the nodes behind it would never enter; nor does
+    // a node no pod can run on now: it is skipped, and enters like any other once it can.
     let held = |e: &&Entering| input.held.contains(&e.node);
-    let at_once = |e: &&Entering| !held(e) && (e.runs_it || (e.joined && input.stable.is_some()));
+    let unfit = |e: &&Entering| !held(e) && !e.runs_it && e.unfit.is_some();
+    let at_once = |e: &&Entering| !held(e) && !unfit(e) && (e.runs_it || (e.joined && input.stable.is_some()));
+    for e in input.entering.iter().filter(unfit) {
+        plan.skip(&e.node, e.unfit.unwrap_or(Skip::NodeNotReady));
+    }
     plan.admit = input.entering.iter().filter(at_once).map(|e| e.node.clone()).collect();
     let mut waiting: Vec<String> =
-        input.entering.iter().filter(|e| !at_once(e) && !held(e)).map(|e| e.node.clone()).collect();
+        input.entering.iter().filter(|e| !at_once(e) && !held(e) && !unfit(e)).map(|e| e.node.clone()).collect();
     waiting.sort();
     plan.entering = waiting.len() + input.entering.iter().filter(held).count();
     if plan.failure.is_some() {
@@ -367,9 +412,10 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
         }
         let deadline = pod.created + pacing.attach_timeout_seconds;
         if attached.is_none() && !pod.started && now >= deadline {
-            // No kubelet took the pod up: the node is down or unreachable, which says nothing
-            // of the revision. Left out, like a node that cannot run sched_ext.
-            plan.skip(&n.node, Skip::PodNotStarted);
+            // Not bound (no room on the node), or no kubelet took the pod up (the node is down
+            // or unreachable): the node's trouble, which says nothing of the revision. Left
+            // out, like a node that cannot run sched_ext.
+            plan.skip(&n.node, if pod.bound { Skip::PodNotStarted } else { Skip::PodNotScheduled });
             t.skipped_pods += 1;
             continue;
         }
@@ -524,10 +570,14 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
         }
         return plan;
     }
-    let wave = if plan.updated < canary {
+    let wave = if unpaced {
+        pacing.max_unavailable
+    } else if plan.updated < canary {
         (canary - plan.updated).min(pacing.max_unavailable)
     } else {
-        pacing.max_unavailable
+        // Waves grow: each baked clean, so the next is as large as every node switched so far
+        // plus the canary's size (1, 2, 4, 8... after a canary of one), up to maxUnavailable.
+        grown_wave(plan.updated, canary, pacing.max_unavailable)
     };
     // Switching a node that runs attached (another revision, or revision zero) makes one more
     // node unavailable; keep within the budget.
@@ -540,6 +590,14 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
     plan.entering -= zero;
     plan.phase = phase_for(plan.updated + plan.replace.len() + zero);
     plan
+}
+
+/// The size of the wave after `updated` nodes run the target revision, attached and baked:
+/// `updated + canary` (at least one), so each wave doubles the one before, capped by
+/// `max_unavailable`. Read off the nodes, not remembered: a new leader goes on with the same
+/// sizes.
+pub fn grown_wave(updated: usize, canary: usize, max_unavailable: usize) -> usize {
+    (updated + canary).max(1).min(max_unavailable.max(1))
 }
 
 /// Why a pod of the target revision is not attached and Ready at its attach deadline, told
@@ -641,7 +699,20 @@ pub fn advance(p: &Progress<'_>) -> Step {
         step.replace.clear();
         step.hold_entering();
     }
+    step.status.phase = no_going_back(p.previous, &p.template.name, step.status.phase);
     step
+}
+
+/// A rollout's phase never goes back: once a wave past the canary of a revision started, it is
+/// Rolling until it ends, though the nodes of that wave may still be on their way (a label
+/// written, a pod not made yet) when the plan counts them.
+fn no_going_back(previous: &RolloutStatus, revision: &str, phase: RolloutPhase) -> RolloutPhase {
+    let same = previous.update_revision.as_ref().is_some_and(|r| r.name == revision);
+    if same && previous.phase == RolloutPhase::Rolling && phase == RolloutPhase::Canary {
+        RolloutPhase::Rolling
+    } else {
+        phase
+    }
 }
 
 /// The rollout status as the plan counts it, before a failure or a completion is folded in.
@@ -655,6 +726,7 @@ fn planned_status(p: &Progress<'_>) -> RolloutStatus {
         updated_nodes: i32::try_from(plan.updated).unwrap_or(i32::MAX),
         attached_nodes: i32::try_from(plan.attached).unwrap_or(i32::MAX),
         entering_nodes: i32::try_from(plan.entering).unwrap_or(i32::MAX),
+        desired_nodes: Some(i32::try_from(plan.desired).unwrap_or(i32::MAX)),
         skipped_nodes: plan.skipped.clone(),
         skipped_reasons: plan
             .skipped_for
@@ -785,6 +857,7 @@ mod tests {
                 },
                 created: 0,
                 crash_looping: false,
+                bound: true,
                 started: true,
                 pull_error: None,
                 last_exit: None,
@@ -837,7 +910,9 @@ mod tests {
     #[test]
     fn defaults_and_percentages() {
         let p = Pacing::of(None, 10);
-        assert_eq!((p.canary, p.max_unavailable, p.bake_seconds, p.attach_timeout_seconds), (1, 1, 30, 120));
+        assert_eq!((p.canary, p.max_unavailable, p.bake_seconds, p.attach_timeout_seconds), (1, 2, 30, 120));
+        assert_eq!(Pacing::of(None, 3).max_unavailable, 1, "a quarter, at least one node");
+        assert_eq!(Pacing::of(None, 5_000).max_unavailable, 1_250);
         let spec = RolloutSpec { max_unavailable: Some(IntOrString::String("25%".into())), ..Default::default() };
         assert_eq!(Pacing::of(Some(&spec), 10).max_unavailable, 2);
         assert_eq!(Pacing::of(Some(&spec), 3).max_unavailable, 1, "at least one node");
@@ -1126,7 +1201,7 @@ mod tests {
     }
 
     fn entering(names: &[&str], joined: bool) -> Vec<Entering> {
-        names.iter().map(|n| Entering { node: (*n).into(), joined, runs_it: false }).collect()
+        names.iter().map(|n| Entering { node: (*n).into(), joined, runs_it: false, unfit: None }).collect()
     }
 
     fn decide_first(nodes: &[NodeView], entering: &[Entering], pacing: Pacing, now: i64) -> Plan {
@@ -1185,6 +1260,107 @@ mod tests {
         assert_eq!((plan.phase, plan.failure.clone()), (RolloutPhase::Rolling, None), "waited for until its deadline");
         let plan = decide_first(&[pending, up("b", T)], &[], pacing(1, 1), 120);
         assert_eq!((plan.phase, plan.failure, plan.skipped), (RolloutPhase::Complete, None, vec!["dead".to_string()]));
+    }
+
+    #[test]
+    fn a_pod_never_bound_is_its_nodes_trouble_past_its_deadline() {
+        // kube-scheduler finds no room: the pod stays Pending, bound nowhere.
+        let mut full = node("full", T, KernelView::Unknown);
+        if let Some(p) = full.pod.as_mut() {
+            (p.bound, p.started, p.ready_since, p.created) = (false, false, None, 100);
+        }
+        let waiting = entering(&["c", "d"], false);
+        let plan = decide_first(&[full.clone(), up("b", T)], &waiting, pacing(1, 1), 150);
+        assert_eq!(
+            (plan.phase, plan.admit.len(), plan.recheck_in),
+            (RolloutPhase::Rolling, 0, Some(70)),
+            "waited for until its deadline"
+        );
+        let plan = decide_first(&[full, up("b", T)], &waiting, pacing(1, 1), 220);
+        assert_eq!((plan.failure, plan.skipped.clone()), (None, vec!["full".to_string()]));
+        assert_eq!(plan.skipped_for, BTreeMap::from([(Skip::PodNotScheduled, 1)]));
+        assert_eq!(plan.off_kernel_count, vec!["full".to_string()], "KernelAttached does not count it");
+        // It holds no wave, and takes no place in the budget: the next wave goes.
+        assert_eq!(plan.admit, vec!["c".to_string()]);
+        assert_eq!(plan.desired, 3, "b, c and d; not the full node");
+    }
+
+    #[test]
+    fn a_node_that_cannot_run_a_pod_takes_no_place_in_a_wave_and_enters_once_it_can() {
+        let mut nodes = entering(&["a", "b", "ghost"], false);
+        nodes[2].unfit = Some(Skip::NodeNotReady);
+        // The canary is never a node no pod can run on.
+        let plan = decide_first(&[], &nodes, pacing(1, 1), 100);
+        assert_eq!((plan.admit.clone(), plan.entering), (vec!["a".to_string()], 1));
+        assert_eq!((plan.skipped.clone(), plan.desired), (vec!["ghost".to_string()], 2));
+        // The others run attached and baked: Complete around it.
+        let done = [up("a", T), up("b", T)];
+        let plan = decide_first(&done, &nodes[2..], pacing(1, 1), 100);
+        assert_eq!(
+            (plan.phase, plan.admit.len(), plan.skipped.clone()),
+            (RolloutPhase::Complete, 0, vec!["ghost".to_string()])
+        );
+        // Ready now: it enters as a wave of its own (it may run work worth pacing).
+        let back = entering(&["ghost"], false);
+        let plan = decide(&Input {
+            target: T,
+            stable: Some(T),
+            nodes: &done,
+            entering: &back,
+            held: &[],
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 100,
+        });
+        assert_eq!((plan.admit.clone(), plan.skipped.len()), (vec!["ghost".to_string()], 0));
+        // A node that joined while registering enters at once once Ready.
+        let joined = Entering { unfit: Some(Skip::NodeNotReady), ..entering(&["new"], true).remove(0) };
+        let input = Input {
+            target: T,
+            stable: Some(T),
+            nodes: &done,
+            entering: std::slice::from_ref(&joined),
+            held: &[],
+            expected_pods: 2,
+            pacing: pacing(1, 1),
+            now: 100,
+        };
+        assert_eq!(decide(&input).admit.len(), 0);
+        let ready = Entering { unfit: None, ..joined.clone() };
+        assert_eq!(decide(&Input { entering: std::slice::from_ref(&ready), ..input }).admit, vec!["new".to_string()]);
+    }
+
+    #[test]
+    fn waves_double_after_each_clean_bake_up_to_max_unavailable() {
+        let sizes: Vec<usize> = [1, 3, 7, 15].iter().map(|&updated| grown_wave(updated, 1, 100)).collect();
+        assert_eq!(sizes, vec![2, 4, 8, 16]);
+        assert_eq!(grown_wave(31, 1, 25), 25, "capped by maxUnavailable");
+        assert_eq!(grown_wave(0, 0, 10), 1, "no canary: one node first");
+        assert_eq!(grown_wave(2, 2, 10), 4, "a canary of two: waves of 4, 8...");
+        // In a rollout: three nodes baked, eight wait; maxUnavailable 5 caps the wave of 4+...
+        let mut nodes: Vec<NodeView> = (0..3).map(|i| up(&format!("a{i}"), T)).collect();
+        nodes.extend((0..8).map(|i| up(&format!("b{i}"), S)));
+        let plan = decide_at(&nodes, pacing(1, 5), 100);
+        assert_eq!(plan.replace.len(), 4);
+        nodes.extend((0..4).map(|i| up(&format!("c{i}"), T)));
+        let plan = decide_at(&nodes, pacing(1, 5), 100);
+        assert_eq!(plan.replace.len(), 5, "eight would double; maxUnavailable keeps five");
+    }
+
+    #[test]
+    fn the_phase_never_goes_back_from_rolling_to_canary() {
+        // A wave's node is labelled, its pod not made yet: the plan counts one updated node.
+        let waiting = entering(&["c"], false);
+        let nodes = [up("a", T), NodeView { just_labelled: true, ..pod_less("b") }];
+        let plan = decide_first(&nodes, &waiting, pacing(1, 1), 100);
+        assert_eq!(plan.phase, RolloutPhase::Canary, "the plan alone would say so");
+        let previous =
+            RolloutStatus { phase: RolloutPhase::Rolling, update_revision: Some(revision(T, 1)), ..Default::default() };
+        let step = advance(&progress(&previous, &plan, revision(T, 1)));
+        assert_eq!(step.status.phase, RolloutPhase::Rolling);
+        // A new revision starts with its canary again.
+        let step = advance(&progress(&previous, &plan, revision("newer", 2)));
+        assert_eq!(step.status.phase, RolloutPhase::Canary);
     }
 
     #[test]
@@ -1543,7 +1719,7 @@ mod tests {
                     v
                 }).collect();
                 let waiting: Vec<Entering> = names.iter().filter(|n| !labelled.contains_key(*n))
-                    .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false }).collect();
+                    .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false, unfit: None }).collect();
                 let expected = views.iter().filter(|v| v.unfit.is_none()).count();
                 let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, pacing: p, now });
                 prop_assert!(tainted.is_none() || plan.failure.as_ref().map(|f| &f.node) != tainted.as_ref(), "a tainted node never fails it");

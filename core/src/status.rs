@@ -91,6 +91,8 @@ struct Rollout {
     /// The revision being rolled out.
     revision: String,
     attached: i32,
+    /// A revision completed a rollout before (one runs everywhere to fall back on).
+    ran_everywhere: bool,
 }
 
 impl Rollout {
@@ -98,17 +100,23 @@ impl Rollout {
         let Some(ds) = ds else { return Self { observed: true, ..Self::default() } };
         let Some(st) = ds.status.as_ref() else { return Self::default() };
         let rollout = rollout.cloned().unwrap_or_default();
+        // The nodes the rollout covers, entering ones too (a paced first deployment on 20 nodes
+        // is 1 of 20, not 1 of 1), skipped ones not; from the DaemonSet's count while no rollout
+        // has counted them.
+        let desired =
+            rollout.desired_nodes.unwrap_or_else(|| st.desired_number_scheduled.saturating_add(rollout.entering_nodes));
         Self {
             observed: st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0),
-            // The nodes that still wait to enter count as desired: a paced first deployment on 20
-            // nodes is 1 of 20, not 1 of 1.
-            desired: st.desired_number_scheduled.saturating_add(rollout.entering_nodes),
+            desired,
             updated: rollout.updated_nodes,
-            ready: st.number_ready,
-            available: st.number_available.unwrap_or(0),
+            // A skipped node's pod may still count (a node gone NotReady keeps its pod's last
+            // status): never more than the nodes counted.
+            ready: st.number_ready.min(desired),
+            available: st.number_available.unwrap_or(0).min(desired),
             phase: rollout.phase,
             revision: rollout.update_revision.map(|r| r.name).unwrap_or_default(),
             attached: rollout.attached_nodes,
+            ran_everywhere: rollout.current_revision.is_some(),
         }
     }
 
@@ -210,11 +218,12 @@ fn daemonset_name(daemonset: Option<&DaemonSet>) -> String {
         .unwrap_or_else(|| "the DaemonSet".to_owned())
 }
 
-/// While a rollout is under way, Ready says whether the pods that run are all available.
+/// While a rollout is under way, Ready says whether the pods that run are all available, once
+/// a revision ran everywhere: a first deployment is not Ready before it is Complete.
 fn ready_state(state: &RolloutState, rollout: &Rollout, ds_name: &str) -> RolloutState {
     match state.reason {
         Reason::RolloutInProgress | Reason::RolloutPaused
-            if rollout.desired > 0 && rollout.available >= rollout.desired =>
+            if rollout.ran_everywhere && rollout.desired > 0 && rollout.available >= rollout.desired =>
         {
             RolloutState {
                 reason: Reason::DaemonSetReady,
@@ -324,7 +333,7 @@ fn kernel_condition(obs: &Observed<'_>) -> Condition {
     let k = obs.kernel;
     let unsupported = &obs.placement.unsupported;
     let message = if unsupported.is_empty() {
-        k.message.clone()
+        format!("{}{}", k.message, skipped_summary(obs.rollout))
     } else {
         let names: Vec<&str> = unsupported.iter().take(MAX_WINNERS_LISTED).map(String::as_str).collect();
         let more = unsupported.len().saturating_sub(MAX_WINNERS_LISTED);
@@ -506,8 +515,15 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
         );
     }
     if rollout.desired == 0 {
+        let skipped = skipped_summary(obs.rollout);
         let why = match obs.untolerated {
             Some(taints) => taints,
+            None if !skipped.is_empty() => {
+                return state(
+                    Reason::NoNodesScheduled,
+                    format!("No node can run the scheduler now{skipped}; each enters by itself once it can"),
+                );
+            }
             None if obs.placement.lost.is_empty() => {
                 "no node matches the nodeSelector, or the matching nodes have taints the Scheduler does not tolerate"
             }
@@ -544,7 +560,12 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
     if rollout.complete() {
         return state(
             Reason::DaemonSetReady,
-            format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired),
+            format!(
+                "{ds_name}: {} of {} pods available{}",
+                rollout.available,
+                rollout.desired,
+                skipped_summary(obs.rollout)
+            ),
         );
     }
     // Unavailable means a pod that was available stopped being so; pods on nodes that just
@@ -666,6 +687,14 @@ mod tests {
         RolloutStatus {
             phase: if updated < st.desired_number_scheduled { RolloutPhase::Rolling } else { RolloutPhase::Complete },
             updated_nodes: updated,
+            // A revision ran everywhere before (these tests follow a Scheduler past its first
+            // deployment).
+            current_revision: Some(sked_api::Revision {
+                name: "r0".into(),
+                image: "i".into(),
+                generation: 1,
+                spec: None,
+            }),
             ..Default::default()
         }
     }
@@ -695,8 +724,18 @@ mod tests {
         }
 
         fn step(&mut self, daemonset: Option<&DaemonSet>, placement: &Placement) -> Outcome {
-            self.clock += 10;
             let rollout = daemonset.map(rollout_of);
+            self.step_with(daemonset, placement, rollout.as_ref())
+        }
+
+        /// A step with the rollout status the rollout decided.
+        fn step_with(
+            &mut self,
+            daemonset: Option<&DaemonSet>,
+            placement: &Placement,
+            rollout: Option<&RolloutStatus>,
+        ) -> Outcome {
+            self.clock += 10;
             let out = compute(&Observed {
                 generation: Some(self.generation),
                 previous: &self.previous,
@@ -707,7 +746,7 @@ mod tests {
                 image_error: None,
                 image_error_transient: false,
                 kernel: &self.kernel,
-                rollout: rollout.as_ref(),
+                rollout,
                 untolerated: None,
                 now: time(self.clock),
             });
@@ -775,6 +814,80 @@ mod tests {
 
         let out = run.step(Some(&ds(1, 1, 3, 3, 3)), &p);
         assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+    }
+
+    #[test]
+    fn a_first_deployment_is_not_ready_before_it_is_complete_and_desired_never_dips() {
+        let p = Placement { owned: (1..=5).map(|i| format!("n{i}")).collect(), ..Default::default() };
+        let mut run = Run::new();
+        let first = |updated: i32, entering: i32, phase| RolloutStatus {
+            phase,
+            updated_nodes: updated,
+            attached_nodes: updated,
+            entering_nodes: entering,
+            desired_nodes: Some(5),
+            ..Default::default()
+        };
+        // The last node's label is written, the DaemonSet controller has not counted it yet:
+        // its count says 4 of 4, the rollout 4 of 5.
+        let daemonset = ds(1, 1, 4, 4, 4);
+        let rolling = first(4, 0, RolloutPhase::Rolling);
+        let out = run.step_with(Some(&daemonset), &p, Some(&rolling));
+        assert_eq!(out.status.desired_number_scheduled, 5);
+        assert_eq!(cond(&out.status, "Ready").status, "False", "{:?}", cond(&out.status, "Ready"));
+        assert_ne!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+        // Every pod available, the rollout not done yet (the last report on its way): still not
+        // Ready, as a first deployment has nothing that ran everywhere.
+        let out = run.step_with(Some(&ds(1, 1, 5, 5, 5)), &p, Some(&rolling));
+        assert_eq!(cond(&out.status, "Ready").status, "False");
+        let done = RolloutStatus {
+            current_revision: Some(sked_api::Revision {
+                name: "r1".into(),
+                image: "i".into(),
+                generation: 1,
+                spec: None,
+            }),
+            ..first(5, 0, RolloutPhase::Complete)
+        };
+        let out = run.step_with(Some(&ds(1, 1, 5, 5, 5)), &p, Some(&done));
+        assert_eq!(cond(&out.status, "Ready").status, "True");
+        assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
+    }
+
+    #[test]
+    fn skipped_nodes_are_not_desired_and_a_fleet_of_only_skipped_nodes_says_so() {
+        let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
+        let mut run = Run::new();
+        let skipped = RolloutStatus {
+            phase: RolloutPhase::Complete,
+            updated_nodes: 1,
+            attached_nodes: 1,
+            desired_nodes: Some(1),
+            skipped_nodes: vec!["n2".into()],
+            skipped_reasons: BTreeMap::from([("NodeNotReady".into(), 1)]),
+            current_revision: Some(sked_api::Revision {
+                name: "r1".into(),
+                image: "i".into(),
+                generation: 1,
+                spec: None,
+            }),
+            ..Default::default()
+        };
+        // The NotReady node's pod still counts as available in the DaemonSet's numbers.
+        let out = run.step_with(Some(&ds(1, 1, 2, 2, 2)), &p, Some(&skipped));
+        assert_eq!((out.status.desired_number_scheduled, out.status.number_available), (1, 1));
+        let ready = cond(&out.status, "Ready");
+        assert_eq!(ready.status, "True");
+        assert!(
+            ready.message.contains("1 of 1 pods available; 1 node(s) skipped (1 NodeNotReady)"),
+            "{}",
+            ready.message
+        );
+        let none = RolloutStatus { updated_nodes: 0, attached_nodes: 0, desired_nodes: Some(0), ..skipped };
+        let out = run.step_with(Some(&ds(1, 1, 1, 0, 0)), &p, Some(&none));
+        let ready = cond(&out.status, "Ready");
+        assert_eq!(ready.reason, "NoNodesScheduled");
+        assert!(ready.message.starts_with("No node can run the scheduler now; 1 node(s) skipped"), "{}", ready.message);
     }
 
     #[test]

@@ -493,6 +493,7 @@ impl World {
             ready_since: p.attached_since,
             created: p.created,
             crash_looping: p.crash_looping,
+            bound: true,
             started: p.started,
             pull_error: None,
             last_exit: None,
@@ -519,7 +520,9 @@ impl World {
     /// The owned nodes without the owner label, entering from revision zero.
     fn entering(&self) -> Vec<Entering> {
         let unlabelled = self.nodes.iter().filter(|(_, n)| !n.labelled);
-        unlabelled.map(|(name, n)| Entering { node: name.clone(), joined: n.joined, runs_it: false }).collect()
+        unlabelled
+            .map(|(name, n)| Entering { node: name.clone(), joined: n.joined, runs_it: false, unfit: None })
+            .collect()
     }
 
     /// The truth: labelled nodes that could run an attached scheduler and do not. Leaves out

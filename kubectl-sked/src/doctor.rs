@@ -73,6 +73,14 @@ pub fn diagnose(fleet: &Fleet, node: &Node, namespace: &str) -> Diagnosis {
         return Diagnosis { node: name, facts, advice };
     }
     let node_facts = NodeFacts::of(node);
+    if let Some(not_ready) = &node_facts.not_ready {
+        // The node's own trouble: no toleration helps, and no rollout waits for it.
+        fact("node", format!("not ready: {}", not_ready.describe()));
+        advice.push(format!(
+            "{name} cannot run a pod now: {}. Its kubelet must report it Ready (check the kubelet and container runtime on the node, e.g. systemctl status kubelet; kubectl describe node {name}). Until then {winner_name}'s rollouts skip it (NodeNotReady in status.rollout.skippedReasons) without waiting; it enters by itself once Ready",
+            not_ready.describe()
+        ));
+    }
     let taints: Vec<String> =
         node_facts.all_untolerated(&winner.spec.tolerations).into_iter().map(describe_taint).collect();
     if !taints.is_empty() {
@@ -177,6 +185,36 @@ mod tests {
         assert_eq!(fact(&d, "taints kept away"), "gpu=yes:NoSchedule", "a DaemonSet pod tolerates cordoning");
         assert!(d.advice[0].contains("spec.tolerations"), "{:?}", d.advice);
         assert!(d.advice[1].contains("has not reached n"), "no owner label yet: {:?}", d.advice);
+    }
+
+    #[test]
+    fn a_node_that_is_not_ready_is_the_nodes_problem_never_a_toleration() {
+        let taints = json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+                            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]);
+        let mut n = node("n", json!({"pool": "a"}), taints);
+        if let Some(status) = n.status.as_mut() {
+            status.conditions = serde_json::from_value(json!([{"type": "Ready", "status": "Unknown",
+                "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status.",
+                "lastHeartbeatTime": "2026-12-06T10:00:00Z"}]))
+            .ok();
+        }
+        let d = diagnosis(vec![], n);
+        assert_eq!(
+            fact(&d, "node"),
+            "not ready: its Ready condition is Unknown (NodeStatusUnknown: Kubelet stopped posting node status.); its kubelet's last heartbeat was at 2026-12-06T10:00:00Z"
+        );
+        assert!(
+            d.advice[0].contains("Its kubelet must report it Ready") && d.advice[0].contains("NodeNotReady"),
+            "{:?}",
+            d.advice
+        );
+        assert!(d.advice.iter().all(|a| !a.contains("toleration")), "{:?}", d.advice);
+        assert_eq!(fact(&d, "taints kept away"), "");
+        // A Node no kubelet ever reported on.
+        let mut registering = node("n", json!({"pool": "a"}), json!([]));
+        registering.status = None;
+        let d = diagnosis(vec![], registering);
+        assert!(fact(&d, "node").contains("no kubelet has reported on it"), "{:?}", d.facts);
     }
 
     #[test]

@@ -239,6 +239,12 @@ fn pod_row(s: &Scheduler, pod: &Pod) -> StatusRow {
 #[serde(rename_all = "camelCase")]
 pub struct NodeRow {
     pub node: String,
+    /// `Ready`, `NotReady` (its Ready condition is False or Unknown, or it is tainted
+    /// not-ready or unreachable) or `Registering` (no kubelet has reported on it yet).
+    pub status: &'static str,
+    /// Why it is not ready, as the Node shows it (its Ready condition's reason and last
+    /// heartbeat); `None` when Ready.
+    pub not_ready: Option<String>,
     /// `supported`, `unsupported` (with the kernel it was judged on), or `unknown`.
     pub sched_ext: String,
     pub unsupported_kernel: Option<String>,
@@ -282,7 +288,14 @@ impl Fleet {
                     }
                     Some(PodKernel::Stale { .. }) | None => "unknown",
                 };
+                let not_ready = sked_core::nodes::NodeFacts::of(n).not_ready;
                 NodeRow {
+                    status: match &not_ready {
+                        None => "Ready",
+                        Some(sked_core::nodes::NotReady::Registering) => "Registering",
+                        Some(_) => "NotReady",
+                    },
+                    not_ready: not_ready.map(|r| r.describe()),
                     sched_ext: labels.get(SCHED_EXT_LABEL).cloned().unwrap_or_else(|| "unknown".to_owned()),
                     unsupported_kernel: labels.get(KERNEL_LABEL).cloned(),
                     owner: labels.get(OWNER_LABEL).cloned(),

@@ -92,23 +92,28 @@ pub fn status_table(
 pub fn nodes_table(out: &mut impl Write, rows: &[NodeRow], wide: bool) -> Result<()> {
     let mut table = tabwriter::TabWriter::new(Vec::new()).padding(3);
     let header = if wide {
-        "NODE\tSCHED-EXT\tOWNER\tKERNEL\tOPS\tCONFLICTS\tJUDGED-ON"
+        "NODE\tSTATUS\tSCHED-EXT\tOWNER\tKERNEL\tOPS\tCONFLICTS\tJUDGED-ON\tNOT-READY"
     } else {
-        "NODE\tSCHED-EXT\tOWNER\tKERNEL\tOPS\tCONFLICTS"
+        "NODE\tSTATUS\tSCHED-EXT\tOWNER\tKERNEL\tOPS\tCONFLICTS"
     };
     writeln!(table, "{header}").map_err(io)?;
     for r in rows {
         let conflicts = if r.conflicts.is_empty() { "-".into() } else { r.conflicts.join(",") };
         let mut line = format!(
-            "{}\t{}\t{}\t{}\t{}\t{conflicts}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{conflicts}",
             r.node,
+            r.status,
             r.sched_ext,
             or_dash(r.owner.as_deref()),
             r.kernel,
             or_dash(r.ops.as_deref())
         );
         if wide {
-            line.push_str(&format!("\t{}", or_dash(r.unsupported_kernel.as_deref())));
+            line.push_str(&format!(
+                "\t{}\t{}",
+                or_dash(r.unsupported_kernel.as_deref()),
+                or_dash(r.not_ready.as_deref())
+            ));
         }
         writeln!(table, "{line}").map_err(io)?;
     }

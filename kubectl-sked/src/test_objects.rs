@@ -41,7 +41,8 @@ pub fn node(name: &str, labels: Value, taints: Value) -> Node {
         "metadata": {"name": name, "labels": labels},
         "spec": {"taints": taints},
         "status": {"nodeInfo": {"kernelVersion": "6.12.9", "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "",
-            "kubeProxyVersion": "", "kubeletVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""}},
+            "kubeProxyVersion": "", "kubeletVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
     }))
     .unwrap_or_default()
 }
