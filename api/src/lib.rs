@@ -135,9 +135,9 @@ pub struct RolloutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10000))]
     pub canary: Option<i32>,
-    /// Most nodes replaced in one wave, and most nodes without an attached scheduler at once
-    /// because of the rollout: a number, or a percentage of the Scheduler's nodes such as `25%`
-    /// (rounded down, at least 1). Default 1.
+    /// Most nodes replaced in one wave (waves double after each clean bake up to it), and most
+    /// nodes without an attached scheduler at once because of the rollout: a number, or a
+    /// percentage of the Scheduler's nodes such as `25%` (rounded down, at least 1). Default 25%.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "int_or_percent_schema")]
     #[x_kube(validation = Rule::new(

@@ -2,9 +2,12 @@
 //! and [`rollout::advance`]), the way the reconcile drives them: a simulated cluster (nodes
 //! entered or not, pods present, terminating or absent, kernels that attach, report nothing,
 //! run another scheduler or have no sched_ext, crash loops, ejections, nodes going down or
-//! tainted, a DaemonSet controller that lags, leader failovers, spec changes mid-rollout,
-//! pauses, first deployments from revision zero) is stepped; between steps random events hit
-//! it; then the events stop, the world behaves, and the rollout must settle.
+//! tainted, nodes that never had a kubelet, full nodes whose pods are never bound, kubelets that
+//! die before they start a pod, a DaemonSet controller that lags, leader failovers, spec
+//! changes mid-rollout, pauses, first deployments from revision zero) is stepped; between steps
+//! random events hit it; then the events stop and the revision's trouble heals: the rollout
+//! must settle around the nodes still in trouble; then those heal too, and it must settle
+//! with every node in.
 //!
 //! Every invariant is checked against the simulated world's truth, never against the
 //! decider's own counting.
@@ -41,6 +44,8 @@ struct Pod {
     attached_since: Option<i64>,
     crash_looping: bool,
     ejected: bool,
+    /// kube-scheduler bound it (its node had room when it was made).
+    bound: bool,
     started: bool,
     terminating_since: Option<i64>,
 }
@@ -60,6 +65,12 @@ struct Node {
     joined: bool,
     /// Not Ready: its kubelet starts nothing.
     down: bool,
+    /// No kubelet ever reported on it (a Node still registering): no Ready condition.
+    registering: bool,
+    /// No room for one more pod: a pod made for it is never bound.
+    full: bool,
+    /// Its kubelet died and the Node does not show it yet: a bound pod is never started.
+    kubelet_dead: bool,
     /// A taint the Scheduler does not tolerate: the DaemonSet puts no new pod there.
     tainted: bool,
     /// Its agent's report is missing (stale): only the pod's readiness tells.
@@ -77,6 +88,9 @@ impl Node {
             labelled: false,
             joined,
             down: false,
+            registering: false,
+            full: false,
+            kubelet_dead: false,
             tainted: false,
             report_lost: false,
             deleted_by_world: false,
@@ -86,12 +100,39 @@ impl Node {
 
     /// Skipped by definition: nothing a pod does there says anything of a revision.
     fn skipped(&self) -> bool {
-        self.kernel != Kernel::SchedExt || self.down || self.tainted
+        self.kernel != Kernel::SchedExt || self.cannot_run()
+    }
+
+    /// No pod can run on it now, as the Node shows (not Ready, registering, tainted): it takes
+    /// no place in a wave.
+    fn cannot_run(&self) -> bool {
+        self.down || self.registering || self.tainted
+    }
+
+    /// Its kernel can be known: a pod runs there, whose agent reports it.
+    fn kernel_known(&self) -> bool {
+        self.pod.as_ref().is_some_and(|p| p.live() && p.started)
+    }
+
+    /// No pod of it runs, and the next one will not either: its live pod was never bound or
+    /// never started, or it is full or its kubelet is dead (the node's trouble, which the
+    /// rollout finds out only at the pod's deadline).
+    fn stuck_pod(&self) -> bool {
+        !self.kernel_known() && (self.full || self.kubelet_dead || self.pod.as_ref().is_some_and(|p| p.live()))
     }
 
     /// The node's live pod, attached and Ready.
     fn available(&self) -> bool {
         self.pod.as_ref().is_some_and(|p| p.live() && p.attached_since.is_some())
+    }
+}
+
+/// What the reconcile reads off the Node: why no pod can run there now, if so.
+fn unfit(node: &Node) -> Option<Skip> {
+    if node.down || node.registering {
+        Some(Skip::NodeNotReady)
+    } else {
+        node.tainted.then_some(Skip::TaintNotTolerated)
     }
 }
 
@@ -104,6 +145,8 @@ enum Event {
     ToggleReport(usize),
     ToggleDown(usize),
     ToggleTaint(usize),
+    ToggleFull(usize),
+    ToggleKubeletDead(usize),
     DeletePod(usize),
     /// The spec asks for a new revision (broken everywhere, or not).
     NewRevision {
@@ -118,6 +161,8 @@ enum Event {
     NodeJoins {
         joined: bool,
         kernel: Kernel,
+        /// It joins as a Node no kubelet reported on yet.
+        registering: bool,
     },
     NodeGone(usize),
 }
@@ -135,13 +180,16 @@ fn arb_event() -> impl Strategy<Value = Event> {
         1 => i.clone().prop_map(Event::ToggleReport),
         1 => i.clone().prop_map(Event::ToggleDown),
         1 => i.clone().prop_map(Event::ToggleTaint),
+        1 => i.clone().prop_map(Event::ToggleFull),
+        1 => i.clone().prop_map(Event::ToggleKubeletDead),
         1 => i.clone().prop_map(Event::DeletePod),
         2 => prop_oneof![3 => Just(false), 1 => Just(true)].prop_map(|broken| Event::NewRevision { broken }),
         1 => Just(Event::SpecBack),
         1 => Just(Event::TogglePause),
         1 => Just(Event::Failover),
         1 => Just(Event::DaemonSetSlow),
-        1 => (any::<bool>(), arb_kernel()).prop_map(|(joined, kernel)| Event::NodeJoins { joined, kernel }),
+        1 => (any::<bool>(), arb_kernel(), any::<bool>())
+            .prop_map(|(joined, kernel, registering)| Event::NodeJoins { joined, kernel, registering }),
         1 => i.prop_map(Event::NodeGone),
     ]
 }
@@ -254,6 +302,7 @@ impl World {
                     attached_since: attached,
                     crash_looping: false,
                     ejected: false,
+                    bound: true,
                     started: true,
                     terminating_since: None,
                 });
@@ -320,18 +369,27 @@ impl World {
             Event::CrashLoop(i) | Event::Eject(i) => {
                 let crash = matches!(event, Event::CrashLoop(_));
                 let Some(n) = node_of(self, i) else { return };
-                let Some(pod) = self.nodes.get_mut(&n).and_then(|node| node.pod.as_mut()) else { return };
+                // Only a scheduler that runs can crash or be ejected.
+                let Some(pod) = self.nodes.get_mut(&n).and_then(|node| node.pod.as_mut()).filter(|p| p.started) else {
+                    return;
+                };
                 if crash {
                     (pod.crash_looping, pod.attached_since) = (true, None);
                 } else if pod.attached_since.is_some() {
                     (pod.ejected, pod.attached_since) = (true, None);
                 }
             }
-            Event::ToggleReport(i) | Event::ToggleDown(i) | Event::ToggleTaint(i) => {
+            Event::ToggleReport(i)
+            | Event::ToggleDown(i)
+            | Event::ToggleTaint(i)
+            | Event::ToggleFull(i)
+            | Event::ToggleKubeletDead(i) => {
                 let Some(node) = self.nth(i).and_then(|n| self.nodes.get_mut(&n)) else { return };
                 let flag = match event {
                     Event::ToggleReport(_) => &mut node.report_lost,
                     Event::ToggleDown(_) => &mut node.down,
+                    Event::ToggleFull(_) => &mut node.full,
+                    Event::ToggleKubeletDead(_) => &mut node.kubelet_dead,
                     _ => &mut node.tainted,
                 };
                 *flag = !*flag;
@@ -374,9 +432,9 @@ impl World {
                 self.term_start = self.now;
             }
             Event::DaemonSetSlow => self.ds_slow = true,
-            Event::NodeJoins { joined, kernel } => {
+            Event::NodeJoins { joined, kernel, registering } => {
                 self.counter += 1;
-                self.nodes.insert(format!("j{:02}", self.counter), Node::new(kernel, joined));
+                self.nodes.insert(format!("j{:02}", self.counter), Node { registering, ..Node::new(kernel, joined) });
             }
             Event::NodeGone(i) => {
                 let Some(n) = self.nth(i) else { return };
@@ -389,11 +447,12 @@ impl World {
         }
     }
 
-    /// The world behaves from now on: nodes come back, reports arrive, crash-looping or ejected
-    /// schedulers of a good revision restart and attach, the rollout is unpaused.
+    /// The revision's world behaves from now on: reports arrive, crash-looping or ejected
+    /// schedulers of a good revision restart and attach, the rollout is unpaused. The nodes'
+    /// own trouble stays ([`World::heal_nodes`]).
     fn heal(&mut self) {
         for node in self.nodes.values_mut() {
-            (node.down, node.tainted, node.report_lost) = (false, false, false);
+            node.report_lost = false;
             if let Some(pod) = node.pod.as_mut().filter(|p| !self.broken.contains(&p.revision)) {
                 (pod.crash_looping, pod.ejected) = (false, false);
             }
@@ -401,6 +460,14 @@ impl World {
         if self.paused {
             self.paused = false;
             self.spec_changed();
+        }
+    }
+
+    /// The nodes come back: Ready, registered, untainted, with room and a live kubelet.
+    fn heal_nodes(&mut self) {
+        for node in self.nodes.values_mut() {
+            (node.down, node.registering, node.tainted, node.full, node.kubelet_dead) =
+                (false, false, false, false, false);
         }
     }
 }
@@ -449,6 +516,7 @@ impl World {
                         attached_since: None,
                         crash_looping: false,
                         ejected: false,
+                        bound: false,
                         started: false,
                         terminating_since: None,
                     });
@@ -456,7 +524,9 @@ impl World {
                 None => {}
             }
             let Some(pod) = node.pod.as_mut().filter(|p| p.live()) else { continue };
-            pod.started |= !node.down;
+            // kube-scheduler binds it once the node has room; a kubelet that runs takes it up.
+            pod.bound |= !node.full && !node.registering;
+            pod.started |= pod.bound && !node.down && !node.registering && !node.kubelet_dead;
             let attaches = node.kernel == Kernel::SchedExt
                 && pod.started
                 && !node.down
@@ -493,13 +563,13 @@ impl World {
             ready_since: p.attached_since,
             created: p.created,
             crash_looping: p.crash_looping,
-            bound: true,
+            bound: p.bound,
             started: p.started,
             pull_error: None,
             last_exit: None,
             terminating_since: p.terminating_since,
         });
-        let unfit = if node.down { Some(Skip::NodeNotReady) } else { node.tainted.then_some(Skip::TaintNotTolerated) };
+        let unfit = unfit(node);
         if node.available() {
             self.labelled_at.remove(name);
         }
@@ -521,7 +591,7 @@ impl World {
     fn entering(&self) -> Vec<Entering> {
         let unlabelled = self.nodes.iter().filter(|(_, n)| !n.labelled);
         unlabelled
-            .map(|(name, n)| Entering { node: name.clone(), joined: n.joined, runs_it: false, unfit: None })
+            .map(|(name, n)| Entering { node: name.clone(), joined: n.joined, runs_it: false, unfit: unfit(n) })
             .collect()
     }
 
@@ -535,7 +605,11 @@ impl World {
             let down_on_its_own = restoring
                 && !self.labelled_at.contains_key(*name)
                 && n.pod.as_ref().is_some_and(|p| p.live() && Some(&p.revision) == self.stable().as_ref());
-            n.labelled && !n.skipped() && !n.available() && !fresh.contains(*name) && !down_on_its_own
+            // A pod never bound or never started, past its deadline, is the node's known
+            // trouble: skipped, it does not count against the budget.
+            let known_stuck =
+                n.pod.as_ref().is_some_and(|p| p.live() && !p.started && self.now >= p.created + ATTACH_TIMEOUT);
+            n.labelled && !n.skipped() && !n.available() && !fresh.contains(*name) && !down_on_its_own && !known_stuck
         };
         self.nodes.iter().filter(counts).count()
     }
@@ -605,7 +679,8 @@ impl World {
         for pod in &step.replace {
             let node = self.node_of_pod(pod).ok_or_else(|| TestCaseError::fail(format!("no pod {pod}")))?;
             let truth = &self.nodes[&node];
-            prop_assert!(!truth.skipped(), "skipped node {node} replaced: {truth:?}");
+            let known_skipped = truth.cannot_run() || (truth.kernel != Kernel::SchedExt && truth.kernel_known());
+            prop_assert!(!known_skipped, "skipped node {node} replaced: {truth:?}");
             prop_assert!(!plan.skipped.contains(&node), "{node} both skipped and replaced");
             let count = self.replaced.entry((node.clone(), self.epoch)).or_default();
             *count += 1;
@@ -622,6 +697,42 @@ impl World {
             prop_assert!(!self.paused || restoring || at_once, "paused, yet {node} admitted");
         }
         prop_assert!(!self.paused || restoring || step.replace.is_empty(), "paused, yet {:?} replaced", step.replace);
+        for node in &step.admit {
+            prop_assert!(
+                !self.nodes[node].cannot_run(),
+                "{node} admitted though no pod can run there: {:?}",
+                self.nodes[node]
+            );
+        }
+        self.check_pacing(step)
+    }
+
+    /// A new revision goes canary first, and every wave after it waits for the bake of the
+    /// nodes that run it (those that can: not down, and whose pod was bound and started).
+    fn check_pacing(&self, step: &Step) -> Result<(), TestCaseError> {
+        let stable = self.stable();
+        if stable.as_ref() == Some(&self.template) || self.canary == 0 {
+            return Ok(());
+        }
+        let fresh = |n: &String| self.nodes[n].joined && stable.is_some();
+        let switched = step.replace.len() + step.admit.iter().filter(|n| !fresh(n)).count();
+        if switched == 0 {
+            return Ok(());
+        }
+        let runs_template = |n: &Node| n.pod.as_ref().is_some_and(|p| p.live() && p.revision == self.template);
+        if !self.nodes.values().any(|n| n.labelled && runs_template(n)) {
+            prop_assert!(switched <= self.canary, "{switched} node(s) switched before the canary of {}", self.template);
+        }
+        for (name, n) in &self.nodes {
+            let judged = n.labelled && n.kernel == Kernel::SchedExt && !n.cannot_run() && !n.stuck_pod();
+            if judged && runs_template(n) {
+                let since = n.pod.as_ref().and_then(|p| p.attached_since);
+                prop_assert!(
+                    since.is_some_and(|t| self.now - t >= BAKE),
+                    "a wave started while {name} had not baked: {n:?}"
+                );
+            }
+        }
         Ok(())
     }
 
@@ -685,10 +796,11 @@ impl World {
             return Ok(()); // A takeover under the stable revision: only its failed nodes go back.
         }
         prop_assert!(self.rollback.is_none(), "a second failure while {:?} is rolled back", self.rollback);
+        // (A node whose kernel is not known yet, its pod never started, is reached too.)
         let reached = self.nodes.iter().filter(|(_, n)| {
             n.labelled
                 && (stable.is_none()
-                    || n.kernel == Kernel::SchedExt
+                    || (n.kernel == Kernel::SchedExt || !n.kernel_known())
                         && n.pod.as_ref().is_some_and(|p| p.live() && Some(&p.revision) != stable.as_ref()))
         });
         let reached = reached.map(|(k, _)| k.clone()).collect();
@@ -732,6 +844,36 @@ impl World {
         }
     }
 
+    /// (c) before the nodes heal: the rollout settled around the nodes still in trouble (not
+    /// Ready, registering, tainted, a pod never bound or never started), judged only by the
+    /// nodes that can run a pod; none of those holds it.
+    fn settled_around_trouble(&self) -> bool {
+        let fit = |n: &Node| !n.cannot_run() && !n.stuck_pod();
+        let phase = self.status.phase;
+        let capable = || self.nodes.values().filter(|n| n.labelled && n.kernel == Kernel::SchedExt && fit(n));
+        let runs = |rev: &str| capable().all(|n| n.available() && n.pod.as_ref().is_some_and(|p| p.revision == rev));
+        match (self.failed(), self.stable()) {
+            (None, stable) => {
+                phase == RolloutPhase::Complete
+                    && self.nodes.values().filter(|n| fit(n)).all(|n| n.labelled)
+                    && runs(&self.wanted)
+                    && (stable.as_ref() == Some(&self.wanted) || capable().next().is_none())
+            }
+            (Some(failed), Some(stable)) => {
+                let held = failed.revision == stable;
+                phase == RolloutPhase::RolledBack
+                    && self.template == stable
+                    && (held || self.nodes.iter().all(|(name, n)| n.labelled || self.held.contains(name) || !fit(n)))
+                    && runs(&stable)
+            }
+            (Some(_), None) => {
+                // Pods on a node that is down do not go (no kubelet confirms).
+                phase == RolloutPhase::Failed
+                    && self.nodes.values().all(|n| !n.labelled && n.pod.as_ref().is_none_or(|p| !p.live()))
+            }
+        }
+    }
+
     /// The world moves on, then the controller reconciles.
     fn step(&mut self) -> Result<(), TestCaseError> {
         self.tick()?;
@@ -739,6 +881,26 @@ impl World {
         self.now += TICK;
         Ok(())
     }
+}
+
+/// Steps the world until `settled` holds (within a bound), then three steps more, in which it
+/// must keep holding.
+fn settle(world: &mut World, settled: fn(&World) -> bool, what: &str) -> Result<(), TestCaseError> {
+    let bound = 40 + 14 * world.nodes.len();
+    let mut done = false;
+    for _ in 0..bound {
+        world.step()?;
+        if settled(world) {
+            done = true;
+            break;
+        }
+    }
+    prop_assert!(done, "not settled {what} after {bound} steps: {:?}\n{:#?}", world.status, world.nodes);
+    for _ in 0..3 {
+        world.step()?;
+        prop_assert!(settled(world), "settled {what}, then not: {:?}\n{:#?}", world.status, world.nodes);
+    }
+    Ok(())
 }
 
 proptest! {
@@ -761,22 +923,16 @@ proptest! {
             world.step()?;
         }
         world.heal();
-        let bound = 40 + 14 * world.nodes.len();
-        let mut settled = false;
-        for _ in 0..bound {
-            world.step()?;
-            if world.settled() {
-                settled = true;
-                break;
-            }
-        }
-        prop_assert!(settled, "not settled after {bound} steps: {:?}\n{:#?}", world.status, world.nodes);
-        for _ in 0..3 {
-            world.step()?;
-            prop_assert!(world.settled(), "settled, then not: {:?}", world.status);
-        }
+        // First around the nodes still in trouble: none of them may hold the rollout.
+        settle(&mut world, World::settled_around_trouble, "around the nodes in trouble")?;
+        world.heal_nodes();
+        settle(&mut world, World::settled, "once every node can run a pod")?;
         if let Some(r) = &world.rollback {
-            prop_assert_eq!(&r.restored, &r.reached, "the rollback of {}", r.revision);
+            // A node reached while its kernel was not known (no pod of it ever ran) and known
+            // since to run another scheduler, or none, is skipped: nothing to restore there.
+            let foreign = |n: &String| world.nodes.get(n).is_some_and(|n| n.kernel != Kernel::SchedExt && n.kernel_known());
+            let reached: BTreeSet<String> = r.reached.iter().filter(|n| !foreign(n) || r.restored.contains(*n)).cloned().collect();
+            prop_assert_eq!(&r.restored, &reached, "the rollback of {}", r.revision);
         }
     }
 }

@@ -46,25 +46,63 @@ pub async fn set_pod_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<(
 /// `node.kubernetes.io/not-ready` taint the API server puts on every new Node (there is no
 /// kubelet here, and no node lifecycle controller to do it).
 pub async fn create_ready_node(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
+    create_registering_node(client, name, labels).await?;
+    set_node_ready(client, name, true).await
+}
+
+/// Creates a Node as one looks while it registers: its labels and nothing else, no Ready
+/// condition (no kubelet has reported on it), the API server's not-ready taint kept.
+pub async fn create_registering_node(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
     let nodes: Api<Node> = Api::all(client.clone());
     let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let node: Node = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": name, "labels": labels },
     }))?;
-    nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating Node {name}"))?;
+    nodes.create(&PostParams::default(), &node).await.with_context(|| format!("creating Node {name}"))
+}
+
+/// Creates a Ready Node with no room for one more pod (its allocatable pods are 0), as a full
+/// node looks to kube-scheduler: a pod made for it stays unbound ("Too many pods").
+pub async fn create_full_node(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
+    create_registering_node(client, name, labels).await?;
+    report_ready(client, name, "True", "0").await?;
+    lift_not_ready_taint(client, name).await
+}
+
+/// Plays a kubelet that comes up (Ready, with room for pods, the not-ready taint lifted) or one
+/// that stops posting (Ready Unknown, as the node lifecycle controller marks it).
+pub async fn set_node_ready(client: &Client, name: &str, ready: bool) -> Result<Node> {
+    if ready {
+        report_ready(client, name, "True", "110").await?;
+        lift_not_ready_taint(client, name).await
+    } else {
+        report_ready(client, name, "Unknown", "110").await
+    }
+}
+
+/// Writes the Node's Ready condition (`True` from the kubelet, `Unknown` as the node lifecycle
+/// controller writes it once the kubelet stopped posting) and its capacity in pods.
+async fn report_ready(client: &Client, name: &str, status: &str, pods: &str) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
     let now = jiff::Timestamp::now().to_string();
-    let resources = json!({"cpu": "8", "memory": "16Gi", "pods": "110"});
+    let resources = json!({"cpu": "8", "memory": "16Gi", "pods": pods});
+    let (reason, message) = match status {
+        "True" => ("KubeletReady", "sked test kubelet"),
+        _ => ("NodeStatusUnknown", "Kubelet stopped posting node status."),
+    };
     let ready = json!({"status": {
         "capacity": resources,
         "allocatable": resources,
         "conditions": [{
-            "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sked test kubelet",
+            "type": "Ready", "status": status, "reason": reason, "message": message,
             "lastHeartbeatTime": now, "lastTransitionTime": now,
         }],
     }});
-    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready)).await?;
-    lift_not_ready_taint(client, name).await
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .with_context(|| format!("reporting Node {name} Ready={status}"))
 }
 
 /// Plays the node lifecycle controller (which the test control plane does not run): lifts the

@@ -31,7 +31,9 @@ pub mod webhooks;
 pub use cluster::TestCluster;
 pub use command::{promtool_check_metrics, run_command};
 pub use fixture::{DEADLINE, Fixture, event_counts, init_test_logging, shared_cluster, wait_for, wait_for_within};
-pub use kubelet::{create_ready_node, finish_pod_deletions, wait_bound_pods};
+pub use kubelet::{
+    create_full_node, create_ready_node, create_registering_node, finish_pod_deletions, set_node_ready, wait_bound_pods,
+};
 pub use objects::{
     allow_unsigned_policy, clear, condition, ensure_namespace, ensure_service_account, has_condition, install_crds,
     next_second_after, spec, spec_on,

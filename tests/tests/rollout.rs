@@ -636,17 +636,6 @@ async fn switching(c: &Cluster, scheduler: &str) -> Result<usize> {
     Ok(labelled.items.iter().filter(|n| !ready.contains(&n.name_any())).count())
 }
 
-/// Sets the Node's Ready condition, as its kubelet (or the node lifecycle controller) would.
-async fn set_node_ready(c: &Cluster, node: &str, ready: bool) -> Result<()> {
-    let nodes: Api<Node> = Api::all(c.fx.client.clone());
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let status = if ready { "True" } else { "Unknown" };
-    let body = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "sked test",
-        "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
-    nodes.patch_status(node, &PatchParams::default(), &Patch::Merge(&body)).await?;
-    Ok(())
-}
-
 #[tokio::test]
 async fn when_the_winner_is_deleted_the_loser_takes_its_nodes_over_in_waves() -> Result<()> {
     let nodes = ["t-1", "t-2", "t-3", "t-4", "t-5"];
@@ -744,7 +733,7 @@ async fn nodes_that_cannot_run_a_pod_are_skipped_and_do_not_fail_the_rollout() -
     let mut c = cluster("skips", &["s-1", "s-2", "s-3"], base_spec("skips", pacing)).await?;
     c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
     // s-3's kubelet stops answering: its Node turns NotReady.
-    set_node_ready(&c, "s-3", false).await?;
+    sked_tests::set_node_ready(&c.fx.client, "s-3", false).await?;
     // A new revision rolls over s-1 and s-2 and leaves s-3 out, past its attach timeout.
     c.patch_spec(json!({"args": ["--v2"]})).await?;
     let done = c
@@ -853,4 +842,151 @@ async fn a_new_leader_carries_a_first_deployment_on_where_it_stood() -> Result<(
     assert!(c.nodes.most_down <= 1, "at most maxUnavailable (1) node switching at once: {}", c.nodes.most_down);
     assert_eq!(entered(&c).await?.len(), 4);
     Ok(())
+}
+
+/// Every copy of the Scheduler the API server stored, from a watch started before the
+/// Scheduler was made (a watch hands over each stored change), gathered into the list returned.
+fn watch_statuses(fx: &Fixture, name: &str) -> std::sync::Arc<std::sync::Mutex<Vec<Scheduler>>> {
+    use futures::StreamExt;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (schedulers, into) = (fx.schedulers(), seen.clone());
+    let fields = format!("metadata.name={name}");
+    tokio::spawn(async move {
+        let params = kube::api::WatchParams::default().fields(&fields).timeout(290);
+        let Ok(stream) = schedulers.watch(&params, "0").await else { return };
+        let mut stream = stream.boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            if let kube::api::WatchEvent::Added(s) | kube::api::WatchEvent::Modified(s) = event
+                && let Ok(mut seen) = into.lock()
+            {
+                seen.push(s);
+            }
+        }
+    });
+    seen
+}
+
+/// What every stored status of a first deployment must hold: the phase never goes back from
+/// Rolling to Canary, DESIRED never dips below what it showed, and Ready is not True before
+/// the rollout is Complete.
+fn no_flicker(seen: &[Scheduler]) -> Result<()> {
+    let mut rolled = false;
+    let mut desired = 0;
+    for s in seen {
+        let Some(st) = s.status.as_ref() else { continue };
+        let p = phase(s);
+        anyhow::ensure!(!(rolled && p == Some(RolloutPhase::Canary)), "back to Canary after Rolling: {st:?}");
+        rolled |= p == Some(RolloutPhase::Rolling);
+        anyhow::ensure!(st.desired_number_scheduled >= desired, "DESIRED dipped from {desired}: {st:?}");
+        desired = st.desired_number_scheduled;
+        let ready = condition(s, "Ready").is_some_and(|c| c.status == "True");
+        anyhow::ensure!(!ready || p == Some(RolloutPhase::Complete), "Ready before Complete: {st:?}");
+    }
+    anyhow::ensure!(rolled, "the deployment never rolled: {} statuses seen", seen.len());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_first_deployment_finishes_around_nodes_that_cannot_run_its_pod_and_lets_them_in_once_they_can() -> Result<()>
+{
+    // Three nodes that can run the scheduler, and four that cannot, each as a real fleet has
+    // them: one registering (no kubelet ever reported), one full (its pod is never bound), one
+    // whose kubelet dies once its pod is made (the Node then goes NotReady), one deleted while
+    // its pod waits. The Scheduler tolerates every taint, as "run everywhere" DaemonSets do.
+    let name = "fleet";
+    let mut spec = base_spec(name, RolloutSpec { canary: Some(1), ..rollout(1, 5) });
+    spec.tolerations = vec![serde_json::from_value(json!({"operator": "Exists"}))?];
+    sked_tests::agents::agent_binary()?;
+    let dir = tempfile::tempdir()?;
+    let tls = ReportsTls::generate(dir.path())?;
+    let (flags, controller) = tls.serving_flags()?;
+    let fx = Fixture::start_with(flags).await?;
+    let pool = [("pool", name)];
+    for n in ["f-1", "f-2", "f-3", "f-dies", "f-gone"] {
+        fx.create_node(n, &pool).await?;
+    }
+    sked_tests::create_registering_node(&fx.client, "f-registering", &pool).await?;
+    sked_tests::create_full_node(&fx.client, "f-full", &pool).await?;
+    let watched = watch_statuses(&fx, name);
+    fx.create_scheduler(name, spec).await?;
+    let reports = ReportsEndpoint { address: &controller, ca: &tls.ca, server_name: None, replicas: None };
+    let mut nodes =
+        FakeNodes::new(&fx.client, &fx.namespace, &format!("name={name}"), "pool=fleet", dir.path(), &reports);
+    // Their kubelets never take a pod up.
+    nodes.absent.extend(["f-dies".to_owned(), "f-gone".to_owned()]);
+    let pods: Api<Pod> = Api::namespaced(fx.client.clone(), &fx.namespace);
+    let node_api: Api<Node> = Api::all(fx.client.clone());
+    let (mut died, mut deleted) = (false, false);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    // The kubelets' moves, every 300 ms, as `FakeNodes::drive_until` makes them, with what
+    // happens to f-dies and f-gone once their pods are made.
+    let done = loop {
+        match nodes.drive().await {
+            Err(e) if !is_not_found(&e) => return Err(e),
+            _ => {}
+        }
+        let list = pods.list(&ListParams::default().labels("name=fleet")).await?;
+        let bound =
+            |node: &str| list.items.iter().any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
+        if !died && bound("f-dies") {
+            // Its pod was made, not started: now its kubelet is gone for good.
+            sked_tests::set_node_ready(&fx.client, "f-dies", false).await?;
+            died = true;
+        }
+        if !deleted && bound("f-gone") {
+            node_api.delete("f-gone", &Default::default()).await?;
+            deleted = true;
+        }
+        let s = fx.schedulers().get(name).await?;
+        let skipped = s.status.as_ref().and_then(|st| st.rollout.as_ref()).map(|r| r.skipped_nodes.len());
+        if deleted && complete_at(&s, 1) && skipped == Some(3) {
+            break s;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for the first deployment to finish; last status: {}",
+            serde_json::to_string_pretty(&s.status)?
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    // From every status stored until then.
+    let first_deployment: Vec<Scheduler> = watched.lock().map(|seen| seen.clone()).unwrap_or_default();
+    no_flicker(&first_deployment)?;
+    let st = done.status.clone().context("status")?;
+    let r = st.rollout.clone().context("rollout")?;
+    assert_eq!(r.skipped_nodes, ["f-dies", "f-full", "f-registering"]);
+    assert_eq!(r.skipped_reasons, BTreeMap::from([("NodeNotReady".to_owned(), 2), ("PodNotScheduled".to_owned(), 1)]));
+    assert_eq!(r.failed, None);
+    assert_eq!((st.desired_number_scheduled, st.kernel_attached), (3, 3), "the nodes that can run it, all attached");
+    let kernel = condition(&done, "KernelAttached").context("KernelAttached")?;
+    assert_eq!(kernel.status, "True", "no node that cannot run a pod makes it False: {}", kernel.message);
+    assert!(kernel.message.contains("3 node(s) skipped (2 NodeNotReady, 1 PodNotScheduled)"), "{}", kernel.message);
+    assert!(kubectl_wait_ready(&fx, name)?, "kubectl wait --for=condition=Ready succeeds");
+    assert!(!entered_nodes(&fx, name).await?.contains("f-registering"), "a registering node takes no place in a wave");
+
+    // The registering node's kubelet comes up: it enters the current revision by itself.
+    sked_tests::set_node_ready(&fx.client, "f-registering", true).await?;
+    let joined = nodes
+        .drive_until(
+            name,
+            "f-registering running the scheduler",
+            |_| {},
+            |s| {
+                s.status.as_ref().is_some_and(|st| {
+                    st.kernel_attached == 4
+                        && st.rollout.as_ref().is_some_and(|r| !r.skipped_nodes.contains(&"f-registering".to_owned()))
+                })
+            },
+        )
+        .await?;
+    assert_eq!(joined.status.as_ref().map(|st| st.desired_number_scheduled), Some(4));
+    assert_eq!(nodes.replacements().values().sum::<usize>(), 0, "no node was switched twice");
+    Ok(())
+}
+
+/// The nodes that carry `scheduler`'s owner label.
+async fn entered_nodes(fx: &Fixture, scheduler: &str) -> Result<BTreeSet<String>> {
+    let nodes: Api<Node> = Api::all(fx.client.clone());
+    let selector = format!("{OWNER_LABEL}={scheduler}");
+    Ok(nodes.list(&ListParams::default().labels(&selector)).await?.items.iter().map(ResourceExt::name_any).collect())
 }
