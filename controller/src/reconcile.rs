@@ -601,7 +601,7 @@ fn rollout_step(
         entering: &entering,
         // Held while the failure they were held under stands (as `rollout::advance` keeps them).
         held: if failed.is_some() { &previous.held_nodes } else { &[] },
-        expected_pods: expected_pods(ctx, &name, ds, placement, nodes.len()),
+        expected_pods: expected_pods(ctx, &name, ds, placement, &pods, nodes.len()),
         pacing: rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len() + entering.len()),
         now: wall,
     });
@@ -710,20 +710,28 @@ fn node_views(
 }
 
 /// The pods the DaemonSet controller means to run; until it has counted them, one per labelled
-/// node. (Less the nodes another Scheduler took, which keep this one's pod until their wave.)
+/// node. (Less the nodes another Scheduler took, which keep this one's pod until their wave, and
+/// the nodes deleted under a pod: the DaemonSet controller counts such a node until the pod
+/// garbage collector removes its pod, which may take a minute or never come.)
 fn expected_pods(
     ctx: &Context,
     name: &str,
     ds: &DaemonSet,
     placement: &crate::arbiter::Placement,
+    pods: &[Arc<SchedulerPod>],
     labelled: usize,
 ) -> usize {
     let taken = ctx.index.labelled_nodes(name).iter().filter(|n| !placement.owned.contains(*n)).count();
+    let node_gone = pods
+        .iter()
+        .filter(|p| !p.is_terminating())
+        .filter(|p| p.node.as_deref().is_some_and(|n| !ctx.index.knows_node(n)))
+        .count();
     ds.status
         .as_ref()
         .filter(|s| s.observed_generation.is_some())
         .map_or(labelled, |s| usize::try_from(s.desired_number_scheduled).unwrap_or(0))
-        .saturating_sub(taken)
+        .saturating_sub(taken + node_gone)
 }
 
 /// The DaemonSet controller has seen the template, and this copy is not older than the one

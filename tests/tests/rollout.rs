@@ -867,22 +867,29 @@ fn watch_statuses(fx: &Fixture, name: &str) -> std::sync::Arc<std::sync::Mutex<V
 }
 
 /// What every stored status of a first deployment must hold: the phase never goes back from
-/// Rolling to Canary, DESIRED never dips below what it showed, and Ready is not True before
-/// the rollout is Complete.
-fn no_flicker(seen: &[Scheduler]) -> Result<()> {
+/// Rolling to Canary, Ready is not True before the rollout is Complete, and DESIRED never dips
+/// but for a node skipped or gone: the nodes it counts plus the skipped ones (the pool) never
+/// grow back once they shrank, and shrink only by the `deleted` nodes.
+fn no_flicker(seen: &[Scheduler], pool: usize, deleted: usize) -> Result<()> {
     let mut rolled = false;
-    let mut desired = 0;
+    let mut counted = Vec::new();
     for s in seen {
         let Some(st) = s.status.as_ref() else { continue };
         let p = phase(s);
         anyhow::ensure!(!(rolled && p == Some(RolloutPhase::Canary)), "back to Canary after Rolling: {st:?}");
         rolled |= p == Some(RolloutPhase::Rolling);
-        anyhow::ensure!(st.desired_number_scheduled >= desired, "DESIRED dipped from {desired}: {st:?}");
-        desired = st.desired_number_scheduled;
         let ready = condition(s, "Ready").is_some_and(|c| c.status == "True");
         anyhow::ensure!(!ready || p == Some(RolloutPhase::Complete), "Ready before Complete: {st:?}");
+        if let Some(r) = st.rollout.as_ref().filter(|r| r.desired_nodes.is_some()) {
+            let total = usize::try_from(st.desired_number_scheduled)? + r.skipped_nodes.len();
+            if counted.last() != Some(&total) {
+                counted.push(total);
+            }
+        }
     }
     anyhow::ensure!(rolled, "the deployment never rolled: {} statuses seen", seen.len());
+    let expected: Vec<usize> = (0..=deleted).map(|d| pool - d).collect();
+    anyhow::ensure!(counted == expected, "DESIRED plus the skipped nodes went {counted:?}, not {expected:?}");
     Ok(())
 }
 
@@ -942,16 +949,21 @@ async fn a_first_deployment_finishes_around_nodes_that_cannot_run_its_pod_and_le
         if deleted && complete_at(&s, 1) && skipped == Some(3) {
             break s;
         }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for the first deployment to finish; last status: {}",
-            serde_json::to_string_pretty(&s.status)?
-        );
+        if tokio::time::Instant::now() > deadline {
+            let ds: Api<DaemonSet> = Api::namespaced(fx.client.clone(), &fx.namespace);
+            let ds = ds.get(name).await?.status;
+            let placed: Vec<(String, Option<String>)> =
+                list.items.iter().map(|p| (p.name_any(), p.spec.as_ref().and_then(|s| s.node_name.clone()))).collect();
+            anyhow::bail!(
+                "timed out waiting for the first deployment to finish; last status: {}; DaemonSet: {ds:?}; pods: {placed:?}",
+                serde_json::to_string_pretty(&s.status)?
+            );
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     // From every status stored until then.
     let first_deployment: Vec<Scheduler> = watched.lock().map(|seen| seen.clone()).unwrap_or_default();
-    no_flicker(&first_deployment)?;
+    no_flicker(&first_deployment, 7, 1)?;
     let st = done.status.clone().context("status")?;
     let r = st.rollout.clone().context("rollout")?;
     assert_eq!(r.skipped_nodes, ["f-dies", "f-full", "f-registering"]);
