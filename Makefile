@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
+.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -28,6 +28,7 @@ TOOLS_TEST := kubernetes etcd helm cosign crane kstatus promtool cert-manager
 TOOLS_KERNEL := kubernetes etcd
 TOOLS_NODE := kubernetes etcd kubelet helm cosign crane cert-manager promtool
 TOOLS_BENCH := kubernetes etcd cosign crane
+TOOLS_BENCH_ROLLOUT := kubernetes etcd
 TOOLS_LINT := actionlint
 build_tools = @hack/build-tools.sh $(TOOLS_BIN) $(1) >/dev/null
 
@@ -95,6 +96,13 @@ test-node: setup
 bench: setup
 	$(call build_tools,$(TOOLS_BENCH))
 	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench
+
+## bench-rollout: a first deployment with the default pacing over 100 and 5,000 simulated
+## nodes (release build; not part of `make test`); prints the times docs/performance.md quotes.
+## BENCH_ROLLOUT_NODES picks other sizes.
+bench-rollout: setup
+	$(call build_tools,$(TOOLS_BENCH_ROLLOUT))
+	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench-rollout
 
 ## cross: cross-compile both release binaries for arm64 (as the image builds do, with
 ## Debian's cross toolchain; no emulation), check each needs only what the distroless runtime

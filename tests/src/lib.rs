@@ -23,6 +23,7 @@ pub mod node;
 pub mod objects;
 pub mod pki;
 pub mod registry;
+pub mod simulated_agents;
 pub mod vm;
 pub mod vmdns;
 pub mod vmlink;

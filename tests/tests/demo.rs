@@ -103,5 +103,16 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     assert!(six.contains("run the kernel's default scheduler again"), "{six}");
     assert_eq!(line_after(six, "revisions running: "), Some(""), "no pod of the failed revision: {six}");
     assert!(six.contains("Rolled back to the kernel's default scheduler on every node it reached (1)"), "{six}");
+
+    // 7. A node with no kubelet in the pool: the first deployment completes around it, canary
+    // first, and says which node it skipped and why.
+    let seven = section(&stdout, 7);
+    let phases = line_after(seven, "phases seen: ").context("phases of step 7")?;
+    assert!(phases.starts_with("Canary") && phases.ends_with("Complete"), "{seven}");
+    assert!(
+        seven.contains(r#"skipped: ["demo-node-6-no-kubelet"] {"NodeNotReady":1}"#),
+        "the skipped node and its reason: {seven}"
+    );
+    assert!(seven.contains("demo-node-6-no-kubelet   Registering"), "kubectl sked nodes says why: {seven}");
     Ok(())
 }

@@ -993,6 +993,20 @@ async fn a_first_deployment_finishes_around_nodes_that_cannot_run_its_pod_and_le
         .await?;
     assert_eq!(joined.status.as_ref().map(|st| st.desired_number_scheduled), Some(4));
     assert_eq!(nodes.replacements().values().sum::<usize>(), 0, "no node was switched twice");
+
+    // A new revision over the same pool: it rolls over the four nodes that run the scheduler
+    // and around the two that still cannot run a pod, and completes.
+    let body = json!({"spec": {"args": ["--v2"]}});
+    fx.schedulers().patch(name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+    let done = nodes.drive_until(name, "v2 complete around f-dies and f-full", |_| {}, |s| complete_at(s, 2)).await?;
+    let r = done.status.as_ref().and_then(|st| st.rollout.clone()).context("rollout")?;
+    assert_eq!((r.skipped_nodes.clone(), r.failed.clone()), (vec!["f-dies".to_owned(), "f-full".to_owned()], None));
+    assert_eq!(done.status.as_ref().map(|st| (st.desired_number_scheduled, st.kernel_attached)), Some((4, 4)));
+    let replaced = nodes.replacements();
+    for n in ["f-1", "f-2", "f-3", "f-registering"] {
+        assert_eq!(replaced.get(n), Some(&1), "{n} switched once to v2: {replaced:?}");
+    }
+    assert!(kubectl_wait_ready(&fx, name)?);
     Ok(())
 }
 

@@ -34,7 +34,6 @@
 //! controller binary is `SKED_CONTROLLER_BIN`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
@@ -52,16 +51,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sked_controller::Scheduler;
-use sked_proto::v1::reports_client::ReportsClient;
-use sked_proto::{KernelState, Report, Verdict};
-use sked_tests::agents::{ReportsTls, bound_token, workspace_binary};
+use sked_proto::Verdict;
+use sked_tests::agents::{ReportsTls, workspace_binary};
 use sked_tests::cluster::{TestCluster, free_port};
 use sked_tests::kubelet::set_pod_ready;
 use sked_tests::registry::{Cosign, TestRegistry};
+use sked_tests::simulated_agents::{AgentFleet, agent_identities};
 use sked_tests::{ensure_namespace, ensure_service_account, spec_on};
-use tokio::sync::{mpsc, watch};
-use tonic::metadata::MetadataValue;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use tokio::sync::watch;
 
 const NAMESPACE: &str = "sked-system";
 const OWNER_LABEL: &str = "sked.schedkit.io/scheduler";
@@ -70,8 +67,6 @@ const TIER: &str = "bench.sked/tier";
 const TIERS: usize = 5;
 /// Keeps the DaemonSet controller from creating pods while cold starts are measured.
 const HOLD_TAINT: &str = "bench.sked/hold";
-/// The controller's default: agents report at least this often.
-const HEARTBEAT: Duration = Duration::from_secs(10);
 /// The registry path of the bench image's tag: what `--image-recheck-interval` asks again.
 const TAG_PATH: &str = "/v2/bench/scheduler/manifests/v1";
 /// The controller's default `--report-stale-after`.
@@ -241,11 +236,12 @@ async fn run() -> Result<()> {
     let pods = wait_bound_pods(&client, sizes.nodes).await?;
     step(started, "marking pods Ready and issuing pod-bound tokens");
     mark_ready(&client, &pods).await?;
-    let agents = agent_identities(&client, &pods).await?;
+    let agents = agent_identities(&client, NAMESPACE, &pods).await?;
 
     step(started, &format!("starting {} simulated agents", agents.len()));
     let before_agents = cluster.apiserver_requests()?;
-    let fleet = AgentFleet::start(agents, vec![leader.reports_address(), standby.reports_address()], &tls.ca).await?;
+    let fleet =
+        AgentFleet::start(agents, vec![leader.reports_address(), standby.reports_address()], &tls.ca, 0).await?;
     let t0 = Instant::now();
     fleet.wait_streaming_to(0).await?;
     fleet.wait_streaming_to(1).await?;
@@ -1045,175 +1041,6 @@ async fn floor(client: &Client, writes: &BTreeMap<(String, String, String), u64>
     }
     daemonsets.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
     Ok(Floor { took, replayed, skipped })
-}
-
-// ---- Simulated agents --------------------------------------------------------------------------
-
-struct AgentIdentity {
-    node: String,
-    pod: String,
-    scheduler: String,
-    token: String,
-}
-
-async fn agent_identities(client: &Client, pods: &[Pod]) -> Result<Vec<AgentIdentity>> {
-    futures::stream::iter(pods)
-        .map(|pod| async move {
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).ok_or_else(|| anyhow!("unbound pod"))?;
-            let scheduler = pod.labels().get("name").cloned().ok_or_else(|| anyhow!("pod without a name label"))?;
-            let token = bound_token(client, NAMESPACE, "sked-agent", Some(pod)).await?;
-            anyhow::Ok(AgentIdentity { node, pod: pod.name_any(), scheduler, token })
-        })
-        .buffer_unordered(SETUP_CONCURRENCY)
-        .try_collect()
-        .await
-}
-
-/// One simulated agent's shared state.
-struct AgentSlot {
-    identity: AgentIdentity,
-    /// The loopback address its connections come from.
-    source: IpAddr,
-    /// What it reports; a change is sent at once.
-    verdict: watch::Sender<Verdict>,
-    /// Per endpoint: since when its stream there is accepted and open (`None` while it is not).
-    open: Vec<Mutex<Option<Instant>>>,
-}
-
-struct AgentFleet {
-    agents: Vec<Arc<AgentSlot>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl AgentFleet {
-    /// Starts one reporting task per agent and endpoint: as the real agent holds a stream to
-    /// every replica the headless Service lists, each keeps one open to each controller, and
-    /// backs off as the real agent does.
-    async fn start(identities: Vec<AgentIdentity>, endpoints: Vec<String>, ca: &Path) -> Result<Self> {
-        let ca = std::fs::read(ca)?;
-        let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost");
-        let endpoints = Arc::new(endpoints);
-        let mut agents = Vec::new();
-        let mut tasks = Vec::new();
-        for (n, identity) in (0u32..).zip(identities) {
-            let (verdict, _) = watch::channel(Verdict::Attached);
-            let source = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 1)) + n));
-            let open = endpoints.iter().map(|_| Mutex::new(None)).collect();
-            let slot = Arc::new(AgentSlot { identity, source, verdict, open });
-            agents.push(slot.clone());
-            for index in 0..endpoints.len() {
-                let (tls, endpoints, slot) = (tls.clone(), endpoints.clone(), slot.clone());
-                tasks.push(tokio::spawn(async move {
-                    let mut delay = Duration::ZERO;
-                    loop {
-                        let mut accepted = false;
-                        let _ = session(&slot, index, &endpoints[index], &tls, &mut accepted).await;
-                        *lock(&slot.open[index]) = None;
-                        delay = sked_agent::report::reconnect_delay(delay, accepted);
-                        tokio::time::sleep(sked_agent::report::jittered(delay)).await;
-                    }
-                }));
-            }
-        }
-        Ok(Self { agents, tasks })
-    }
-
-    /// How many agents' open streams to endpoint `index` were accepted after `since`.
-    fn streams_opened_since(&self, index: usize, since: Instant) -> usize {
-        self.agents.iter().filter(|a| lock(&a.open[index]).is_some_and(|at| at > since)).count()
-    }
-
-    /// Waits until every agent has an accepted stream open to endpoint `index`.
-    async fn wait_streaming_to(&self, index: usize) -> Result<()> {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let waiting = self.agents.iter().filter(|a| lock(&a.open[index]).is_none()).count();
-            if waiting == 0 {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{waiting} agents not accepted by endpoint {index} after {PATIENCE:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for AgentFleet {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-fn report(id: &AgentIdentity, verdict: Verdict, sequence: u64) -> Report {
-    let attached = verdict == Verdict::Attached;
-    Report {
-        node: id.node.clone(),
-        pod: id.pod.clone(),
-        scheduler: id.scheduler.clone(),
-        kernel: Some(KernelState {
-            state: if attached { "enabled" } else { "disabled" }.into(),
-            ops: if attached { "bench_ops" } else { "" }.into(),
-            enable_seq: 1,
-            ..KernelState::default()
-        }),
-        verdict: verdict as i32,
-        reason: if attached { String::new() } else { "no scheduler attached".into() },
-        agent_version: "bench".into(),
-        sequence,
-        last_exit: None,
-    }
-}
-
-async fn session(
-    slot: &AgentSlot,
-    index: usize,
-    endpoint: &str,
-    tls: &ClientTlsConfig,
-    accepted: &mut bool,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let channel = Endpoint::from_shared(endpoint.to_owned())?
-        .tls_config(tls.clone())?
-        .connect_timeout(Duration::from_secs(10))
-        .local_address(Some(slot.source))
-        .connect()
-        .await?;
-    let mut client = ReportsClient::new(channel);
-    let (tx, mut rx) = mpsc::channel::<Report>(4);
-    let mut verdicts = slot.verdict.subscribe();
-    let mut sequence = 1;
-    let first = *verdicts.borrow_and_update();
-    tx.send(report(&slot.identity, first, sequence)).await?;
-    let mut request = tonic::Request::new(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
-    request.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {}", slot.identity.token))?);
-    // As the real agent does when it holds a stream to every replica: the standby keeps it.
-    request.metadata_mut().insert(sked_proto::contract::EVERY_REPLICA_METADATA, MetadataValue::from_static("true"));
-    let mut acks = client.stream(request).await?.into_inner();
-    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
-    loop {
-        let verdict = tokio::select! {
-            ack = acks.message() => match ack? {
-                Some(_) => {
-                    if !*accepted {
-                        *accepted = true;
-                        *lock(&slot.open[index]) = Some(Instant::now());
-                    }
-                    continue;
-                }
-                None => return Ok(()),
-            },
-            _ = heartbeat.tick() => None,
-            changed = verdicts.changed() => {
-                changed?;
-                None
-            }
-        };
-        let verdict = verdict.unwrap_or_else(|| *verdicts.borrow_and_update());
-        sequence += 1;
-        tx.send(report(&slot.identity, verdict, sequence)).await?;
-    }
 }
 
 const SAMPLE_SPACING: Duration = Duration::from_millis(500);

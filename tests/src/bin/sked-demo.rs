@@ -5,7 +5,7 @@
 //! and the pod is Ready when its agent says so. A revision whose args hold
 //! `--demo-never-attach` never attaches; one with `--demo-eject` attaches and is then ejected
 //! for a runnable task stall. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
-//! itself and exits.
+//! itself (its last step adds a sixth Node that no kubelet reports on) and exits.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -388,6 +388,7 @@ async fn tour(demo: &Demo) -> Result<()> {
     show(&demo.cluster, &["get", "pods", "-n", NAMESPACE])?;
 
     first_deployment_that_fails(demo).await?;
+    a_node_that_cannot_run_a_pod(demo).await?;
     println!("\ntour complete");
     Ok(())
 }
@@ -418,6 +419,30 @@ async fn first_deployment_that_fails(demo: &Demo) -> Result<()> {
     tour_report(demo, &phases).await?;
     show(&demo.cluster, &["get", "nodes", "-L", "sked.schedkit.io/scheduler"])?;
     show(&demo.cluster, &["get", "events", "-n", "default", "--field-selector", "reason=RolledBack"])
+}
+
+/// The Node of tour step 7: no kubelet ever reported on it.
+const GHOST: &str = "demo-node-6-no-kubelet";
+
+/// Tour step 7: a Node no kubelet ever reported on (as one looks while it registers) joins the
+/// pool, and the example is deployed again (its spec fixed): the first deployment goes canary
+/// first over the five demo nodes, skips the sixth with its reason, and completes around it.
+async fn a_node_that_cannot_run_a_pod(demo: &Demo) -> Result<()> {
+    println!("\n== 7. a node with no kubelet in the pool");
+    sked_tests::create_registering_node(&demo.client, GHOST, &[("schedkit.io/pool", "batch")]).await?;
+    println!("(Node {GHOST} joins the pool: no kubelet has reported on it, as a node looks while it registers)");
+    demo.nodes.lock().await.most_down = 0;
+    let fixed = r#"[{"op":"remove","path":"/spec/args"}]"#;
+    show(&demo.cluster, &["patch", "scheduler", NAME, "--type=json", "-p", fixed])?;
+    let around = |s: &Scheduler| {
+        let skipped = s.status.as_ref().and_then(|st| st.rollout.as_ref()).map(|r| r.skipped_nodes.clone());
+        complete(s) && skipped.is_some_and(|n| n == [GHOST])
+    };
+    let phases = wait_scheduler(demo, "complete around the node with no kubelet", around).await?;
+    tour_report(demo, &phases).await?;
+    let skipped = "jsonpath=skipped: {.status.rollout.skippedNodes} {.status.rollout.skippedReasons}{\"\\n\"}";
+    show(&demo.cluster, &["get", "scheduler", NAME, "-o", skipped])?;
+    show_sked(&demo.cluster, &["nodes"])
 }
 
 /// Waits until no scheduler pod is left (the nodes run the kernel's default scheduler again).
