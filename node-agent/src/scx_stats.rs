@@ -450,6 +450,51 @@ mod tests {
         }
     }
 
+    /// A `stats_meta` with a top struct holding a number and a dict of labelled structs, each
+    /// holding a number and a labelled dict of its own (the depth a dict of structs needs), and
+    /// a `stats` reply for it keyed by `outer` and `inner`: keys as hostile as a scheduler may
+    /// send (control characters, quotes, backslashes, text past the label cap), and sizes that
+    /// reach past MAX_SERIES (up to 1 + 60 * 61 numbers).
+    fn arb_labelled() -> impl Strategy<Value = (Value, Value, usize)> {
+        let key = prop_oneof!["[a-z0-9]{1,6}", "\\PC{100,400}", "[\\x00-\\x1f\"\\\\\u{7f}\u{202e}]{1,8}",];
+        let keys = || proptest::collection::btree_set(key.clone(), 0..60);
+        (keys(), keys()).prop_map(|(outer, inner)| {
+            let meta = json!({
+                "T": {"top": "true", "fields": {"n": {"datum": "u64"}, "d": {"dict": {"datum": {"struct": "U"}}}}},
+                "U": {"user": {"_om_label": "outer key"}, "fields": {
+                    "x": {"datum": "float"}, "e": {"dict": {"datum": {"struct": "V"}}}}},
+                "V": {"user": {"_om_label": "in\"ner\n"}, "fields": {"y": {"datum": "u64"}}}
+            });
+            let inner_dict: Map<String, Value> = inner.iter().map(|k| (k.clone(), json!({"y": 2}))).collect();
+            let outer_dict: Map<String, Value> =
+                outer.iter().map(|k| (k.clone(), json!({"x": 1.5, "e": inner_dict.clone()}))).collect();
+            let numbers = 1 + outer.len() * (1 + inner.len());
+            (meta, json!({"n": 1, "d": outer_dict}), numbers)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Labelled dicts of structs, as deep and as wide as schedulers make them: every number
+        /// is relayed or counted as dropped, at most MAX_SERIES are relayed, and every label
+        /// value is escaped and capped (no control or invisible character gets through).
+        #[test]
+        fn labelled_dicts_are_escaped_capped_and_counted((meta, stats, numbers) in arb_labelled()) {
+            let schema = Schema::parse(&meta).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let (samples, dropped) = schema.samples(&stats);
+            prop_assert_eq!(samples.len() + dropped, numbers);
+            prop_assert_eq!(samples.len(), numbers.min(MAX_SERIES));
+            for s in &samples {
+                for (k, v) in &s.labels {
+                    prop_assert!(k == "outer_key" || k == "in_ner_", "label name {:?}", k);
+                    prop_assert!(v.chars().all(|c| !c.is_control() && c != '\u{202e}'), "raw {:?}", v);
+                    prop_assert!(v.chars().count() <= MAX_LABEL_VALUE + 32, "not capped: {} chars", v.chars().count());
+                }
+            }
+        }
+    }
+
     fn regex_lite(samples: &[Sample]) -> bool {
         let name_ok = |n: &str| {
             !n.is_empty()

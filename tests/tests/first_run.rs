@@ -197,12 +197,38 @@ fn every_dependency_offers_a_licence_that_is_not_gpl() -> Result<()> {
             );
             continue;
         };
-        // An SPDX expression of alternatives: at least one must leave GPL out.
         assert!(
-            expression.split(" OR ").any(|choice| !choice.contains("GPL")),
+            offered_without_gpl(expression)?,
             "{name} is offered only under {expression}: it cannot be linked into Apache-2.0 binaries"
         );
     }
     assert!(checked > 100, "only {checked} dependencies read");
+    Ok(())
+}
+
+/// Whether an SPDX licence expression can be met with no GPL licence of any kind: every AND
+/// needs each side met, an OR one of them (crates' manifests may write `/` for OR, which the
+/// lax parse takes).
+fn offered_without_gpl(expression: &str) -> Result<bool> {
+    let parsed = spdx::Expression::parse_mode(expression, spdx::ParseMode::LAX)
+        .map_err(|e| anyhow::anyhow!("{expression:?} is not an SPDX expression: {e}"))?;
+    Ok(parsed.evaluate(|req| req.license.id().is_some_and(|id| !id.name.contains("GPL"))))
+}
+
+#[test]
+fn licence_expressions_are_read_with_and_and_or() -> Result<()> {
+    for (expression, ok) in [
+        ("MIT OR Apache-2.0", true),
+        ("LGPL-2.1-only OR BSD-2-Clause", true),
+        ("Apache-2.0 WITH LLVM-exception", true),
+        ("MIT/Apache-2.0", true),
+        ("(MIT OR Apache-2.0) AND Unicode-3.0", true),
+        ("(MIT OR Apache-2.0) AND GPL-2.0", false),
+        ("GPL-2.0-only", false),
+        ("LGPL-2.1-only", false),
+        ("GPL-2.0-or-later OR AGPL-3.0-only", false),
+    ] {
+        assert_eq!(offered_without_gpl(expression)?, ok, "{expression}");
+    }
     Ok(())
 }

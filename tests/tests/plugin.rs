@@ -315,11 +315,19 @@ async fn kubectl_sked_follows_a_rollout_and_pauses_retries_and_undoes_it() -> Re
     assert!(p.fx.schedulers().get("steer").await?.spec.rollout.is_some_and(|r| !r.paused));
     assert_eq!(code(&p.admin(&["rollout", "retry", "steer"])?), 4, "nothing failed: nothing to retry");
 
-    // A revision whose scheduler never attaches is rolled back: exit 1.
-    p.nodes.kernel = Box::new(|_, pod: &Pod| {
+    // A revision whose scheduler never attaches is rolled back: exit 1. The kubelet's play
+    // counts the broken revision's pods it starts.
+    let broken_started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = broken_started.clone();
+    p.nodes.kernel = Box::new(move |_, pod: &Pod| {
         let args =
             pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.args.clone()).unwrap_or_default();
-        if args.iter().any(|a| a == "--broken") { Kernel::Refuses } else { Kernel::Attaches }
+        if args.iter().any(|a| a == "--broken") {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Kernel::Refuses
+        } else {
+            Kernel::Attaches
+        }
     });
     let body = json!({"spec": {"args": ["--broken"]}});
     p.fx.schedulers().patch("steer", &PatchParams::default(), &Patch::Merge(&body)).await?;
@@ -332,7 +340,9 @@ async fn kubectl_sked_follows_a_rollout_and_pauses_retries_and_undoes_it() -> Re
     assert_eq!(code(&out), 1, "{}", stdout(&out));
     assert!(stdout(&out).contains("rolled back to the previous revision: revision"), "{}", stdout(&out));
 
-    // retry: the same revision again, under a new generation.
+    // retry: the same revision again, under a new generation: a pod of it is made again.
+    let before_retry = broken_started.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(before_retry >= 1, "the broken revision's canary ran");
     let said = ok(p.admin(&["rollout", "retry", "steer"])?)?;
     assert!(said.contains("retrying revision"), "{said}");
     let generation = failed.metadata.generation.unwrap_or_default();
@@ -346,8 +356,13 @@ async fn kubectl_sked_follows_a_rollout_and_pauses_retries_and_undoes_it() -> Re
         })
         .await?;
     assert_eq!(retried.metadata.generation, Some(generation + 2), "a pause and a resume");
+    assert!(
+        broken_started.load(std::sync::atomic::Ordering::SeqCst) > before_retry,
+        "the retry made a pod of the failed revision again"
+    );
 
     // undo: the spec is set back to the revision that ran attached everywhere.
+    let pods_before_undo = p.nodes.history.clone();
     let said = ok(p.admin(&["rollout", "undo", "steer"])?)?;
     assert!(said.contains(&format!("set back to revision {}", good.name)), "{said}");
     let undone = p.fx.schedulers().get("steer").await?;
@@ -356,6 +371,7 @@ async fn kubectl_sked_follows_a_rollout_and_pauses_retries_and_undoes_it() -> Re
     let done = p.drive_until("the undone spec rolled out", complete).await?;
     let current = done.status.and_then(|s| s.rollout).and_then(|r| r.current_revision).context("current")?;
     assert_eq!(current.name, good.name, "the same revision as before, so no pod restarted for it");
+    assert_eq!(p.nodes.history, pods_before_undo, "no pod was replaced by the undo");
     assert_eq!(code(&p.admin(&["rollout", "status", "steer", "--watch=false"])?), 0);
     let again = ok(p.admin(&["rollout", "undo", "steer"])?)?;
     assert!(again.contains("already asks for revision"), "{again}");

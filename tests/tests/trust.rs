@@ -609,6 +609,29 @@ async fn only_the_callers_the_policy_names_may_deploy_and_anyone_may_delete() ->
     assert!(!ok, "but not another: {printed}");
     assert!(printed.contains("service account team-a:ci (groups: editors"), "{printed}");
 
+    // A change is judged as a creation is: bob may not change team A's Scheduler's spec, nor
+    // pause its rollout; a label or an annotation alone is RBAC's business. Counted from here,
+    // so no dry-run probe makes up the refusals.
+    let refused_before = caller_refusals(&fx).await?;
+    let patch_as = |(user, groups): (&str, &[&str]), body: &str| -> Result<(bool, String)> {
+        let mut args = vec![format!("--as={user}")];
+        args.extend(groups.iter().map(|g| format!("--as-group={g}")));
+        args.extend(["patch", "scheduler", "callers-ci", "--type=merge", "-p", body].map(str::to_owned));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = tokio::task::block_in_place(|| fx.cluster.kubectl(&args))?;
+        Ok((
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        ))
+    };
+    for change in [r#"{"spec":{"args":["--slice-us","1000"]}}"#, r#"{"spec":{"rollout":{"paused":true}}}"#] {
+        let (ok, printed) = patch_as(bob, change)?;
+        assert!(!ok && printed.contains("may not create or change"), "bob changed {change}: {printed}");
+    }
+    let (ok, printed) = patch_as(bob, r#"{"metadata":{"labels":{"team":"a"},"annotations":{"note":"bob was here"}}}"#)?;
+    assert!(ok, "labels and annotations alone are RBAC's business: {printed}");
+    assert_eq!(caller_refusals(&fx).await? - refused_before, 2, "each refused change counted");
+
     let (ok, printed) = apply_as(&fx, &scheduler_yaml("callers-alice", &other), alice.0, alice.1)?;
     assert!(ok, "the platform group deploys anything allowed: {printed}");
     // The controller's own status writes go through: team A's Scheduler runs its image; Alice's
@@ -625,10 +648,14 @@ async fn only_the_callers_the_policy_names_may_deploy_and_anyone_may_delete() ->
     // Bob may not deploy, but he may stop a Scheduler.
     let out = fx.cluster.kubectl(&["--as=bob", "--as-group=editors", "delete", "scheduler", "callers-alice"])?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let metrics = fx.scrape_metrics().await?;
-    let refusals = r#"sked_image_verifications_total{caller="webhook",outcome="caller_not_allowed"}"#;
-    let counted = metrics.lines().find_map(|l| l.strip_prefix(refusals)).and_then(|n| n.trim().parse::<u64>().ok());
-    assert!(counted.is_some_and(|n| n >= 2), "refusals counted: {counted:?}");
+    assert!(caller_refusals(&fx).await? >= 4, "the refused creations counted too");
     drop(dir);
     Ok(())
+}
+
+/// How many changes the webhook refused for who asked (its metric).
+async fn caller_refusals(fx: &Fixture) -> Result<u64> {
+    let metrics = fx.scrape_metrics().await?;
+    let refusals = r#"sked_image_verifications_total{caller="webhook",outcome="caller_not_allowed"}"#;
+    Ok(metrics.lines().find_map(|l| l.strip_prefix(refusals)).and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0))
 }

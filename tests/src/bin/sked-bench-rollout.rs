@@ -34,6 +34,9 @@ const POOL: &str = "bench.sked/pool";
 const IMAGE: &str = "bench.example/scheduler:v1";
 /// How long one first deployment may take before the bench gives up.
 const PATIENCE: Duration = Duration::from_secs(1800);
+/// Nodes that start running the new revision this close together are one wave (waves are a
+/// bake, 30 s, apart).
+const WAVE_GAP: Duration = Duration::from_secs(10);
 /// Concurrency of the bench's own writes (Nodes, pod readiness): the kubelets of a fleet.
 const KUBELETS: usize = 64;
 
@@ -153,7 +156,8 @@ async fn first_deployment(
     let t0 = Instant::now();
     let mut played = BTreeSet::new();
     let mut fleets = Vec::new();
-    let mut waves = Vec::new();
+    let mut waves: Vec<usize> = Vec::new();
+    let mut last_change = Instant::now();
     loop {
         let list = pods.list(&ListParams::default().labels(&format!("name={name}"))).await?;
         let new: Vec<Pod> = list
@@ -185,9 +189,14 @@ async fn first_deployment(
         let st = s.status.as_ref();
         let updated =
             st.and_then(|st| st.rollout.as_ref()).map_or(0, |r| usize::try_from(r.updated_nodes).unwrap_or(0));
+        // A wave's nodes come up over a few seconds; the next wave only after a 30 s bake.
         let switched: usize = waves.iter().sum();
         if updated > switched {
-            waves.push(updated - switched);
+            match waves.last_mut() {
+                Some(last) if last_change.elapsed() < WAVE_GAP => *last += updated - switched,
+                _ => waves.push(updated - switched),
+            }
+            last_change = Instant::now();
         }
         let complete = st.and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.phase == RolloutPhase::Complete);
         if complete && st.is_some_and(|st| usize::try_from(st.kernel_attached).unwrap_or(0) == size) {
