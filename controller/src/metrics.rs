@@ -151,7 +151,7 @@ impl Metrics {
         );
         registry.register(
             "tls_connections_dropped",
-            "Connections closed before they were served, by port and reason (source_limit, silent, handshake_failed, handshake_timeout)",
+            "Connections closed before they were served, by port and reason (source_limit, silent, incomplete_hello, handshake_failed, handshake_timeout)",
             self.tls_dropped.clone(),
         );
     }

@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 use crate::api::{KernelExit, Scheduler};
 use crate::connections::{Connection, Guarded, OpenStream};
 use crate::error::BoxError;
-use crate::handshake_gate::{Dropped, HandshakeGate};
+use crate::handshake_gate::{Dropped, HANDSHAKE_AFTER_HELLO, HandshakeGate};
 use crate::index::Index;
 use crate::kernel_table::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
@@ -94,8 +94,6 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 4;
 /// of what the server has read (room for two of the largest reports), so a stream that is not
 /// read costs at most this much buffered.
 const WINDOW_BYTES: u32 = 2 * MAX_MESSAGE_BYTES as u32;
-/// A handshake that takes longer is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One open stream of a node, counted while it lives.
 struct StreamSlot {
@@ -632,10 +630,11 @@ pub async fn serve(
             };
             let (acceptor, tx, handshakes, gate) = (acceptor.clone(), tx.clone(), handshakes.clone(), gate.clone());
             tokio::spawn(async move {
-                // Silent peers and a flood from one address stop here, before a handshake slot.
+                // Silent peers, peers that stall inside their ClientHello and a flood from one
+                // address stop here, before a handshake slot.
                 let Ok(pending) = gate.admit(&tcp).await else { return };
                 let Ok(_permit) = handshakes.acquire_owned().await else { return };
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                match tokio::time::timeout(HANDSHAKE_AFTER_HELLO, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         drop(pending);
                         let _ = tx.send(Ok(Guarded::new(stream, idle_after, place))).await;

@@ -22,15 +22,11 @@ use tracing::{debug, info};
 
 use crate::api::{Scheduler, SchedulerSpec};
 use crate::error::BoxError;
-use crate::handshake_gate::{GatedAcceptor, HandshakeGate};
+use crate::handshake_gate::{GatedAcceptor, HANDSHAKE_AFTER_HELLO, HandshakeGate};
 use crate::image::ImageRef;
 use crate::metrics::Metrics;
 use crate::tls::ReloadingCert;
 use crate::trust::Trust;
-
-/// A TLS handshake that takes longer is dropped (once its first bytes came: see
-/// [`crate::handshake_gate`]).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Path the ValidatingWebhookConfiguration calls.
 pub const VALIDATE_PATH: &str = "/validate-scheduler";
@@ -65,7 +61,7 @@ pub async fn serve(
     });
     info!(logger = "webhook", address = %address, path = VALIDATE_PATH, "serving the admission webhook");
     let gate = HandshakeGate::new("webhook", state.metrics.clone());
-    let acceptor = GatedAcceptor::new(RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_TIMEOUT), gate);
+    let acceptor = GatedAcceptor::new(RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_AFTER_HELLO), gate);
     axum_server::bind(address)
         .acceptor(acceptor)
         .handle(handle)

@@ -10,11 +10,13 @@
 //! - [`kernel_summary`]: the agents' reports folded into the KernelAttached view;
 //! - [`pods`] and [`nodes`]: the facts read off a scheduler pod and a Node;
 //! - [`pod_conditions`]: each scheduler pod's KernelAttached condition, and when to write it;
+//! - [`conditions`]: what a Node's or a pod's condition says, in one line;
 //! - [`hashing`]: SHA-256 digests as hex, for revisions, admission keys and layer checks.
 
 #![forbid(unsafe_code)]
 
 pub mod arbiter;
+pub mod conditions;
 pub mod hashing;
 pub mod kernel_summary;
 pub mod nodes;

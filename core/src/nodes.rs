@@ -101,19 +101,11 @@ impl NodeFacts {
         let tainted_down = taints.iter().find(|t| HEALTH_TAINTS.contains(&t.key.as_str()));
         let not_ready = match ready {
             None => Some(NotReady::Registering),
-            Some(c) if c.status != "True" => {
-                let said = [c.reason.as_deref(), c.message.as_deref()]
-                    .into_iter()
-                    .flatten()
-                    .filter(|s| !s.is_empty())
-                    .collect::<Vec<_>>()
-                    .join(": ");
-                Some(NotReady::Condition {
-                    status: sked_proto::text::escape_and_cap(&c.status, sked_proto::text::MAX_NAME_CHARS),
-                    said: sked_proto::text::escape_and_cap(&said, MAX_SAID_CHARS),
-                    heartbeat: c.last_heartbeat_time.as_ref().map(|t| t.0.as_second()),
-                })
-            }
+            Some(c) if c.status != "True" => Some(NotReady::Condition {
+                status: sked_proto::text::escape_and_cap(&c.status, sked_proto::text::MAX_NAME_CHARS),
+                said: crate::conditions::said(c.reason.as_deref(), c.message.as_deref(), MAX_SAID_CHARS),
+                heartbeat: c.last_heartbeat_time.as_ref().map(|t| t.0.as_second()),
+            }),
             Some(_) => tainted_down.map(|t| NotReady::Tainted { key: t.key.clone() }),
         };
         Self { created: node.creation_timestamp().map(|t| t.0.as_second()), not_ready, taints }

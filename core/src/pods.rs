@@ -228,16 +228,8 @@ fn affinity_node(pod: &Pod) -> Option<String> {
 fn unschedulable(pod: &Pod) -> Option<String> {
     let c =
         pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-    let said = [c.reason.as_deref(), c.message.as_deref()]
-        .into_iter()
-        .flatten()
-        .filter(|s| !s.is_empty())
-        .collect::<Vec<_>>()
-        .join(": ");
-    Some(sked_proto::text::escape_and_cap(
-        if said.is_empty() { "PodScheduled is False" } else { &said },
-        MAX_UNSCHEDULABLE_CHARS,
-    ))
+    let said = crate::conditions::said(c.reason.as_deref(), c.message.as_deref(), MAX_UNSCHEDULABLE_CHARS);
+    Some(if said.is_empty() { "PodScheduled is False".to_owned() } else { said })
 }
 
 #[cfg(test)]

@@ -260,9 +260,10 @@ pub struct Plan {
     pub updated: usize,
     /// Of those, the ones Ready with the scheduler attached.
     pub attached: usize,
-    /// The nodes the rollout covers: every node the Scheduler owns, labelled or entering,
-    /// less the skipped ones. What DESIRED shows: it does not dip while a node's label and its
-    /// pod are on their way.
+    /// The nodes the rollout covers: every node the Scheduler owns, labelled or entering, less
+    /// those skipped for their own trouble ([`Plan::off_kernel_count`]; a node whose kernel
+    /// runs another scheduler still counts, not attached). What DESIRED shows: it does not dip
+    /// while a node's label and its pod are on their way.
     pub desired: usize,
     /// Nodes left out (see [`Skip`]), sorted, and how many for each reason.
     pub skipped: Vec<String>,
@@ -323,7 +324,7 @@ pub fn decide(input: &Input<'_>) -> Plan {
     let mut plan = decide_step(input);
     plan.skipped.sort();
     plan.off_kernel_count.sort();
-    plan.desired = (input.nodes.len() + input.entering.len()).saturating_sub(plan.skipped.len());
+    plan.desired = (input.nodes.len() + input.entering.len()).saturating_sub(plan.off_kernel_count.len());
     plan
 }
 

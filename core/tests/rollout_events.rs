@@ -819,36 +819,19 @@ impl World {
     /// unless the stable revision's own takeover failed (RolledBack), or, for
     /// a first revision, no node carries the owner label or runs a pod (Failed).
     fn settled(&self) -> bool {
-        let phase = self.status.phase;
-        let capable = || self.nodes.values().filter(|n| n.labelled && n.kernel == Kernel::SchedExt);
-        let runs = |rev: &str| capable().all(|n| n.available() && n.pod.as_ref().is_some_and(|p| p.revision == rev));
-        match (self.failed(), self.stable()) {
-            (None, stable) => {
-                phase == RolloutPhase::Complete
-                    && self.nodes.values().all(|n| n.labelled)
-                    && runs(&self.wanted)
-                    && (stable.as_ref() == Some(&self.wanted) || capable().next().is_none())
-            }
-            (Some(failed), Some(stable)) => {
-                // A takeover that failed under the stable revision holds the nodes it sent back
-                // until the spec changes; any other failure lets every node in on the stable one.
-                let held = failed.revision == stable;
-                phase == RolloutPhase::RolledBack
-                    && self.template == stable
-                    && (held || self.nodes.iter().all(|(name, n)| n.labelled || self.held.contains(name)))
-                    && runs(&stable)
-            }
-            (Some(_), None) => {
-                phase == RolloutPhase::Failed && self.nodes.values().all(|n| !n.labelled && n.pod.is_none())
-            }
-        }
+        self.settled_among(|_| true)
     }
 
     /// (c) before the nodes heal: the rollout settled around the nodes still in trouble (not
     /// Ready, registering, tainted, a pod never bound or never started), judged only by the
-    /// nodes that can run a pod; none of those holds it.
+    /// nodes that can run a pod; none of those holds it. (Pods on a node that is down do not
+    /// go: no kubelet confirms.)
     fn settled_around_trouble(&self) -> bool {
-        let fit = |n: &Node| !n.cannot_run() && !n.stuck_pod();
+        self.settled_among(|n| !n.cannot_run() && !n.stuck_pod())
+    }
+
+    /// (c) judged on the nodes `fit` keeps.
+    fn settled_among(&self, fit: impl Fn(&Node) -> bool) -> bool {
         let phase = self.status.phase;
         let capable = || self.nodes.values().filter(|n| n.labelled && n.kernel == Kernel::SchedExt && fit(n));
         let runs = |rev: &str| capable().all(|n| n.available() && n.pod.as_ref().is_some_and(|p| p.revision == rev));
@@ -860,6 +843,8 @@ impl World {
                     && (stable.as_ref() == Some(&self.wanted) || capable().next().is_none())
             }
             (Some(failed), Some(stable)) => {
+                // A takeover that failed under the stable revision holds the nodes it sent back
+                // until the spec changes; any other failure lets every node in on the stable one.
                 let held = failed.revision == stable;
                 phase == RolloutPhase::RolledBack
                     && self.template == stable
@@ -867,9 +852,8 @@ impl World {
                     && runs(&stable)
             }
             (Some(_), None) => {
-                // Pods on a node that is down do not go (no kubelet confirms).
-                phase == RolloutPhase::Failed
-                    && self.nodes.values().all(|n| !n.labelled && n.pod.as_ref().is_none_or(|p| !p.live()))
+                let gone = |n: &Node| n.pod.as_ref().is_none_or(|p| !p.live() && !fit(n));
+                phase == RolloutPhase::Failed && self.nodes.values().all(|n| !n.labelled && gone(n))
             }
         }
     }

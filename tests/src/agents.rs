@@ -381,3 +381,47 @@ pub fn ensure_running(agent: &mut AgentProcess) -> Result<()> {
     }
     Ok(())
 }
+
+/// A flood of peers that stall inside their TLS ClientHello: `connections` connections to
+/// `127.0.0.1:port`, spread over `sources` loopback addresses (127.0.3.1 on), each sending the
+/// 5-byte header of a 512-byte handshake record and then nothing, and connecting again a
+/// moment after the server closes it. It stops when the returned tasks are dropped.
+pub fn stalled_hello_flood(port: u16, connections: usize, sources: usize) -> StalledHelloFlood {
+    let tasks = (0..connections)
+        .map(|i| {
+            let source = std::net::Ipv4Addr::new(127, 0, 3, u8::try_from(1 + i % sources.clamp(1, 250)).unwrap_or(1));
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                loop {
+                    let connected = async {
+                        let socket = tokio::net::TcpSocket::new_v4()?;
+                        socket.bind((source, 0).into())?;
+                        socket.connect(([127, 0, 0, 1], port).into()).await
+                    };
+                    if let Ok(mut tcp) = connected.await
+                        && tcp.write_all(b"\x16\x03\x01\x02\x00").await.is_ok()
+                    {
+                        let mut buf = [0u8; 16];
+                        while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
+                    }
+                    // A pause between, so the flood is its connections, not a busy loop.
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+            })
+        })
+        .collect();
+    StalledHelloFlood { tasks }
+}
+
+/// The tasks of a [`stalled_hello_flood`]; dropping it ends the flood.
+pub struct StalledHelloFlood {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for StalledHelloFlood {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

@@ -278,7 +278,11 @@ async fn the_kernel_message_counts_and_names_only_nodes_that_run_a_pod() -> Resu
     a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
     let sched = s.wait_kernel("k-1 attached, k-2 not reporting", 1, "NotAttached").await?;
     let msg = &condition(&sched, "KernelAttached").context("condition")?.message;
-    assert_eq!(msg, "1 of 2 scheduled nodes run this scheduler in the kernel; k-2: no report yet");
+    assert_eq!(
+        msg,
+        "1 of 2 scheduled nodes run this scheduler in the kernel; k-2: no report yet; 3 node(s) skipped (3 TaintNotTolerated): see status.rollout.skippedNodes",
+        "the tainted nodes counted apart"
+    );
     Ok(())
 }
 
@@ -620,6 +624,37 @@ async fn a_flood_of_silent_connections_keeps_no_agent_out() -> Result<()> {
     for task in flood {
         task.abort();
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flood_of_peers_stalling_inside_their_hello_keeps_no_agent_out() -> Result<()> {
+    let s = setup("stalled").await?;
+    let port: u16 = s.controller.rsplit(':').next().and_then(|p| p.parse().ok()).context("the reports port")?;
+    // 1,500 connections from 200 addresses, each a few bytes into its ClientHello and no more:
+    // more than the 256 handshake slots, and within every address's limit of 64.
+    let flood = sked_tests::agents::stalled_hello_flood(port, 1500, 200);
+    let dropped = r#"sked_tls_connections_dropped_total{port="reports",reason="incomplete_hello"}"#;
+    wait_for("the flood to be met at the door", || async {
+        let metrics = s.fx.scrape_metrics().await?;
+        Ok(metric_value(&metrics, dropped).is_some_and(|n| n >= 1500.0).then_some(()))
+    })
+    .await?;
+    let started = Instant::now();
+    let agent = s.agent("k-1").await?;
+    agent.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    s.wait_kernel("k-1's report in the status while the flood goes on", 1, "NotAttached").await?;
+    let took = started.elapsed();
+    eprintln!(
+        "measured: with 1,500 connections stalling in their hello, an agent's report reached the status {took:?} after the agent started"
+    );
+    // Before the door waited for whole hellos, this agent waited out the stalled peers'
+    // handshake timeouts (20.7 s); now it takes a handshake slot as soon as it asks.
+    assert!(took < Duration::from_secs(5), "the agent waited {took:?} behind the flood");
+    let metrics = s.fx.scrape_metrics().await?;
+    let timeouts = r#"sked_tls_connections_dropped_total{port="reports",reason="handshake_timeout"}"#;
+    assert_eq!(metric_value(&metrics, timeouts).unwrap_or(0.0), 0.0, "no stalled peer held a handshake slot");
+    drop(flood);
     Ok(())
 }
 

@@ -569,6 +569,33 @@ subjects:
 ";
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_webhook_answers_while_peers_stall_inside_their_hello() -> Result<()> {
+    let (fx, world, dir, flags) = start(true).await?;
+    let flood = sked_tests::agents::stalled_hello_flood(flags.webhook_bind_address.port(), 1500, 200);
+
+    let dropped = r#"sked_tls_connections_dropped_total{port="webhook",reason="incomplete_hello"}"#;
+    wait_for("the flood to be met at the webhook's door", || async {
+        let metrics = fx.scrape_metrics().await?;
+        let n = metrics.lines().find_map(|l| l.strip_prefix(dropped)).and_then(|n| n.trim().parse::<f64>().ok());
+        Ok(n.is_some_and(|n| n >= 1500.0).then_some(()))
+    })
+    .await?;
+    // The API server calls the webhook for a dry run, and gets its answer (a refusal of an
+    // image no rule names, from the webhook itself: not a call that failed or timed out).
+    let started = std::time::Instant::now();
+    let yaml = scheduler_yaml("flooded-probe", &format!("{}/nowhere/lavd:v1", world.host));
+    let out = tokio::task::block_in_place(|| fx.kubectl_apply_with(&yaml, &["--dry-run=server"]))?;
+    let took = started.elapsed();
+    eprintln!("measured: a dry run the webhook judged, during the flood: {took:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("denied the request") && said.contains("no rule of the trust policy matches"), "{said}");
+    assert!(took < std::time::Duration::from_secs(5), "the webhook answered after {took:?}");
+    drop(flood);
+    drop(dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn only_the_callers_the_policy_names_may_deploy_and_anyone_may_delete() -> Result<()> {
     let (fx, world, dir, flags) = start(true).await?;
     apply_ok(&fx, EDITORS_RBAC)?;
