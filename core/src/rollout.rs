@@ -205,9 +205,10 @@ pub struct Entering {
     /// It runs this Scheduler's pod already (a DaemonSet from a sked without owner labels):
     /// labelling it switches nothing.
     pub runs_it: bool,
-    /// No pod of the Scheduler can run there now ([`Skip::NodeNotReady`] or
-    /// [`Skip::TaintNotTolerated`]): it is skipped, takes no place in a wave, and enters like
-    /// any other node once it can.
+    /// No pod of the Scheduler can run there now: [`Skip::NodeNotReady`] (skipped, it takes
+    /// no place in a wave and enters like any other node once it is Ready) or
+    /// [`Skip::TaintNotTolerated`] (labelled at once, which switches nothing: no pod goes there
+    /// until the taint goes or a toleration comes).
     pub unfit: Option<Skip>,
 }
 
@@ -335,12 +336,16 @@ fn decide_step(input: &Input<'_>) -> Plan {
     // A node that joined the cluster on its own is not held back for a wave, once there is a
     // revision that ran everywhere (a first revision goes canary first, everywhere).
     // A held node takes no place in a wave, or the nodes behind it would never enter; nor does
-    // a node no pod can run on now: it is skipped, and enters like any other once it can.
+    // a node that is not Ready: it is skipped, and enters like any other once it can (it may
+    // run work worth a wave when it comes back). A node with a taint the Scheduler does not
+    // tolerate is labelled at once: no pod of it can go there, so that switches nothing.
     let held = |e: &&Entering| input.held.contains(&e.node);
-    let unfit = |e: &&Entering| !held(e) && !e.runs_it && e.unfit.is_some();
-    let at_once = |e: &&Entering| !held(e) && !unfit(e) && (e.runs_it || (e.joined && input.stable.is_some()));
+    let unfit = |e: &&Entering| !held(e) && !e.runs_it && e.unfit == Some(Skip::NodeNotReady);
+    let tainted = |e: &&Entering| e.unfit == Some(Skip::TaintNotTolerated);
+    let at_once =
+        |e: &&Entering| !held(e) && !unfit(e) && (e.runs_it || tainted(e) || (e.joined && input.stable.is_some()));
     for e in input.entering.iter().filter(unfit) {
-        plan.skip(&e.node, e.unfit.unwrap_or(Skip::NodeNotReady));
+        plan.skip(&e.node, Skip::NodeNotReady);
     }
     plan.admit = input.entering.iter().filter(at_once).map(|e| e.node.clone()).collect();
     let mut waiting: Vec<String> =
@@ -1328,7 +1333,15 @@ mod tests {
         };
         assert_eq!(decide(&input).admit.len(), 0);
         let ready = Entering { unfit: None, ..joined.clone() };
-        assert_eq!(decide(&Input { entering: std::slice::from_ref(&ready), ..input }).admit, vec!["new".to_string()]);
+        assert_eq!(
+            decide(&Input { entering: std::slice::from_ref(&ready), ..input.clone() }).admit,
+            vec!["new".to_string()]
+        );
+        // A node tainted against the Scheduler is labelled at once, in no wave: that switches
+        // nothing, as no pod of it can go there.
+        let tainted = Entering { unfit: Some(Skip::TaintNotTolerated), ..entering(&["dedicated"], false).remove(0) };
+        let plan = decide(&Input { entering: std::slice::from_ref(&tainted), ..input });
+        assert_eq!((plan.admit, plan.skipped.len()), (vec!["dedicated".to_string()], 0));
     }
 
     #[test]

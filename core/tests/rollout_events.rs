@@ -109,6 +109,12 @@ impl Node {
         self.down || self.registering || self.tainted
     }
 
+    /// Labelling it switches nothing: it joined the cluster on its own after a revision ran
+    /// everywhere, or a taint keeps every pod of the Scheduler away (and it is Ready).
+    fn enters_at_once(&self, stable: bool) -> bool {
+        (self.joined && stable) || (self.tainted && !self.down && !self.registering)
+    }
+
     /// Its kernel can be known: a pod runs there, whose agent reports it.
     fn kernel_known(&self) -> bool {
         self.pod.as_ref().is_some_and(|p| p.live() && p.started)
@@ -693,16 +699,13 @@ impl World {
             let count = self.admitted.entry((node.clone(), self.epoch)).or_default();
             *count += 1;
             prop_assert!(*count == 1, "{node} admitted twice for revision {}", self.template);
-            let at_once = self.nodes[node].joined && stable.is_some();
+            let at_once = self.nodes[node].enters_at_once(stable.is_some());
             prop_assert!(!self.paused || restoring || at_once, "paused, yet {node} admitted");
         }
         prop_assert!(!self.paused || restoring || step.replace.is_empty(), "paused, yet {:?} replaced", step.replace);
         for node in &step.admit {
-            prop_assert!(
-                !self.nodes[node].cannot_run(),
-                "{node} admitted though no pod can run there: {:?}",
-                self.nodes[node]
-            );
+            let not_ready = self.nodes[node].down || self.nodes[node].registering;
+            prop_assert!(!not_ready, "{node} admitted though it is not Ready: {:?}", self.nodes[node]);
         }
         self.check_pacing(step)
     }
@@ -714,7 +717,7 @@ impl World {
         if stable.as_ref() == Some(&self.template) || self.canary == 0 {
             return Ok(());
         }
-        let fresh = |n: &String| self.nodes[n].joined && stable.is_some();
+        let fresh = |n: &String| self.nodes[n].enters_at_once(stable.is_some());
         let switched = step.replace.len() + step.admit.iter().filter(|n| !fresh(n)).count();
         if switched == 0 {
             return Ok(());
@@ -742,7 +745,7 @@ impl World {
         let stable = self.stable();
         let restoring = stable.as_ref() == Some(&self.template);
         let fresh: BTreeSet<String> =
-            step.admit.iter().filter(|n| self.nodes[*n].joined && stable.is_some()).cloned().collect();
+            step.admit.iter().filter(|n| self.nodes[*n].enters_at_once(stable.is_some())).cloned().collect();
         let replaced: Vec<String> = step.replace.iter().filter_map(|p| self.node_of_pod(p)).collect();
         let up_replaced = replaced.iter().filter(|n| self.nodes[*n].available()).count();
         let took_down = if restoring { 0 } else { up_replaced } + step.admit.len() - fresh.len();
