@@ -497,6 +497,23 @@ fn rollout_failure_message(rollout: &RolloutStatus, generation: Option<i64>) -> 
     })
 }
 
+/// Why no node is scheduled: the taints that keep every pod away, every node skipped for its
+/// own trouble, no node selected, or every selected node lost to an older Scheduler.
+fn no_nodes_message(obs: &Observed<'_>) -> String {
+    let skipped = skipped_summary(obs.rollout);
+    let why = match obs.untolerated {
+        Some(taints) => taints,
+        None if !skipped.is_empty() => {
+            return format!("No node can run the scheduler now{skipped}; each enters by itself once it can");
+        }
+        None if obs.placement.lost.is_empty() => {
+            "no node matches the nodeSelector, or the matching nodes have taints the Scheduler does not tolerate"
+        }
+        None => "every selected node belongs to an older Scheduler",
+    };
+    format!("No nodes scheduled: {why}")
+}
+
 /// The rollout state of an observed DaemonSet.
 fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> RolloutState {
     let state = |reason, message| RolloutState { reason, message };
@@ -515,21 +532,7 @@ fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> Rollou
         );
     }
     if rollout.desired == 0 {
-        let skipped = skipped_summary(obs.rollout);
-        let why = match obs.untolerated {
-            Some(taints) => taints,
-            None if !skipped.is_empty() => {
-                return state(
-                    Reason::NoNodesScheduled,
-                    format!("No node can run the scheduler now{skipped}; each enters by itself once it can"),
-                );
-            }
-            None if obs.placement.lost.is_empty() => {
-                "no node matches the nodeSelector, or the matching nodes have taints the Scheduler does not tolerate"
-            }
-            None => "every selected node belongs to an older Scheduler",
-        };
-        return state(Reason::NoNodesScheduled, format!("No nodes scheduled: {why}"));
+        return state(Reason::NoNodesScheduled, no_nodes_message(obs));
     }
     match rollout.phase {
         RolloutPhase::Paused => {

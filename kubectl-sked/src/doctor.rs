@@ -74,12 +74,8 @@ pub fn diagnose(fleet: &Fleet, node: &Node, namespace: &str) -> Diagnosis {
     }
     let node_facts = NodeFacts::of(node);
     if let Some(not_ready) = &node_facts.not_ready {
-        // The node's own trouble: no toleration helps, and no rollout waits for it.
         fact("node", format!("not ready: {}", not_ready.describe()));
-        advice.push(format!(
-            "{name} cannot run a pod now: {}. Its kubelet must report it Ready (check the kubelet and container runtime on the node, e.g. systemctl status kubelet; kubectl describe node {name}). Until then {winner_name}'s rollouts skip it (NodeNotReady in status.rollout.skippedReasons) without waiting; it enters by itself once Ready",
-            not_ready.describe()
-        ));
+        advice.push(not_ready_advice(&name, &winner_name, not_ready));
     }
     let taints: Vec<String> =
         node_facts.all_untolerated(&winner.spec.tolerations).into_iter().map(describe_taint).collect();
@@ -105,6 +101,15 @@ pub fn diagnose(fleet: &Fleet, node: &Node, namespace: &str) -> Diagnosis {
         )),
     }
     Diagnosis { node: name, facts, advice }
+}
+
+/// What to do about a node that is not ready: the node's own trouble, which no toleration helps
+/// and no rollout waits for.
+fn not_ready_advice(name: &str, winner: &str, not_ready: &sked_core::nodes::NotReady) -> String {
+    format!(
+        "{name} cannot run a pod now: {}. Its kubelet must report it Ready (check the kubelet and container runtime on the node, e.g. systemctl status kubelet; kubectl describe node {name}). Until then {winner}'s rollouts skip it (NodeNotReady in status.rollout.skippedReasons) without waiting; it enters by itself once Ready",
+        not_ready.describe()
+    )
 }
 
 /// The facts of the node's pod, and what its kernel state asks for.
