@@ -10,7 +10,7 @@
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`;
 //! - [`scx_stats`] speaks the schedulers' statistics protocol; [`stats_relay`] relays them to
-//!   `/metrics` while this pod's scheduler is attached.
+//!   `/metrics` while this pod's scheduler is attached, as the series [`relayed_series`] keeps.
 
 // Denied everywhere but in `reactor`, which allows it for its one call and says why.
 #![deny(unsafe_code)]
@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod observation;
 pub mod privileges;
 pub mod reactor;
+pub mod relayed_series;
 pub mod report;
 pub mod scx_stats;
 pub mod stats_relay;

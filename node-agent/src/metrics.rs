@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::observation::Observation;
-use crate::stats_relay::Relayed;
+use crate::relayed_series::Relayed;
 use crate::sysfs::KernelRead;
 use crate::verdict::Verdict;
 

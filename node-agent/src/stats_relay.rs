@@ -9,68 +9,20 @@
 //! that does not answer in time, an oversized or garbled reply: the relayed series go, the
 //! failure is counted by reason and logged once until it changes, and the agent goes on.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::observation::Observation;
-use crate::scx_stats::{Client, Sample, Schema, StatsError};
+use crate::scx_stats::{Client, Schema, StatsError};
 use crate::verdict::Verdict;
 
 /// How long a connection or a reply may take.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
-
-/// A series' labels, in order.
-type Labels = Vec<(String, String)>;
-
-/// The last reply relayed, as series: what scrapes serve.
-#[derive(Debug, Default)]
-pub struct Relayed {
-    samples: Mutex<Vec<Sample>>,
-    /// The labels every relayed series carries: scheduler and ops.
-    own: Mutex<Vec<(String, String)>>,
-}
-
-impl Relayed {
-    pub(crate) fn set(&self, own: Vec<(String, String)>, samples: Vec<Sample>) {
-        *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = own;
-        *self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
-    }
-
-    pub(crate) fn clear(&self) {
-        self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
-    }
-}
-
-impl Collector for Relayed {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let samples = self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let own = self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        // One family per name (its first help text), each label set once.
-        let mut families: BTreeMap<&str, (&str, BTreeMap<Labels, f64>)> = BTreeMap::new();
-        for s in samples.iter() {
-            let (_, series) = families.entry(s.name.as_str()).or_insert((s.help.as_str(), BTreeMap::new()));
-            let labels: Labels = own.iter().chain(&s.labels).cloned().collect();
-            series.entry(labels).or_insert(s.value);
-        }
-        for (name, (help, series)) in families {
-            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (labels, value) in series {
-                ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Where the relay reads, and for whom.
 #[derive(Clone, Debug)]

@@ -1,0 +1,57 @@
+//! The scheduler's own statistics as the agent's `/metrics` serves them: the last reply the
+//! relay ([`crate::stats_relay`]) read, kept as series and encoded at each scrape. Apart from
+//! the relay, so the metrics registry that holds it and the relay that fills it import it from
+//! below instead of each other.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::scx_stats::Sample;
+
+/// A series' labels, in order.
+type Labels = Vec<(String, String)>;
+
+/// The last reply relayed, as series: what scrapes serve.
+#[derive(Debug, Default)]
+pub struct Relayed {
+    samples: Mutex<Vec<Sample>>,
+    /// The labels every relayed series carries: scheduler and ops.
+    own: Mutex<Vec<(String, String)>>,
+}
+
+impl Relayed {
+    pub(crate) fn set(&self, own: Vec<(String, String)>, samples: Vec<Sample>) {
+        *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = own;
+        *self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
+    }
+
+    pub(crate) fn clear(&self) {
+        self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+}
+
+impl Collector for Relayed {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let samples = self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let own = self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        // One family per name (its first help text), each label set once.
+        let mut families: BTreeMap<&str, (&str, BTreeMap<Labels, f64>)> = BTreeMap::new();
+        for s in samples.iter() {
+            let (_, series) = families.entry(s.name.as_str()).or_insert((s.help.as_str(), BTreeMap::new()));
+            let labels: Labels = own.iter().chain(&s.labels).cloned().collect();
+            series.entry(labels).or_insert(s.value);
+        }
+        for (name, (help, series)) in families {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, value) in series {
+                ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
