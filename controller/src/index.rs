@@ -533,8 +533,9 @@ async fn feed_daemonsets<S>(
 
 impl Feeds {
     /// Runs the feeds: every Scheduler into the store and the arbiter, from the one Scheduler
-    /// watch; Node labels into the arbiter, from a metadata-only watch; the scheduler pods of
-    /// `workload_namespace`. `ready` turns true once all three were listed in full.
+    /// watch; Node labels into the arbiter and each Node's facts (readiness, taints), from a
+    /// Node watch whose objects are slimmed as they arrive; the scheduler pods and the
+    /// DaemonSets of `workload_namespace`. `ready` turns true once all four were listed in full.
     pub(crate) async fn run(
         self,
         client: Client,
