@@ -357,12 +357,6 @@ pub struct RolloutStatus {
     /// Scheduler's until this one takes them) and wait for their wave.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub entering_nodes: i32,
-    /// The nodes the rollout covers: every node the Scheduler owns, less those skipped for
-    /// their own trouble (not Ready, full, tainted, ...; a node whose kernel runs another
-    /// scheduler still counts). What `desiredNumberScheduled` shows while a rollout status is
-    /// kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub desired_nodes: Option<i32>,
     /// Nodes left out of the rollout: their kernel cannot run sched_ext or runs another
     /// scheduler, the Node is not Ready (or has not registered), a taint the Scheduler does not
     /// tolerate keeps its pod away, kube-scheduler did not bind their pod, no kubelet took their

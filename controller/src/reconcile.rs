@@ -117,9 +117,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     // trouble (down, full, tainted), where no pod of any revision runs.
     let ds_desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
     let covered = match &step {
-        Some(step) => {
-            KernelCount { desired: step.status.desired_nodes.unwrap_or(ds_desired), off: &step.off_kernel_count }
-        }
+        Some(step) => KernelCount { desired: step.desired, off: &step.off_kernel_count },
         None => KernelCount { desired: ds_desired, off: &[] },
     };
     let kernel = Box::pin(kernel_view(ctx, scheduler, &placement, &covered, now)).await;
@@ -196,6 +194,7 @@ fn status_of(
         image_error_transient: admission.as_ref().err().is_some_and(TrustError::is_transient),
         kernel: &kernel.summary,
         rollout: rollout.as_ref(),
+        desired: step.map(|s| s.desired),
         untolerated: untolerated.as_deref(),
         now: Time(jiff::Timestamp::now()),
     })
@@ -573,6 +572,8 @@ struct RolloutStep {
     recheck_in: Option<Duration>,
     /// Skipped nodes KernelAttached does not count (see `rollout::Plan::off_kernel_count`).
     off_kernel_count: Vec<String>,
+    /// The nodes the rollout covers (`rollout::Plan::desired`): DESIRED.
+    desired: i32,
 }
 
 /// Reads the Scheduler's pods and kernel reports and decides the next rollout step.
@@ -602,6 +603,13 @@ fn rollout_step(
         // Held while the failure they were held under stands (as `rollout::advance` keeps them).
         held: if failed.is_some() { &previous.held_nodes } else { &[] },
         expected_pods: expected_pods(ctx, &name, ds, placement, &pods, nodes.len()),
+        // A retry of a revision that failed under an earlier generation: the pods of that
+        // attempt are replaced, not judged again.
+        retried_after: previous
+            .failed
+            .as_ref()
+            .filter(|f| failed.is_none() && f.revision == template.name)
+            .map(|f| f.time.0.as_second()),
         pacing: rollout::Pacing::of(scheduler.spec.rollout.as_ref(), nodes.len() + entering.len()),
         now: wall,
     });
@@ -669,6 +677,7 @@ impl RolloutStep {
             to_zero,
             recheck_in,
             off_kernel_count: Vec::new(),
+            desired: i32::try_from(step.desired).unwrap_or(i32::MAX),
         }
     }
 }

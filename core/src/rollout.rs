@@ -231,6 +231,11 @@ pub struct Input<'a> {
     /// `desiredNumberScheduled`): an owned node may get none (a taint the Scheduler does not
     /// tolerate), and such a node is not waited for.
     pub expected_pods: usize,
+    /// The target revision is being tried again after it failed at this time (seconds since
+    /// the epoch): a pod of it made before then that does not run attached is the failed
+    /// attempt's, which says nothing of this one. It is replaced in its wave like a pod of
+    /// another revision, never judged. (One that runs attached is kept.)
+    pub retried_after: Option<i64>,
     pub pacing: Pacing,
     /// Seconds since the epoch.
     pub now: i64,
@@ -406,7 +411,9 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             continue;
         };
         let attached = attached_since(n, pod);
-        if pod.revision != target {
+        // A pod the failed attempt made that does not run attached is made again, not judged.
+        let earlier_attempt = attached.is_none() && input.retried_after.is_some_and(|t| pod.created < t);
+        if pod.revision != target || earlier_attempt {
             match attached {
                 Some(_) => t.old_up.push(pod.name.clone()),
                 None => {
@@ -658,6 +665,8 @@ pub struct Step {
     /// Set the template back to the current revision now (there is one to go back to, and the
     /// template is not it yet).
     pub roll_back: bool,
+    /// The nodes the rollout covers ([`Plan::desired`]): what DESIRED shows.
+    pub desired: usize,
 }
 
 /// Folds a plan into the rollout's status: a revision that completes becomes the current one
@@ -674,6 +683,7 @@ pub fn advance(p: &Progress<'_>) -> Step {
         evict: Vec::new(),
         newly_failed: None,
         roll_back: false,
+        desired: plan.desired,
     };
     let wants_template = p.wanted.is_some_and(|(revision, _)| revision == p.template.name);
     match p.failed {
@@ -732,20 +742,31 @@ fn planned_status(p: &Progress<'_>) -> RolloutStatus {
         updated_nodes: i32::try_from(plan.updated).unwrap_or(i32::MAX),
         attached_nodes: i32::try_from(plan.attached).unwrap_or(i32::MAX),
         entering_nodes: i32::try_from(plan.entering).unwrap_or(i32::MAX),
-        desired_nodes: Some(i32::try_from(plan.desired).unwrap_or(i32::MAX)),
         skipped_nodes: plan.skipped.clone(),
         skipped_reasons: plan
             .skipped_for
             .iter()
             .map(|(why, n)| (why.as_str().to_owned(), i32::try_from(*n).unwrap_or(i32::MAX)))
             .collect(),
-        failed: p.failed.cloned(),
+        failed: p.failed.cloned().or_else(|| p.tried_again().cloned()),
         // Held while the failure they were held under stands.
         held_nodes: if p.failed.is_some() { p.previous.held_nodes.clone() } else { Vec::new() },
     }
 }
 
 impl Progress<'_> {
+    /// The failure of the template's revision under an earlier generation, while that revision
+    /// is tried again (a retry) and has not completed: kept in the status, so every reconcile
+    /// of the retry knows which pods the failed attempt made (see [`Input::retried_after`]).
+    pub fn tried_again(&self) -> Option<&RolloutFailure> {
+        self.previous.failed.as_ref().filter(|f| {
+            self.failed.is_none()
+                && f.revision == self.template.name
+                && f.generation != self.template.generation
+                && !self.plan.complete()
+        })
+    }
+
     /// The revision that last completed, if any.
     fn stable(&self) -> Option<&str> {
         self.previous.current_revision.as_ref().map(|r| r.name.as_str())
@@ -895,6 +916,7 @@ mod tests {
             entering: &[],
             held: &[],
             expected_pods: expected,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 1000,
         })
@@ -908,6 +930,7 @@ mod tests {
             entering: &[],
             held: &[],
             expected_pods: nodes.len(),
+            retried_after: None,
             pacing,
             now,
         })
@@ -1071,6 +1094,7 @@ mod tests {
             entering: &[],
             held: &[],
             expected_pods: 3,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 0,
         });
@@ -1211,7 +1235,17 @@ mod tests {
     }
 
     fn decide_first(nodes: &[NodeView], entering: &[Entering], pacing: Pacing, now: i64) -> Plan {
-        decide(&Input { target: T, stable: None, nodes, entering, held: &[], expected_pods: nodes.len(), pacing, now })
+        decide(&Input {
+            target: T,
+            stable: None,
+            nodes,
+            entering,
+            held: &[],
+            expected_pods: nodes.len(),
+            retried_after: None,
+            pacing,
+            now,
+        })
     }
 
     #[test]
@@ -1248,6 +1282,7 @@ mod tests {
             entering: &joined,
             held: &[],
             expected_pods: 2,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 1000,
         });
@@ -1315,6 +1350,7 @@ mod tests {
             entering: &back,
             held: &[],
             expected_pods: 2,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 100,
         });
@@ -1328,6 +1364,7 @@ mod tests {
             entering: std::slice::from_ref(&joined),
             held: &[],
             expected_pods: 2,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 100,
         };
@@ -1359,6 +1396,52 @@ mod tests {
         nodes.extend((0..4).map(|i| up(&format!("c{i}"), T)));
         let plan = decide_at(&nodes, pacing(1, 5), 100);
         assert_eq!(plan.replace.len(), 5, "eight would double; maxUnavailable keeps five");
+    }
+
+    #[test]
+    fn a_retry_makes_the_failed_attempts_pod_again_before_it_judges_the_revision() {
+        // The failed attempt's pod is still there (the rollback has not replaced it yet) when
+        // the revision is tried again: it is past its deadline and not attached.
+        let mut stale = node("a", T, KernelView::NotAttached);
+        if let Some(p) = stale.pod.as_mut() {
+            p.created = 100;
+        }
+        let nodes = [stale, up("b", S)];
+        let input = Input {
+            target: T,
+            stable: Some(S),
+            nodes: &nodes,
+            entering: &[],
+            held: &[],
+            expected_pods: 2,
+            retried_after: Some(225),
+            pacing: pacing(1, 1),
+            now: 230,
+        };
+        let plan = decide(&input);
+        assert_eq!((plan.failure.clone(), plan.replace.clone()), (None, vec!["a-new".to_string()]), "made again");
+        // Without the retry's time, the same pod fails the revision at once.
+        assert!(decide(&Input { retried_after: None, ..input.clone() }).failure.is_some());
+        // A pod of that attempt that runs attached is kept, and counts.
+        let kept = [up("a", T), up("b", S)];
+        let plan = decide(&Input { nodes: &kept, ..input });
+        assert_eq!((plan.replace.clone(), plan.attached), (vec!["b-old".to_string()], 1));
+        // The failure tried again stays in the status while the retry runs, so every reconcile
+        // of it knows the attempt's time.
+        let failed = RolloutFailure {
+            revision: T.into(),
+            generation: 1,
+            node: "a".into(),
+            cause: "x".into(),
+            time: Time(k8s_openapi::jiff::Timestamp::from_second(225).unwrap_or_default()),
+        };
+        let previous = RolloutStatus {
+            current_revision: Some(revision(S, 1)),
+            failed: Some(failed.clone()),
+            ..Default::default()
+        };
+        let step = advance(&progress(&previous, &plan, revision(T, 3)));
+        assert_eq!(step.status.failed, Some(failed), "kept while the retry runs");
     }
 
     #[test]
@@ -1396,6 +1479,7 @@ mod tests {
             entering: &fresh,
             held: &[],
             expected_pods: 2,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 500,
         });
@@ -1429,6 +1513,7 @@ mod tests {
             entering: &[],
             held: &[],
             expected_pods: 0,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 500,
         });
@@ -1449,6 +1534,7 @@ mod tests {
             entering: &waiting,
             held: &[],
             expected_pods: 0,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 500,
         });
@@ -1494,6 +1580,7 @@ mod tests {
             entering: &waiting,
             held: &[],
             expected_pods: 4,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 300,
         };
@@ -1544,6 +1631,7 @@ mod tests {
             entering: &[],
             held: &[],
             expected_pods: 2,
+            retried_after: None,
             pacing: pacing(1, 1),
             now: 300,
         };
@@ -1587,6 +1675,7 @@ mod tests {
             entering: &waiting,
             held: &held,
             expected_pods: 1,
+            retried_after: None,
             pacing: pacing(0, 1),
             now: 1_000,
         };
@@ -1691,7 +1780,7 @@ mod tests {
             let changed: Vec<String> = sim.nodes.iter().filter(|(_, (r, _))| r == T).map(|(n, _)| n.clone()).collect();
             // The rollback: the template is the stable revision again, every changed node restored.
             let views = sim.views(now);
-            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], held: &[], expected_pods: views.len(), pacing: p, now });
+            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], held: &[], expected_pods: views.len(), retried_after: None, pacing: p, now });
             let mut restored: Vec<String> = restore.replace.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
             restored.sort();
             prop_assert_eq!(restored, changed);
@@ -1735,7 +1824,7 @@ mod tests {
                 let waiting: Vec<Entering> = names.iter().filter(|n| !labelled.contains_key(*n))
                     .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false, unfit: None }).collect();
                 let expected = views.iter().filter(|v| v.unfit.is_none()).count();
-                let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, pacing: p, now });
+                let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, retried_after: None, pacing: p, now });
                 prop_assert!(tainted.is_none() || plan.failure.as_ref().map(|f| &f.node) != tainted.as_ref(), "a tainted node never fails it");
                 let switching = views.iter().filter(|v| v.unfit.is_none() && !matches!(v.kernel, KernelView::Attached { .. })).count();
                 // Leaving revision zero counts against the budget like any switch; in a first

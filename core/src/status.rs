@@ -46,6 +46,10 @@ pub struct Observed<'a> {
     pub kernel: &'a KernelSummary,
     /// The rollout as this reconcile decided it (`None` without a DaemonSet).
     pub rollout: Option<&'a RolloutStatus>,
+    /// The nodes that rollout covers (`rollout::Plan::desired`: every owned node, less those
+    /// skipped for their own trouble): what DESIRED shows. `None` when no rollout was decided:
+    /// then the DaemonSet's count and the nodes waiting to enter.
+    pub desired: Option<i32>,
     /// Which taints keep the Scheduler's pods off its selected nodes, if any do.
     pub untolerated: Option<&'a str>,
     pub now: Time,
@@ -96,15 +100,14 @@ struct Rollout {
 }
 
 impl Rollout {
-    fn of(ds: Option<&DaemonSet>, rollout: Option<&RolloutStatus>) -> Self {
+    fn of(ds: Option<&DaemonSet>, rollout: Option<&RolloutStatus>, covered: Option<i32>) -> Self {
         let Some(ds) = ds else { return Self { observed: true, ..Self::default() } };
         let Some(st) = ds.status.as_ref() else { return Self::default() };
         let rollout = rollout.cloned().unwrap_or_default();
         // The nodes the rollout covers, entering ones too (a paced first deployment on 20 nodes
         // is 1 of 20, not 1 of 1), skipped ones not; from the DaemonSet's count while no rollout
         // has counted them.
-        let desired =
-            rollout.desired_nodes.unwrap_or_else(|| st.desired_number_scheduled.saturating_add(rollout.entering_nodes));
+        let desired = covered.unwrap_or_else(|| st.desired_number_scheduled.saturating_add(rollout.entering_nodes));
         Self {
             observed: st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0),
             desired,
@@ -167,7 +170,7 @@ impl Health {
 
 /// Computes the status and the event for one reconcile.
 pub fn compute(obs: &Observed<'_>) -> Outcome {
-    let rollout = Rollout::of(obs.daemonset, obs.rollout);
+    let rollout = Rollout::of(obs.daemonset, obs.rollout, obs.desired);
     let ds_name = daemonset_name(obs.daemonset);
     // Rollout axis, known only once the DaemonSet controller has seen the current DaemonSet.
     let rollout_state = rollout.observed.then(|| rollout_state(&rollout, obs, &ds_name));
@@ -728,7 +731,7 @@ mod tests {
 
         fn step(&mut self, daemonset: Option<&DaemonSet>, placement: &Placement) -> Outcome {
             let rollout = daemonset.map(rollout_of);
-            self.step_with(daemonset, placement, rollout.as_ref())
+            self.step_with(daemonset, placement, rollout.as_ref(), None)
         }
 
         /// A step with the rollout status the rollout decided.
@@ -737,6 +740,7 @@ mod tests {
             daemonset: Option<&DaemonSet>,
             placement: &Placement,
             rollout: Option<&RolloutStatus>,
+            desired: Option<i32>,
         ) -> Outcome {
             self.clock += 10;
             let out = compute(&Observed {
@@ -750,6 +754,7 @@ mod tests {
                 image_error_transient: false,
                 kernel: &self.kernel,
                 rollout,
+                desired,
                 untolerated: None,
                 now: time(self.clock),
             });
@@ -828,20 +833,19 @@ mod tests {
             updated_nodes: updated,
             attached_nodes: updated,
             entering_nodes: entering,
-            desired_nodes: Some(5),
             ..Default::default()
         };
         // The last node's label is written, the DaemonSet controller has not counted it yet:
         // its count says 4 of 4, the rollout 4 of 5.
         let daemonset = ds(1, 1, 4, 4, 4);
         let rolling = first(4, 0, RolloutPhase::Rolling);
-        let out = run.step_with(Some(&daemonset), &p, Some(&rolling));
+        let out = run.step_with(Some(&daemonset), &p, Some(&rolling), Some(5));
         assert_eq!(out.status.desired_number_scheduled, 5);
         assert_eq!(cond(&out.status, "Ready").status, "False", "{:?}", cond(&out.status, "Ready"));
         assert_ne!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
         // Every pod available, the rollout not done yet (the last report on its way): still not
         // Ready, as a first deployment has nothing that ran everywhere.
-        let out = run.step_with(Some(&ds(1, 1, 5, 5, 5)), &p, Some(&rolling));
+        let out = run.step_with(Some(&ds(1, 1, 5, 5, 5)), &p, Some(&rolling), Some(5));
         assert_eq!(cond(&out.status, "Ready").status, "False");
         let done = RolloutStatus {
             current_revision: Some(sked_api::Revision {
@@ -852,7 +856,7 @@ mod tests {
             }),
             ..first(5, 0, RolloutPhase::Complete)
         };
-        let out = run.step_with(Some(&ds(1, 1, 5, 5, 5)), &p, Some(&done));
+        let out = run.step_with(Some(&ds(1, 1, 5, 5, 5)), &p, Some(&done), Some(5));
         assert_eq!(cond(&out.status, "Ready").status, "True");
         assert_eq!(reasons(&out.event), Some((EventKind::Normal, "DaemonSetReady")));
     }
@@ -865,7 +869,6 @@ mod tests {
             phase: RolloutPhase::Complete,
             updated_nodes: 1,
             attached_nodes: 1,
-            desired_nodes: Some(1),
             skipped_nodes: vec!["n2".into()],
             skipped_reasons: BTreeMap::from([("NodeNotReady".into(), 1)]),
             current_revision: Some(sked_api::Revision {
@@ -877,7 +880,7 @@ mod tests {
             ..Default::default()
         };
         // The NotReady node's pod still counts as available in the DaemonSet's numbers.
-        let out = run.step_with(Some(&ds(1, 1, 2, 2, 2)), &p, Some(&skipped));
+        let out = run.step_with(Some(&ds(1, 1, 2, 2, 2)), &p, Some(&skipped), Some(1));
         assert_eq!((out.status.desired_number_scheduled, out.status.number_available), (1, 1));
         let ready = cond(&out.status, "Ready");
         assert_eq!(ready.status, "True");
@@ -886,8 +889,8 @@ mod tests {
             "{}",
             ready.message
         );
-        let none = RolloutStatus { updated_nodes: 0, attached_nodes: 0, desired_nodes: Some(0), ..skipped };
-        let out = run.step_with(Some(&ds(1, 1, 1, 0, 0)), &p, Some(&none));
+        let none = RolloutStatus { updated_nodes: 0, attached_nodes: 0, ..skipped };
+        let out = run.step_with(Some(&ds(1, 1, 1, 0, 0)), &p, Some(&none), Some(0));
         let ready = cond(&out.status, "Ready");
         assert_eq!(ready.reason, "NoNodesScheduled");
         assert!(ready.message.starts_with("No node can run the scheduler now; 1 node(s) skipped"), "{}", ready.message);
@@ -944,6 +947,7 @@ mod tests {
                 spec_error: None,
                 kernel: &kernel_summary,
                 rollout: Some(rollout),
+                desired: None,
                 untolerated: None,
                 now: time(5),
             })
@@ -1002,6 +1006,7 @@ mod tests {
             spec_error: None,
             kernel: &kernel(0, 0, "NotAttached"),
             rollout: Some(rollout),
+            desired: None,
             untolerated,
             now: time(5),
         })
@@ -1254,6 +1259,7 @@ mod tests {
             spec_error: Some("spec.template.spec.containers[0].resources.limits: Invalid value"),
             kernel: &kernel(0, 1, "NotAttached"),
             rollout: None,
+            desired: None,
             untolerated: None,
             now: time(5),
         });
@@ -1280,6 +1286,7 @@ mod tests {
             spec_error: None,
             kernel: &kernel_summary,
             rollout: None,
+            desired: None,
             untolerated: None,
             now: time(5),
         };
@@ -1310,6 +1317,7 @@ mod tests {
                 spec_error: None,
                 kernel: &kernel_summary,
                 rollout: None,
+                desired: None,
                 untolerated: None,
                 now: time(5),
             })

@@ -655,6 +655,14 @@ impl World {
             entering: &entering,
             held: if failed.is_some() { &self.status.held_nodes } else { &[] },
             expected_pods,
+            // As the reconcile reads it: a failure of the template's revision under an earlier
+            // generation means a retry, whose earlier attempt's pods are not judged again.
+            retried_after: self
+                .status
+                .failed
+                .as_ref()
+                .filter(|f| failed.is_none() && f.revision == template)
+                .map(|f| f.time.0.as_second()),
             pacing,
             now: self.now,
         };
@@ -722,7 +730,12 @@ impl World {
         if switched == 0 {
             return Ok(());
         }
-        let runs_template = |n: &Node| n.pod.as_ref().is_some_and(|p| p.live() && p.revision == self.template);
+        // A retry: the failed attempt's pods that do not run attached are made again, not baked.
+        let retried_after =
+            self.status.failed.as_ref().filter(|f| f.revision == self.template).map(|f| f.time.0.as_second());
+        let earlier_attempt = |p: &Pod| p.attached_since.is_none() && retried_after.is_some_and(|t| p.created < t);
+        let runs_template =
+            |n: &Node| n.pod.as_ref().is_some_and(|p| p.live() && p.revision == self.template && !earlier_attempt(p));
         if !self.nodes.values().any(|n| n.labelled && runs_template(n)) {
             prop_assert!(switched <= self.canary, "{switched} node(s) switched before the canary of {}", self.template);
         }

@@ -880,7 +880,7 @@ fn no_flicker(seen: &[Scheduler], pool: usize, deleted: usize) -> Result<()> {
         rolled |= p == Some(RolloutPhase::Rolling);
         let ready = condition(s, "Ready").is_some_and(|c| c.status == "True");
         anyhow::ensure!(!ready || p == Some(RolloutPhase::Complete), "Ready before Complete: {st:?}");
-        if let Some(r) = st.rollout.as_ref().filter(|r| r.desired_nodes.is_some()) {
+        if let Some(r) = st.rollout.as_ref().filter(|_| st.desired_number_scheduled > 0) {
             let total = usize::try_from(st.desired_number_scheduled)? + r.skipped_nodes.len();
             if counted.last() != Some(&total) {
                 counted.push(total);
