@@ -361,7 +361,12 @@ async fn kubectl_sked_follows_a_rollout_and_pauses_retries_and_undoes_it() -> Re
         "the retry made a pod of the failed revision again"
     );
 
-    // undo: the spec is set back to the revision that ran attached everywhere.
+    // undo: the spec is set back to the revision that ran attached everywhere. Once the
+    // rollback has put it back on every node (the broken one never attaches), no pod may move.
+    p.drive_until("the rollback restored every node", |s| {
+        rolled_back(s) && s.status.as_ref().is_some_and(|st| st.kernel_attached == 3 && st.number_ready == 3)
+    })
+    .await?;
     let pods_before_undo = p.nodes.history.clone();
     let said = ok(p.admin(&["rollout", "undo", "steer"])?)?;
     assert!(said.contains(&format!("set back to revision {}", good.name)), "{said}");
