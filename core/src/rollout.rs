@@ -758,7 +758,7 @@ impl Progress<'_> {
     /// The failure of the template's revision under an earlier generation, while that revision
     /// is tried again (a retry) and has not completed: kept in the status, so every reconcile
     /// of the retry knows which pods the failed attempt made (see [`Input::retried_after`]).
-    pub fn tried_again(&self) -> Option<&RolloutFailure> {
+    fn tried_again(&self) -> Option<&RolloutFailure> {
         self.previous.failed.as_ref().filter(|f| {
             self.failed.is_none()
                 && f.revision == self.template.name

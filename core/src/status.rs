@@ -105,8 +105,8 @@ impl Rollout {
         let Some(st) = ds.status.as_ref() else { return Self::default() };
         let rollout = rollout.cloned().unwrap_or_default();
         // The nodes the rollout covers, entering ones too (a paced first deployment on 20 nodes
-        // is 1 of 20, not 1 of 1), skipped ones not; from the DaemonSet's count while no rollout
-        // has counted them.
+        // is 1 of 20, not 1 of 1), not those skipped for their own trouble; from the
+        // DaemonSet's count while no rollout has counted them.
         let desired = covered.unwrap_or_else(|| st.desired_number_scheduled.saturating_add(rollout.entering_nodes));
         Self {
             observed: st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0),
