@@ -27,6 +27,16 @@ pub enum ReconcileError {
         "rolling Scheduler {name} back to revision {revision}: its fields are not in status.rollout.currentRevision (an older sked recorded it) and the DaemonSet's history (ControllerRevisions in {namespace}) no longer holds it; set spec back to that revision's image and args, or fix the failed one"
     )]
     RollbackLost { name: String, namespace: String, revision: String },
+    /// The pass had to wait for its rate-limit token before its first write: `reconcile` waits
+    /// and starts it over; it never ends a reconcile.
+    #[error("waiting {0:?} for a reconcile rate-limit token before the first write")]
+    Throttled(Duration),
+}
+
+impl From<crate::throttle::Throttled> for ReconcileError {
+    fn from(t: crate::throttle::Throttled) -> Self {
+        ReconcileError::Throttled(t.0)
+    }
 }
 
 impl ReconcileError {
@@ -40,6 +50,7 @@ impl ReconcileError {
             ReconcileError::Identity(_) => "identity",
             ReconcileError::Image { .. } => "image_verification",
             ReconcileError::RollbackLost { .. } => "rollback_lost",
+            ReconcileError::Throttled(_) => "throttled",
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Controller metrics (Prometheus text on `/metrics`) and health endpoints.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -53,6 +54,9 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     conflicting_nodes: Family<Labels, Gauge>,
     leader: Gauge,
+    /// The Schedulers whose last reconcile asked for another after a delay, and their count.
+    timed_rechecks: Mutex<HashSet<String>>,
+    timed_rechecks_pending: Gauge,
     agents_connected: Gauge,
     verifications: Family<Labels, Counter>,
     policy_reloads: Family<Labels, Counter>,
@@ -72,6 +76,8 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             conflicting_nodes: Family::default(),
             leader: Gauge::default(),
+            timed_rechecks: Mutex::default(),
+            timed_rechecks_pending: Gauge::default(),
             agents_connected: Gauge::default(),
             verifications: Family::default(),
             policy_reloads: Family::default(),
@@ -98,6 +104,11 @@ impl Metrics {
             self.conflicting_nodes.clone(),
         );
         registry.register("leader", "1 while this replica holds the leader lease", self.leader.clone());
+        registry.register(
+            "timed_rechecks_pending",
+            "Schedulers whose last reconcile asked to be reconciled again after a delay (a bake, a deadline, a grace); 0 at rest",
+            self.timed_rechecks_pending.clone(),
+        );
         registry.register(
             "rollbacks",
             "Rollouts stopped because the new revision failed (rolled back, or nothing to roll back to), by Scheduler",
@@ -166,6 +177,18 @@ impl Metrics {
         }
     }
 
+    /// Records whether a Scheduler's reconcile asked for another after a delay: a Scheduler at
+    /// rest waits for events alone, so the count of those that do not is 0 in an idle fleet.
+    pub fn timed_recheck(&self, scheduler: &str, pending: bool) {
+        let mut rechecks = crate::mutex::lock(&self.timed_rechecks);
+        if pending {
+            rechecks.insert(scheduler.to_owned());
+        } else {
+            rechecks.remove(scheduler);
+        }
+        self.timed_rechecks_pending.set(i64::try_from(rechecks.len()).unwrap_or(i64::MAX));
+    }
+
     /// Counts a connection taken on a TLS port.
     pub fn tls_connection(&self, port: &'static str) {
         self.tls_connections.get_or_create(&vec![("port".into(), port.into())]).inc();
@@ -199,6 +222,7 @@ impl Metrics {
         let labels = vec![("scheduler".into(), scheduler.to_owned())];
         self.conflicting_nodes.remove(&labels);
         self.rollbacks.remove(&labels);
+        self.timed_recheck(scheduler, false);
     }
 
     /// Counts a rollout stopped by a failed revision.

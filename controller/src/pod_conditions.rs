@@ -141,7 +141,10 @@ async fn write(ctx: &Context, api: &Api<Pod>, w: &Write) -> bool {
             "lastTransitionTime": since.to_string(),
         }]},
     });
-    match api.patch_status(&w.pod, &PatchParams::apply(FIELD_MANAGER), &Patch::Strategic(&body)).await {
+    crate::throttle::before_late_write(&ctx.limiter).await;
+    // A strategic merge patch, not an apply: the manager is named, nothing is owned.
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() };
+    match api.patch_status(&w.pod, &params, &Patch::Strategic(&body)).await {
         Ok(_) => {
             debug!(pod = %w.pod, reason = %w.condition.reason, "pod condition written");
             true

@@ -45,47 +45,79 @@ fn reconcile_id() -> String {
 pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ctx.leading() {
         // A standby spends no rate-limit tokens; gaining leadership reconciles everything.
+        ctx.metrics.timed_recheck(&scheduler.name_any(), false);
         return Ok(Action::await_change());
     }
-    ctx.limiter.acquire().await;
     let name = scheduler.name_any();
     let span = info_span!("reconcile", controller = "scheduler", scheduler = %name, reconcileID = %reconcile_id());
     let timeout = ctx.flags.reconcile_timeout;
     let started = std::time::Instant::now();
-    let bounded = tokio::time::timeout(timeout, Box::pin(reconcile_scheduler(&name, &ctx).instrument(span.clone())));
-    let result = tokio::select! {
-        result = bounded => match result {
-            Ok(result) => result,
-            Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
-        },
-        // Leadership lost mid-reconcile: abandon it; the new leader reconciles from scratch.
-        () = crate::leader::lost(ctx.leader.clone()) => {
-            debug!(parent: &span, "leadership lost; reconcile abandoned");
-            Ok(Action::await_change())
+    let mut holds_token = false;
+    let result = loop {
+        let pass = crate::throttle::reconcile_pass(holds_token, reconcile_scheduler(&name, &ctx));
+        let bounded = tokio::time::timeout(timeout, Box::pin(pass.instrument(span.clone())));
+        let result = tokio::select! {
+            result = bounded => match result {
+                Ok(result) => result,
+                Err(_) => Err(Error::Timeout { name: name.clone(), timeout }),
+            },
+            // Leadership lost mid-reconcile: abandon it; the new leader reconciles from scratch.
+            () = crate::leader::lost(ctx.leader.clone()) => {
+                debug!(parent: &span, "leadership lost; reconcile abandoned");
+                Ok(None)
+            }
+        };
+        // Its first write needs a token that comes later: wait (outside the timeout, as a
+        // token's wait is the limit's, not the reconcile's), then start over from a fresh read.
+        let Err(Error::Throttled(wait)) = result else { break result };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => holds_token = true,
+            () = crate::leader::lost(ctx.leader.clone()) => break Ok(None),
         }
     };
     ctx.metrics.reconciled(started.elapsed(), result.as_ref().err().map(Error::metric_label));
-    if result.is_ok() {
-        lock(&ctx.failures).remove(&name);
+    // A failed reconcile's retry is `error_policy`'s, counted by the errors.
+    ctx.metrics.timed_recheck(&name, matches!(result, Ok(Some(_))));
+    match &result {
+        Ok(_) => {
+            lock(&ctx.failures).remove(&name);
+        }
+        Err(err) => {
+            // Logged here, in the reconcile's span (its controller, scheduler and reconcileID).
+            let failures = {
+                let mut failures = lock(&ctx.failures);
+                let n = failures.entry(name.clone()).or_insert(0);
+                *n = n.saturating_add(1);
+                *n
+            };
+            let delay =
+                retry_delay(ctx.flags.reconcile_retry_base_delay, ctx.flags.reconcile_retry_max_delay, failures);
+            error!(parent: &span, err = %err, error_kind = err.metric_label(), failures, retry_in = ?delay, "reconcile failed");
+        }
     }
-    result
+    Ok(match result? {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
 }
 
-async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error> {
+/// One reconcile of the Scheduler `name`: when it must be reconciled again if nothing changes
+/// (`None`: only an event wakes it).
+async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duration>, Error> {
     if !ctx.leading() {
         debug!("not leading; no writes");
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     // The spec and the placement computed from it, read together.
     let Some((scheduler, placement)) = ctx.index.snapshot(name) else {
         debug!("Scheduler is gone");
-        return Ok(Action::await_change());
+        return Ok(None);
     };
     let scheduler = scheduler.as_ref();
     if scheduler.metadata.deletion_timestamp.is_some() {
         // Being deleted: the garbage collector removes its DaemonSet; nothing is applied again.
         debug!("Scheduler is being deleted; nothing to apply");
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let uid = scheduler.uid().unwrap_or_default();
     let previous = lock(&ctx.memo.written).get(&uid).cloned().unwrap_or_else(|| scheduler.status_or_default());
@@ -102,7 +134,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
         Box::pin(sync_daemonset(ctx, scheduler, &placement, wanted.as_ref(), failed.as_ref(), &previous_rollout))
             .await?
     else {
-        return Ok(Action::await_change());
+        return Ok(None);
     };
     let daemonset = deployed.daemonset.as_ref();
 
@@ -124,7 +156,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     let outcome = status_of(ctx, scheduler, &placement, &previous, &deployed, &admission, &kernel, step.as_ref());
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     // The status first: it carries the rollout's state, so a new leader carries on from it.
     save_status(ctx, scheduler, &uid, &previous, &outcome).await?;
@@ -143,10 +175,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Action, Error>
     // write; everything else (reports, reports going stale, pods, the DaemonSet) is an event.
     let grace_recheck = (!kernel.summary.settled).then_some(kernel.grace_left + Duration::from_millis(100));
     let rechecks = [grace_recheck, deployed.requeue, rollout_recheck, pods_recheck];
-    Ok(match rechecks.into_iter().flatten().min() {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
-    })
+    Ok(rechecks.into_iter().flatten().min())
 }
 
 /// The revision the spec asks for (with the admitted image), and its failure if it already
@@ -289,6 +318,7 @@ async fn apply_daemonset(
     if !ctx.leading() {
         return Ok(None);
     }
+    crate::throttle::before_write(&ctx.limiter)?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
     match daemonsets.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await {
         Ok(applied) => {
@@ -338,6 +368,7 @@ async fn delete_daemonset(ctx: &Context, name: &str) -> Result<(), Error> {
     if !present {
         return Ok(());
     }
+    crate::throttle::before_write(&ctx.limiter)?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
     match daemonsets.delete(name, &DeleteParams::background()).await {
         Ok(_) => {
@@ -418,6 +449,10 @@ async fn save_status(
     previous: &SchedulerStatus,
     outcome: &status::Outcome,
 ) -> Result<(), Error> {
+    let events = outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_events);
+    if outcome.status != *previous || events.clone().next().is_some() {
+        crate::throttle::before_write(&ctx.limiter)?;
+    }
     if outcome.status != *previous {
         // Remembered before the write: the watch may show it before the response comes, and it
         // is this write's echo then (see `Memo::is_own_status_echo`). Put back if it fails.
@@ -438,7 +473,7 @@ async fn save_status(
     } else {
         debug!("reconciled; nothing changed");
     }
-    for event in outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_events) {
+    for event in events {
         info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
         publish(ctx, scheduler, event).await;
     }
@@ -455,6 +490,14 @@ async fn carry_out(
     daemonset: Option<&DaemonSet>,
     previous: &RolloutStatus,
 ) -> Result<Option<Duration>, Error> {
+    let writes = step.roll_back.is_some()
+        || !step.replace.is_empty()
+        || !step.admit.is_empty()
+        || !step.evict.is_empty()
+        || step.to_zero.is_some();
+    if writes {
+        crate::throttle::before_write(&ctx.limiter)?;
+    }
     if let (Some((failure, newly)), Some(ds)) = (&step.roll_back, daemonset) {
         roll_back(ctx, scheduler, ds, previous, failure, *newly).await?;
     }
@@ -995,6 +1038,7 @@ async fn recreate_after_failure(
     if !ctx.leading() {
         return Ok(None);
     }
+    crate::throttle::before_write(&ctx.limiter)?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
     let applied = daemonsets
         .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
@@ -1136,6 +1180,7 @@ async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
     if !ctx.leading() {
         return;
     }
+    crate::throttle::before_late_write(&ctx.limiter).await;
     let ev = KubeEvent {
         type_: match event.kind {
             EventKind::Normal => EventType::Normal,
@@ -1152,15 +1197,9 @@ async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
 }
 
 pub(crate) fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Context>) -> Action {
-    let name = scheduler.name_any();
-    let failures = {
-        let mut failures = lock(&ctx.failures);
-        let n = failures.entry(name.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
+    // The failure was counted and logged by `reconcile`.
+    let failures = lock(&ctx.failures).get(&scheduler.name_any()).copied().unwrap_or(1);
     let delay = retry_delay(ctx.flags.reconcile_retry_base_delay, ctx.flags.reconcile_retry_max_delay, failures);
-    error!(scheduler = %name, err = %err, error_kind = err.metric_label(), failures, retry_in = ?delay, "reconcile failed");
     // A refused image has its own Warning (ImageVerificationFailed) from the reconcile.
     if failures == 1 && !matches!(err, Error::WriteStatus { .. } | Error::Image { .. }) {
         // Record the start of a failure streak once, not every retry.

@@ -45,7 +45,8 @@ pub fn ops_of_image(image: &str) -> String {
     let repository = image.split('@').next().unwrap_or(image);
     let last = repository.rsplit('/').next().unwrap_or(repository);
     let name = last.split(':').next().unwrap_or(last);
-    format!("{}_1.0.0_x86_64_unknown_linux_gnu", name.strip_prefix("scx_").unwrap_or(name))
+    let name = name.strip_prefix("scx_").or_else(|| name.strip_prefix("scx-")).unwrap_or(name);
+    format!("{name}_1.0.0_x86_64_unknown_linux_gnu")
 }
 
 /// The ops name of the scheduler started by hand on a [`Kernel::Foreign`] node.
@@ -96,6 +97,10 @@ pub struct FakeNodes {
     pub most_down: usize,
     /// Nodes with no kubelet running: their pods stay Pending, untouched.
     pub absent: std::collections::BTreeSet<String>,
+    /// Per node, when its first pod was first marked Ready: read just before the request, so
+    /// nothing that saw the pod Ready can have happened earlier (sub-second, unlike the
+    /// condition's own time).
+    pub first_ready: BTreeMap<String, jiff::Timestamp>,
 }
 
 impl FakeNodes {
@@ -124,6 +129,7 @@ impl FakeNodes {
             history: BTreeMap::new(),
             most_down: 0,
             absent: std::collections::BTreeSet::new(),
+            first_ready: BTreeMap::new(),
         }
     }
 
@@ -230,6 +236,9 @@ impl FakeNodes {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
             // Its containers run once its agent does: Running, and Ready as the agent says.
             if ready != was_ready || !running {
+                if ready {
+                    self.first_ready.entry(node.clone()).or_insert_with(jiff::Timestamp::now);
+                }
                 match crate::kubelet::set_pod_ready(&pods, &pod.name_any(), ready).await {
                     Err(e) if is_not_found(&e) => {}
                     other => other?,

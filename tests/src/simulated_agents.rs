@@ -63,6 +63,8 @@ pub struct AgentSlot {
     pub verdict: watch::Sender<Verdict>,
     /// Per endpoint: since when its stream there is accepted and open (`None` while it is not).
     open: Vec<Mutex<Option<Instant>>>,
+    /// Per endpoint: when it last acknowledged a report of this agent's.
+    acked: Vec<Mutex<Option<Instant>>>,
 }
 
 /// Simulated agents, each holding a report stream to every endpoint.
@@ -87,7 +89,8 @@ impl AgentFleet {
             let (verdict, _) = watch::channel(Verdict::Attached);
             let source = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 1)) + n));
             let open = endpoints.iter().map(|_| Mutex::new(None)).collect();
-            let slot = Arc::new(AgentSlot { identity, source, verdict, open });
+            let acked = endpoints.iter().map(|_| Mutex::new(None)).collect();
+            let slot = Arc::new(AgentSlot { identity, source, verdict, open, acked });
             agents.push(slot.clone());
             for index in 0..endpoints.len() {
                 let (tls, endpoints, slot) = (tls.clone(), endpoints.clone(), slot.clone());
@@ -113,14 +116,27 @@ impl AgentFleet {
 
     /// Waits until every agent has an accepted stream open to endpoint `index`.
     pub async fn wait_streaming_to(&self, index: usize) -> Result<()> {
+        self.wait_every_agent(&format!("accepted by endpoint {index}"), |a| lock(&a.open[index]).is_some()).await
+    }
+
+    /// Waits until endpoint `index` has acknowledged a report of every agent's after `since`:
+    /// each node's report is then fresh there (an agent reports at least every heartbeat).
+    pub async fn wait_acked_since(&self, index: usize, since: Instant) -> Result<()> {
+        self.wait_every_agent(&format!("acknowledged by endpoint {index} since {since:?}"), |a| {
+            lock(&a.acked[index]).is_some_and(|at| at > since)
+        })
+        .await
+    }
+
+    async fn wait_every_agent(&self, what: &str, done: impl Fn(&AgentSlot) -> bool) -> Result<()> {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let waiting = self.agents.iter().filter(|a| lock(&a.open[index]).is_none()).count();
+            let waiting = self.agents.iter().filter(|a| !done(a)).count();
             if waiting == 0 {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{waiting} agents not accepted by endpoint {index} after {PATIENCE:?}");
+                bail!("{waiting} agents not {what} after {PATIENCE:?}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -184,6 +200,7 @@ async fn session(
         let verdict = tokio::select! {
             ack = acks.message() => match ack? {
                 Some(_) => {
+                    *lock(&slot.acked[index]) = Some(Instant::now());
                     if !*accepted {
                         *accepted = true;
                         *lock(&slot.open[index]) = Some(Instant::now());

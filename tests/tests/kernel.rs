@@ -863,6 +863,12 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_only_its_status_and
         reconciles,
         "no reconcile while idle (the tainted one neither)"
     );
+    // However long the window: no Scheduler at rest waits on a timer either.
+    assert_eq!(
+        s.fx.metric_total("sked_timed_rechecks_pending").await?,
+        0,
+        "no Scheduler to reconcile again on a timer"
+    );
 
     // Reconciled again (as a tag recheck does), the Scheduler without a DaemonSet deletes none:
     // there is nothing to delete, so nothing is written.

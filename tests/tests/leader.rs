@@ -331,12 +331,6 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     let killed_at = jiff::Timestamp::now();
     wait_for("steady-b to lead", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("steady-b"))) }).await?;
     eprintln!("measured: leader killed -> steady-b holds the lease: {:?}", killed.elapsed());
-    assert_eq!(
-        metric(&second, "sked_report_streams_accepted_total ")?,
-        accepted_before,
-        "the new leader took over every agent's stream without one reconnecting"
-    );
-    assert!(metric(&second, "sked_agents_connected ")? >= 3.0, "every agent still reports to steady-b");
 
     // Judged after the new leader's grace: a reconcile of the Scheduler that starts once the
     // grace is over (an annotation poke) sees every node reported.
@@ -355,6 +349,14 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
     })
     .await?;
     poke_until_reconciled(&fx, "test.sked/poke", "steady-b", || reconciles(&second)).await?;
+    // Read once steady-b has led and reconciled past its grace: a leader that dropped the
+    // streams it inherited would have accepted each agent's again by now.
+    assert_eq!(
+        metric(&second, "sked_report_streams_accepted_total ")?,
+        accepted_before,
+        "the new leader took over every agent's stream without one reconnecting"
+    );
+    assert!(metric(&second, "sked_agents_connected ")? >= 3.0, "every agent still reports to steady-b");
 
     let after = fx.schedulers().get("kept").await?;
     assert_eq!(conditions(&after), conditions_before, "no condition moved");
@@ -497,4 +499,53 @@ async fn poke_until_reconciled(
         Ok((reconciles()? > before).then_some(()))
     })
     .await
+}
+
+#[tokio::test]
+async fn a_failed_reconcile_is_logged_in_its_span_and_a_text_log_to_a_file_has_no_colour() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    let dir = tempfile::tempdir()?;
+    webhook_cert(dir.path())?;
+    // Every reconcile outlives a timeout of 1 ms: each fails, and says so. (The reference's
+    // largest verbosity is taken.)
+    let failing = ControllerProcess::start_with(
+        &fx,
+        dir.path(),
+        "log-contract",
+        &[
+            "--leader-election-id=log-contract".to_owned(),
+            "--reconcile-timeout=1ms".to_owned(),
+            "--log-verbosity=2147483647".to_owned(),
+        ],
+    )?;
+    fx.create_scheduler("fails-to-reconcile", spec("ghcr.io/schedkit/scx_rusty:v1")).await?;
+    let line = wait_for("a \"reconcile failed\" line", || async {
+        Ok(failing
+            .lines()?
+            .into_iter()
+            .find(|l| l["msg"] == "reconcile failed" && l["scheduler"] == "fails-to-reconcile"))
+    })
+    .await?;
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert_eq!(line["controller"], "scheduler", "in the reconcile's span: {line}");
+    assert!(line["reconcileID"].as_str().is_some_and(|id| !id.is_empty()), "in the reconcile's span: {line}");
+    assert_eq!(line["error_kind"], "timeout", "{line}");
+    assert!(line["err"].as_str().is_some_and(|e| e.contains("fails-to-reconcile")), "the error names it: {line}");
+    assert!(line["logger"].as_str().is_some_and(|l| l.starts_with("sked-controller/")), "{line}");
+    drop(failing);
+
+    // Text to a file (not a terminal): no ANSI escape codes.
+    let text = ControllerProcess::start_with(
+        &fx,
+        dir.path(),
+        "log-text",
+        &["--leader-election-id=log-text".to_owned(), "--log-format=text".to_owned()],
+    )?;
+    let log = wait_for("the text log's leading line", || async {
+        let log = std::fs::read_to_string(&text.log)?;
+        Ok(log.contains("leading").then_some(log))
+    })
+    .await?;
+    assert!(!log.contains('\u{1b}'), "a text log written to a file carries no colour codes: {log:?}");
+    Ok(())
 }

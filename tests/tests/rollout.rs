@@ -398,15 +398,27 @@ async fn a_first_deployment_leaves_the_kernel_default_canary_first_then_in_waves
     assert!(c.nodes.most_down <= 5, "at most maxUnavailable (5) nodes switching at once: {}", c.nodes.most_down);
     assert_eq!(c.nodes.history.len(), 20);
     assert!(c.replacements().values().all(|n| *n == 0), "each node entered once: {:?}", c.replacements());
-    // No other node entered before the canary ran attached and Ready.
-    let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "zero", 20).await?;
-    let created = |p: &Pod| p.creation_timestamp().map(|t| t.0).context("creationTimestamp");
-    let first = pods.values().min_by_key(|p| p.creation_timestamp().map(|t| t.0)).context("a pod")?;
-    let canary_ready = condition_time(first, "Ready").context("the canary's Ready time")?;
-    for (node, pod) in &pods {
-        if pod.name_any() != first.name_any() {
-            assert!(created(pod)? >= canary_ready, "{node} entered before the canary was Ready");
+    // No other node entered before the canary ran attached and Ready: each node's entry is
+    // the controller's first patch of its labels (the owner label) in the API server's audit
+    // log, to the microsecond.
+    let mut entries: Vec<(jiff::Timestamp, String)> = Vec::new();
+    for w in c.fx.writes_by(&c.fx.controller_user)? {
+        let label_patch =
+            w.resource == "nodes" && w.subresource.is_empty() && w.verb == "patch" && names.contains(&w.name);
+        if label_patch && !entries.iter().any(|(_, n)| *n == w.name) {
+            entries.push((w.received, w.name));
         }
+    }
+    assert_eq!(entries.len(), 20, "each node entered: {entries:?}");
+
+    let (canary_entered, first) = entries.first().cloned().context("the canary's entry")?;
+    let canary_ready = c.nodes.first_ready.get(&first).copied().context("the canary marked Ready")?;
+    assert!(canary_ready > canary_entered, "the canary {first} was Ready after it entered");
+    for (entered, node) in &entries[1..] {
+        assert!(
+            *entered > canary_ready,
+            "{node} entered at {entered}, before the canary {first} was Ready at {canary_ready}"
+        );
     }
     let st = done.status.context("status")?;
     assert_eq!((st.desired_number_scheduled, st.kernel_attached), (20, 20));

@@ -19,12 +19,15 @@
 //!   bench's watch seeing the Scheduler's KernelAttached condition follow, p50 and p99;
 //! - the fleet-wide change of the pods' KernelAttached conditions when the agents first report:
 //!   how long until every pod says True, and how many pod status writes it took;
-//! - the leader killed: time until the standby took the Lease and until every agent reported
-//!   to it (each agent holds a stream to both replicas, so none should need to reconnect), how
-//!   many streams it accepted and TokenReviews it made after the kill, the
-//!   condition changes and events, the new leader's writes by resource and verb (the API
-//!   server's audit log; each controller runs as a user of its own) and the pods replaced or
-//!   restarted (uids and restart counts): goal none.
+//! - the leader killed, one node's kernel changed at the same moment: time until the standby
+//!   took the Lease, until that change shows in its Scheduler's status (written by the new
+//!   leader), and until the new leader had acknowledged a report of every node's since it led;
+//!   then, once the new leader has reconciled and the stale limit has passed, the streams it
+//!   accepted, the agents that reconnected and the TokenReviews it made after the kill (each
+//!   agent holds a stream to both replicas, so none should need to reconnect), the condition
+//!   changes and events, the new leader's writes by resource and verb (the API server's audit
+//!   log; each controller runs as a user of its own) and the pods replaced or restarted (uids
+//!   and restart counts): goal none, the changed node's own Scheduler, pod and events apart.
 //!
 //! The views watch Schedulers, Node labels and DaemonSets; a watch that fails or ends stops
 //! the bench with that error rather than computing figures from a frozen view.
@@ -256,6 +259,7 @@ async fn run() -> Result<()> {
     let requests_before = cluster.apiserver_requests()?;
     let registry_before = registry.requests();
     let rechecks_before = registry.requests_to(TAG_PATH);
+    let reconciles_before = leader.metric("sked_reconciles_total")?;
     let (_, cpu_before) = leader.rss()?;
     let (_, standby_cpu_before) = standby.rss()?;
     let idle_started = Instant::now();
@@ -265,6 +269,8 @@ async fn run() -> Result<()> {
     figures.idle_writes = writes_between(&requests_before, &cluster.apiserver_requests()?);
     figures.idle_registry = registry.requests() - registry_before;
     figures.idle_rechecks = registry.requests_to(TAG_PATH) - rechecks_before;
+    figures.idle_reconciles = leader.metric("sked_reconciles_total")? - reconciles_before;
+    figures.idle_timed_rechecks = leader.metric("sked_timed_rechecks_pending")?;
     figures.idle_seconds = idle_started.elapsed().as_secs_f64();
     figures.idle_covers_recheck = idle_started.elapsed() > sizes.recheck;
     figures.rest_rss_bytes = rss;
@@ -279,35 +285,66 @@ async fn run() -> Result<()> {
     figures.latency_reconciles = ReconcileDurations::between(&reconciles_before, &leader.reconcile_durations()?);
 
     step(started, "killing the leader");
+    // The node whose kernel changes right after the kill: what a user sees of a failover is
+    // how long the new leader takes to show a change nobody had reconciled yet.
+    let changed = fleet.agents.last().context("no agents")?.clone();
+    let changed_scheduler = changed.identity.scheduler.clone();
     let conditions_before = view.conditions()?;
-    let events_before = scheduler_events(&client).await?;
+    let events_before = scheduler_events(&client, &changed_scheduler).await?;
     let pods_before = pod_lives(&client).await?;
     let mut leader = leader;
     let (reviews_before, accepted_before) =
         (standby.metric("sked_token_reviews_total")?, standby.metric("sked_report_streams_accepted_total")?);
     leader.kill();
     let (killed, killed_at) = (Instant::now(), jiff::Timestamp::now());
+    changed.verdict.send_replace(Verdict::NotAttached);
     standby.wait_leading().await?;
+    let leading = Instant::now();
     figures.failover_lease = killed.elapsed();
-    fleet.wait_streaming_to(1).await?;
-    figures.failover_agents = killed.elapsed();
+    // Both timed from the kill, side by side.
+    let shown = async {
+        view.wait(&format!("{changed_scheduler} KernelAttached=false (by the new leader)"), |v| {
+            v.kernel_attached(&changed_scheduler) == Some(false)
+        })
+        .await?;
+        anyhow::Ok(killed.elapsed())
+    };
+    let fresh = async {
+        fleet.wait_acked_since(1, leading).await?;
+        anyhow::Ok(killed.elapsed())
+    };
+    let (shown, fresh) = tokio::join!(shown, fresh);
+    (figures.failover_change_shown, figures.failover_fresh) = (shown?, fresh?);
+    changed.verdict.send_replace(Verdict::Attached);
+    view.wait(&format!("{changed_scheduler} KernelAttached=true again"), |v| {
+        v.kernel_attached(&changed_scheduler) == Some(true)
+    })
+    .await?;
+    // A new leader keeps every kernel condition while missing reports are all it lacks, for up
+    // to the stale limit from the start of its term: watch past that, so a node that came back
+    // late would show; the counters are read then, after the new leader has reconciled.
+    tokio::time::sleep(REPORT_STALE_AFTER + Duration::from_secs(5)).await;
     figures.failover_reconnected = fleet.streams_opened_since(1, killed);
     figures.failover_accepted = standby.metric("sked_report_streams_accepted_total")? - accepted_before;
     figures.failover_token_reviews = standby.metric("sked_token_reviews_total")? - reviews_before;
-    // A new leader keeps every kernel condition while missing reports are all it lacks, for up
-    // to the stale limit from the start of its term: watch past that, so a node that came back
-    // late would show.
-    tokio::time::sleep(REPORT_STALE_AFTER + Duration::from_secs(5)).await;
-    let changed = changed_conditions(&conditions_before, &view.conditions()?);
-    for (key, before, after) in changed.iter().take(5) {
+    let unchanged = |key: &(String, String)| key.0 != changed_scheduler;
+    let changes = changed_conditions(&conditions_before, &view.conditions()?);
+    for (key, before, after) in changes.iter().filter(|(key, ..)| unchanged(key)).take(5) {
         eprintln!("  changed on failover: {key:?}: {before:?} -> {after:?}");
     }
-    figures.failover_changes = changed.len();
-    figures.failover_events = scheduler_events(&client).await? - events_before;
-    // What the API server's audit log has of the new leader (all it wrote after the kill) and
-    // of the killed one; and the pods, by uid and restarts.
-    let after_kill: Vec<_> = cluster.audited_writes()?.into_iter().filter(|w| w.received > killed_at).collect();
+    figures.failover_changes = changes.iter().filter(|(key, ..)| unchanged(key)).count();
+    figures.failover_events = scheduler_events(&client, &changed_scheduler).await? - events_before;
+    // What the API server's audit log has of the new leader (all it wrote after the kill, the
+    // changed node's own Scheduler, pod and events apart) and of the killed one; and the pods,
+    // by uid and restarts.
+    let (own, after_kill): (Vec<_>, Vec<_>) =
+        cluster.audited_writes()?.into_iter().filter(|w| w.received > killed_at).partition(|w| {
+            w.name == changed_scheduler
+                || w.name == changed.identity.pod
+                || (w.resource == "events" && w.name.starts_with(&format!("{changed_scheduler}.")))
+        });
     figures.failover_writes = writes_by(&after_kill, "replica-b");
+    figures.failover_change_writes = writes_by(&own, "replica-b");
     figures.failover_killed_writes = writes_by(&after_kill, "replica-a").values().sum();
     let pods_after = pod_lives(&client).await?;
     figures.failover_pods_changed =
@@ -868,15 +905,20 @@ fn changed_conditions(
         .collect()
 }
 
-/// Events about Schedulers recorded so far, counting an events.k8s.io series' repeats.
-async fn scheduler_events(client: &Client) -> Result<i64> {
+/// Events about Schedulers other than `except` recorded so far, counting an events.k8s.io
+/// series' repeats.
+async fn scheduler_events(client: &Client, except: &str) -> Result<i64> {
     let events: Api<Event> = Api::all(client.clone());
     Ok(events
         .list(&ListParams::default())
         .await?
         .items
         .iter()
-        .filter(|e| e.regarding.as_ref().is_some_and(|r| r.kind.as_deref() == Some("Scheduler")))
+        .filter(|e| {
+            e.regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some("Scheduler") && r.name.as_deref() != Some(except))
+        })
         .map(|e| i64::from(e.series.as_ref().map_or(1, |s| s.count)))
         .sum())
 }
@@ -1080,6 +1122,11 @@ struct Figures {
     floor: Floor,
     agents_connected: Duration,
     idle_writes: BTreeMap<(String, String, String), u64>,
+    /// The leader's reconciles in the idle window (a tag recheck reconciles only a Scheduler
+    /// whose tag moved).
+    idle_reconciles: f64,
+    /// Schedulers the leader was to reconcile again on a timer at the end of the window.
+    idle_timed_rechecks: f64,
     idle_registry: usize,
     /// Of those, the tag's manifest asked for again (`--image-recheck-interval`, 5 minutes by
     /// default: the one registry cost idle Schedulers have, and the bench's phases are longer).
@@ -1101,7 +1148,10 @@ struct Figures {
     latency_reconciles: ReconcileDurations,
     /// From the kill to the standby's `sked_leader` gauge at 1: the killed leader's Lease ran out.
     failover_lease: Duration,
-    failover_agents: Duration,
+    /// From the kill to the new leader's status showing a kernel change made after the kill.
+    failover_change_shown: Duration,
+    /// From the kill to every node's report acknowledged by the new leader after it led.
+    failover_fresh: Duration,
     failover_token_reviews: f64,
     /// Streams the new leader accepted after the kill (goal 0: each agent held one already).
     failover_accepted: f64,
@@ -1115,6 +1165,9 @@ struct Figures {
     /// The new leader's writes after the kill (the audit log), by (resource, subresource, verb),
     /// its Lease left out.
     failover_writes: BTreeMap<(String, String, String), u64>,
+    /// The new leader's writes for the changed node (its Scheduler's status, its pod's
+    /// condition, events about its Scheduler).
+    failover_change_writes: BTreeMap<(String, String, String), u64>,
     /// The killed leader's writes after the kill.
     failover_killed_writes: u64,
     /// Pods whose uid or restart count differ after the failover, or that are gone.
@@ -1204,6 +1257,11 @@ impl Figures {
             )
         );
         println!("idle: Lease renewals              {:>8}", total(&self.idle_writes, true));
+        println!("idle: reconciles                  {:>8}    (goal 0)", self.idle_reconciles);
+        println!(
+            "idle: Schedulers on a timer       {:>8}    (goal 0; sked_timed_rechecks_pending at the end)",
+            self.idle_timed_rechecks
+        );
         println!(
             "idle: registry requests           {:>8}    (goal 0 apart from tag rechecks; {} of them rechecks of the tag)",
             self.idle_registry, self.idle_rechecks
@@ -1253,20 +1311,35 @@ impl Figures {
             self.failover_lease.as_secs_f64()
         );
         println!(
-            "failover: every agent reporting   {:>8.1} s after the kill (goal at most 15)",
-            self.failover_agents.as_secs_f64()
+            "failover: a change after the kill {:>8.1} s after the kill, in the Scheduler's status (goal at most 15)",
+            self.failover_change_shown.as_secs_f64()
+        );
+        println!(
+            "failover: every report fresh      {:>8.1} s after the kill (each node's report acknowledged by the new leader)",
+            self.failover_fresh.as_secs_f64()
         );
         println!(
             "failover: streams accepted        {:>8}    (goal 0: each agent held one to the standby; {} agents reconnected)",
             self.failover_accepted, self.failover_reconnected
         );
         println!("failover: TokenReviews            {:>8}    (after the kill)", self.failover_token_reviews);
-        println!("failover: condition changes       {:>8}    (goal 0)", self.failover_changes);
-        println!("failover: events                  {:>8}    (goal 0)", self.failover_events);
+        println!(
+            "failover: condition changes       {:>8}    (goal 0; the changed node's Scheduler apart)",
+            self.failover_changes
+        );
+        println!(
+            "failover: events                  {:>8}    (goal 0; about the changed node's apart)",
+            self.failover_events
+        );
         println!(
             "failover: new leader's writes     {:>8}    (goal 0; the audit log, its Lease apart) {}",
             self.failover_writes.values().sum::<u64>(),
             writes(&self.failover_writes)
+        );
+        println!(
+            "failover: writes for the change   {:>8}    (its Scheduler's status, its pod's condition, events) {}",
+            self.failover_change_writes.values().sum::<u64>(),
+            writes(&self.failover_change_writes)
         );
         println!("failover: killed leader's writes  {:>8}    (goal 0)", self.failover_killed_writes);
         println!(
