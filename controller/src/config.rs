@@ -257,8 +257,9 @@ pub struct LogFlags {
     /// Severity threshold. Conflicts with --log-verbosity when both are given.
     #[arg(long, value_enum, conflicts_with = "log_verbosity")]
     pub log_level: Option<LogLevel>,
-    /// Exact verbosity threshold: 0 is info, N enables debug messages up to V(N).
-    #[arg(long)]
+    /// Exact verbosity threshold, 0 to 2147483647: 0 is info, N enables debug messages up to
+    /// V(N) (sked's lines are V(1) and V(4)).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=i64::from(i32::MAX)))]
     pub log_verbosity: Option<u32>,
 }
 
@@ -345,6 +346,10 @@ mod tests {
         let err = parse(&["--log-level=info", "--log-verbosity=2"]).unwrap_err().to_string();
         assert!(err.contains("--log-verbosity"), "{err}");
         assert!(parse(&["--log-verbosity=2"]).is_ok());
+        assert!(parse(&["--log-verbosity=2147483647"]).is_ok(), "the reference's largest threshold");
+        let err = parse(&["--log-verbosity=2147483648"]).unwrap_err().to_string();
+        assert!(err.contains("2147483648") && err.contains("0..=2147483647"), "{err}");
+        assert!(parse(&["--log-verbosity=-1"]).is_err());
     }
 
     #[test]

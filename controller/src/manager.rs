@@ -80,7 +80,7 @@ pub async fn run_with_stats(
     // The trust policy is checked before anything else: a file that does not parse stops the
     // controller here, naming the line.
     let loaded = crate::trust::load_policy(flags.trust_policy.as_deref())?;
-    info!(logger = "trust", source = %loaded.source, rules = loaded.policy.rules().len(), "trust policy loaded");
+    info!(logger = "sked-controller/trust", source = %loaded.source, rules = loaded.policy.rules().len(), "trust policy loaded");
     let (policy_tx, policy_rx) = watch::channel(Arc::new(loaded));
     let trust = Arc::new(Trust::new(trust_settings(&flags), policy_rx.clone()));
 
@@ -159,7 +159,7 @@ async fn webhook_server(
     stop: Stop,
 ) -> Result<(), BoxError> {
     let Some(cert_dir) = flags.webhook_cert_dir.clone() else {
-        info!(logger = "webhook", "no --webhook-cert-dir: the admission webhook is off");
+        info!(logger = "sked-controller/webhook", "no --webhook-cert-dir: the admission webhook is off");
         return Ok(());
     };
     let state = Arc::new(WebhookState {

@@ -33,7 +33,11 @@ pub fn init(flags: &LogFlags) {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match flags.log_format {
         LogFormat::Json => registry.with(JsonLayer::new(std::io::stderr)).try_init(),
-        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init(),
+        LogFormat::Text => {
+            // Colour only on a terminal: a text log written to a file or a pipe stays plain.
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            registry.with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr)).try_init()
+        }
     };
     // A subscriber is already installed (tests run several controllers in one process).
     let _ = result;

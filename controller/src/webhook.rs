@@ -59,7 +59,7 @@ pub async fn serve(
         let _ = shutdown.wait_for(|stop| *stop).await;
         drain.graceful_shutdown(Some(Duration::from_secs(10)));
     });
-    info!(logger = "webhook", address = %address, path = VALIDATE_PATH, "serving the admission webhook");
+    info!(logger = "sked-controller/webhook", address = %address, path = VALIDATE_PATH, "serving the admission webhook");
     let gate = HandshakeGate::new("webhook", state.metrics.clone());
     let acceptor = GatedAcceptor::new(RustlsAcceptor::new(tls).handshake_timeout(HANDSHAKE_AFTER_HELLO), gate);
     axum_server::bind(address)
@@ -102,7 +102,7 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
     }
     check_caller(state, request, &new).map_err(|e| {
         state.metrics.verified("webhook", CALLER_NOT_ALLOWED);
-        info!(logger = "webhook", scheduler = %name, image = %new.sched, err = %e, "caller refused");
+        info!(logger = "sked-controller/webhook", scheduler = %name, image = %new.sched, err = %e, "caller refused");
         format!("Scheduler {name:?}: {e}")
     })?;
     if let Some(old) = old
@@ -110,7 +110,7 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
         && old.pull_secret_names() == new.pull_secret_names()
     {
         // The image did not change: an edit of anything else must not depend on the registry.
-        debug!(logger = "webhook", scheduler = %name, "image unchanged; not verified again");
+        debug!(logger = "sked-controller/webhook", scheduler = %name, "image unchanged; not verified again");
         return Ok(());
     }
     let secrets = new.pull_secret_names();
@@ -126,11 +126,11 @@ async fn decide(state: &WebhookState, request: &AdmissionRequest<DynamicObject>)
     state.metrics.verified("webhook", crate::trust::outcome_label(&verdict));
     match verdict {
         Ok(admitted) => {
-            info!(logger = "webhook", scheduler = %name, image = %new.sched, resolved = %admitted.image, outcome = admitted.outcome.metric_label(), "admitted");
+            info!(logger = "sked-controller/webhook", scheduler = %name, image = %new.sched, resolved = %admitted.image, outcome = admitted.outcome.metric_label(), "admitted");
             Ok(())
         }
         Err(e) => {
-            info!(logger = "webhook", scheduler = %name, image = %new.sched, err = %e, "refused");
+            info!(logger = "sked-controller/webhook", scheduler = %name, image = %new.sched, err = %e, "refused");
             Err(format!("Scheduler {name:?}: spec.sched: {e}"))
         }
     }

@@ -98,7 +98,11 @@ fn main() -> ExitCode {
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match cli.log_format {
         LogFormat::Json => registry.with(sked_logging::JsonLayer::new(std::io::stderr)).try_init(),
-        LogFormat::Text => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init(),
+        LogFormat::Text => {
+            // Colour only on a terminal: a text log written to a file or a pipe stays plain.
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            registry.with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr)).try_init()
+        }
     };
     // Before the runtime starts threads: they inherit what is left.
     match privileges::keep_only_used() {

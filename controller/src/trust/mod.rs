@@ -478,13 +478,13 @@ pub async fn follow_policy_file(
         match parsed.and_then(Policy::parse) {
             Ok(policy) => {
                 let generation = sender.borrow().generation + 1;
-                info!(logger = "trust", source = %path.display(), rules = policy.rules().len(), generation, "trust policy reloaded; images will be verified again");
+                info!(logger = "sked-controller/trust", source = %path.display(), rules = policy.rules().len(), generation, "trust policy reloaded; images will be verified again");
                 metrics.policy_reloaded(true);
                 sender.send_replace(Arc::new(LoadedPolicy { policy, generation, source: path.display().to_string() }));
             }
             Err(e) => {
                 metrics.policy_reloaded(false);
-                error!(logger = "trust", source = %path.display(), err = %e, "trust policy refused; the last good policy stays in force");
+                error!(logger = "sked-controller/trust", source = %path.display(), err = %e, "trust policy refused; the last good policy stays in force");
             }
         }
     }
