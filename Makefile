@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
+.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout images cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -29,6 +29,7 @@ TOOLS_KERNEL := kubernetes etcd
 TOOLS_NODE := kubernetes etcd kubelet helm cosign crane cert-manager promtool
 TOOLS_BENCH := kubernetes etcd cosign crane
 TOOLS_BENCH_ROLLOUT := kubernetes etcd
+TOOLS_IMAGES := crane cosign
 TOOLS_LINT := actionlint
 build_tools = @hack/build-tools.sh $(TOOLS_BIN) $(1) >/dev/null
 
@@ -103,6 +104,14 @@ bench: setup
 bench-rollout: setup
 	$(call build_tools,$(TOOLS_BENCH_ROLLOUT))
 	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench-rollout
+
+## images: the controller and agent images of this checkout, without a Docker engine: pushed
+## to REGISTRY (required, e.g. REGISTRY=registry.example.com/sked), signed with COSIGN_KEY when
+## given, TAG (default dev-<commit>); SCHED=bpfland adds the upstream scx_bpfland. Prints the
+## helm install flags and the trust-policy rule that accept them (docs/usage.md).
+images: setup
+	$(call build_tools,$(TOOLS_IMAGES))
+	@bash hack/publish-images.sh
 
 ## cross: cross-compile both release binaries for arm64 (as the image builds do, with
 ## Debian's cross toolchain; no emulation), check each needs only what the distroless runtime

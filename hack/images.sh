@@ -39,72 +39,29 @@ crane=${CRANE:-${SKED_TOOLS_BIN:-$root/.tools/bin}/crane}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# layer NAME DIR: a reproducible gzip tarball of DIR (owned by root, fixed times).
-layer() {
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$2" -cf - . | gzip -n >"$work/$1.tar.gz"
-  echo "$work/$1.tar.gz"
-}
-
-# The runtime base.
-base=$work/base
-mkdir -p "$base"/{etc,tmp,home/nonroot,usr/lib/x86_64-linux-gnu,usr/lib64}
-chmod 1777 "$base/tmp"
-for d in bin lib lib64 sbin; do ln -s "usr/$d" "$base/$d"; done
-apt_refresh
-for pkg in libc6 libgcc-s1; do
-  dpkg-deb -x "$(fetch_package "$pkg" bookworm)" "$work/debs"
-done
-# bookworm's libc6 is not usr-merged yet: its libraries live in /lib.
-cp -a "$work"/debs/lib/x86_64-linux-gnu/. "$base/usr/lib/x86_64-linux-gnu/"
-# (the package's lib64 link is absolute: followed here, it would copy the host's loader)
-ln -s ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$base/usr/lib64/ld-linux-x86-64.so.2"
-printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$base/etc/passwd"
-printf 'root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n' >"$base/etc/group"
-printf 'hosts: files dns\n' >"$base/etc/nsswitch.conf"
-chown 65532:65532 "$base/home/nonroot" 2>/dev/null || true
-base_layer=$(layer base "$base")
-
-# push NAME REPOSITORY:TAG CONFIG... -- LAYER...: an image of the layers with the config flags
-# (crane mutate), for linux/amd64.
-push() {
-  local name=$1 repository=${2%%:*} reference=$registry/$2 mutate=() layers=() size=0 l
-  shift 2
-  while [[ $1 != -- ]]; do mutate+=("$1"); shift; done
-  shift
-  for l in "$@"; do layers+=(-f "$l"); size=$((size + $(stat -c %s "$l"))); done
-  "$crane" append --insecure --oci-empty-base "${layers[@]}" -t "$reference" >/dev/null 2>>"$work/crane.log" ||
-    { cat "$work/crane.log" >&2; exit 1; }
-  "$crane" mutate --insecure "$reference" --set-platform=linux/amd64 "${mutate[@]}" -t "$reference" >/dev/null 2>>"$work/crane.log" ||
-    { cat "$work/crane.log" >&2; exit 1; }
-  echo "$name $registry/$repository@$("$crane" digest --insecure "$reference") $size"
-}
+crane_flags=(--insecure)
+# shellcheck source=hack/oci.sh
+source "$root/hack/oci.sh"
+base_layer=$(base_layer)
 
 mkdir -p "$work/agent/usr/local/bin"
 install -m 0755 "$agent" "$work/agent/usr/local/bin/sked-agent"
-push agent sked/sked-agent:dev --entrypoint=/usr/local/bin/sked-agent --user=65532:65532 -- \
+push agent "$registry/sked/sked-agent:dev" --entrypoint=/usr/local/bin/sked-agent --user=65532:65532 -- \
   "$base_layer" "$(layer agent "$work/agent")"
 
 mkdir -p "$work/canary/usr/local/bin" "$work/canary/usr/share/sked"
 install -m 0755 "$loader" "$work/canary/usr/local/bin/sked-canary-loader"
 install -m 0644 "$object" "$work/canary/usr/share/sked/sked_canary.bpf.o"
-push canary sked/canary:v1 \
+push canary "$registry/sked/canary:v1" \
   --entrypoint=/usr/local/bin/sked-canary-loader,hold,/usr/share/sked/sked_canary.bpf.o -- \
   "$base_layer" "$(layer canary "$work/canary")"
 
 mkdir -p "$work/pause"
 install -m 0755 "$pause" "$work/pause/pause"
-push pause sked/pause:3.10 --entrypoint=/pause --user=65535:65535 -- "$(layer pause "$work/pause")"
+push pause "$registry/sked/pause:3.10" --entrypoint=/pause --user=65535:65535 -- "$(layer pause "$work/pause")"
 
 if [[ -n $scx ]]; then
   name=$(basename "$scx")
-  # The libraries scx schedulers link besides glibc and libgcc.
-  for pkg in libelf1 zlib1g; do
-    dpkg-deb -x "$(fetch_package "$pkg" bookworm)" "$work/scx-debs"
-  done
-  mkdir -p "$work/scx/usr/lib/x86_64-linux-gnu" "$work/scx/usr/local/bin"
-  cp -a "$work"/scx-debs/usr/lib/x86_64-linux-gnu/. "$work/scx/usr/lib/x86_64-linux-gnu/" 2>/dev/null || true
-  cp -a "$work"/scx-debs/lib/x86_64-linux-gnu/. "$work/scx/usr/lib/x86_64-linux-gnu/" 2>/dev/null || true
-  install -m 0755 "$scx" "$work/scx/usr/local/bin/$name"
-  push scx "sked/${name//_/-}:${SCX_VERSION:-1.1.4}" --entrypoint="/usr/local/bin/$name" -- \
-    "$base_layer" "$(layer scx "$work/scx")"
+  push scx "$registry/sked/${name//_/-}:${SCX_VERSION:-1.1.4}" --entrypoint="/usr/local/bin/$name" -- \
+    "$base_layer" "$(scx_layer "$scx")"
 fi
