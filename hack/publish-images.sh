@@ -23,6 +23,10 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# Paths given relative to where the script was started.
+absolute() { [[ -z $1 || $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
+COSIGN_KEY=$(absolute "${COSIGN_KEY:-}")
+VALUES=$(absolute "${VALUES:-}")
 cd "$root"
 # shellcheck source=hack/debian.sh
 source "$root/hack/debian.sh"

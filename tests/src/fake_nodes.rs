@@ -83,6 +83,8 @@ pub struct FakeNodes {
     dir: PathBuf,
     reports_address: String,
     reports_ca: PathBuf,
+    /// The name the agents check the reports server's certificate for (`None`: the address's).
+    reports_server_name: Option<String>,
     /// How long after its pod starts the kernel attaches a scheduler (zero: at once, before
     /// the agent's first read).
     pub attach_after: Duration,
@@ -122,6 +124,7 @@ impl FakeNodes {
             dir: dir.to_owned(),
             reports_address: reports.address.to_owned(),
             reports_ca: reports.ca.to_owned(),
+            reports_server_name: reports.server_name.map(str::to_owned),
             attach_after: Duration::ZERO,
             eject_after: Duration::from_secs(3),
             kernel: Box::new(|_, _| Kernel::Attaches),
@@ -298,7 +301,7 @@ impl FakeNodes {
             expected_ops: Some(&expected_ops),
             controller: &self.reports_address,
             ca: &self.reports_ca,
-            server_name: None,
+            server_name: self.reports_server_name.as_deref(),
             replicas: None,
             token: &token,
         })?;

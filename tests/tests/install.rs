@@ -340,7 +340,17 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
     let upgrade = {
         let (cluster, chart) = (fx.cluster, workspace_root().join("charts/sked").to_string_lossy().into_owned());
         tokio::task::spawn_blocking(move || {
-            cluster.helm(&["upgrade", "sked", &chart, "--namespace", NS, "--reuse-values", "--wait", "--timeout", "5m"])
+            cluster.helm(&[
+                "upgrade",
+                "sked",
+                &chart,
+                "--namespace",
+                NS,
+                "--reset-then-reuse-values",
+                "--wait",
+                "--timeout",
+                "5m",
+            ])
         })
     };
     let out = upgrade.await??;
@@ -375,4 +385,224 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
     let left = sked_tests::wait_bound_pods(&fx.client, NS, "canary", 2).await?;
     assert_eq!(uids(&left), uids(&before), "helm uninstall stopped no scheduler pod");
     Ok(())
+}
+
+/// The `sh` blocks of a Markdown text, in order.
+fn sh_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match (&mut current, line.trim_end()) {
+            (None, "```sh") => current = Some(String::new()),
+            (Some(block), "```") => {
+                blocks.push(std::mem::take(block));
+                current = None;
+            }
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+/// Why the guide's test leaves a block to the reader, if it does: a shell on a node, or logs
+/// read through a kubelet (the test cluster's pods have none).
+fn not_run_here(block: &str) -> Option<&'static str> {
+    let first = block.lines().next().unwrap_or_default();
+    if first.starts_with("# On the node") {
+        Some("needs a shell on a node")
+    } else if first.starts_with("# Through the kubelet") {
+        Some("reads logs through a kubelet")
+    } else {
+        None
+    }
+}
+
+/// docs/usage.md as a reader runs it on a cluster of their own: every command of its `sh`
+/// blocks that needs no node shell, as written, in order, in the reader's directory (holding
+/// their cosign key), with four substitutions only: the test registry for
+/// `registry.example.com`, this checkout's `./charts/sked`, `make images` as the script it runs
+/// (its set-up is what `make test` did already), and no `SCHED=bpfland`
+/// (building scx_bpfland takes minutes of clang: a stand-in of that image is pushed and signed
+/// with the reader's key instead). The images are this checkout's own, built by `make images`
+/// (from the test build's binaries); the chart's controller pods run as processes and the
+/// nodes' kubelets and kernels are played, as in the other suites.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_guide_goes_from_images_built_here_to_an_attached_scheduler_and_back() -> Result<()> {
+    let fx = Fixture::without_controller().await?;
+    fx.cluster.start_cert_manager()?;
+    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
+    for node in ["control-1", "worker-1", "worker-2"] {
+        fx.create_node(node, &[]).await?;
+    }
+    let registry = sked_tests::registry::TestRegistry::start()?;
+    let cosign = sked_tests::registry::Cosign::new()?;
+    let key = cosign.generate_key_pair("reader")?;
+    let reader = tempfile::Builder::new().prefix("sked-guide-").tempdir()?;
+    std::fs::copy(&key.key, reader.path().join("cosign.key"))?;
+    let digest = registry.push("sked/scx-bpfland", "1.1.4", "a stand-in for scx_bpfland 1.1.4")?;
+    cosign.sign_with_key(&format!("{}/sked/scx-bpfland@{digest}", registry.host), &key.key)?;
+
+    let root = workspace_root();
+    let guide = std::fs::read_to_string(root.join("docs/usage.md"))?;
+    let script = root.join("hack/publish-images.sh");
+    let substitute = |block: &str| {
+        let block = block
+            .replace("registry.example.com/sked", &format!("{}/sked", registry.host))
+            .replace("./charts/sked", &root.join("charts/sked").to_string_lossy())
+            .replace(" SCHED=bpfland", "");
+        // `make images VARS` is `make setup`, the tools `make test` built already, then the
+        // script with VARS (run directly: relinking the tools would race the other suites).
+        block
+            .lines()
+            .map(|line| match line.strip_prefix("make images ") {
+                Some(vars) => format!("env {vars} bash {}", script.display()),
+                None => line.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let plugin = sked_tests::agents::workspace_binary("kubectl-sked", "SKED_KUBECTL_SKED_BIN")?;
+    let path = format!(
+        "{}:{}:{}",
+        tools_dir().display(),
+        plugin.parent().context("kubectl-sked's directory")?.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let controller_bin = sked_tests::agents::workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?;
+    let agent_bin = sked_tests::agents::workspace_binary("sked-agent", "SKED_AGENT_BIN")?;
+    let run_block = |block: String| {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-euo")
+            .arg("pipefail")
+            .arg("-c")
+            .arg(block)
+            .current_dir(reader.path())
+            .env("PATH", &path)
+            .env("TUF_ROOT", reader.path().join("tuf"))
+            .env("KUBECONFIG", &fx.cluster.kubeconfig)
+            .env("HELM_CACHE_HOME", fx.cluster.dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", fx.cluster.dir.join("helm/config"))
+            .env("HELM_DATA_HOME", fx.cluster.dir.join("helm/data"))
+            .env("COSIGN_PASSWORD", "")
+            .env("SKED_CONTROLLER_BIN", &controller_bin)
+            .env("SKED_AGENT_BIN", &agent_bin)
+            .env("SKED_TOOLS_BIN", tools_dir());
+        tokio::task::spawn_blocking(move || cmd.output())
+    };
+
+    let pods = ControllerPods::run(fx.cluster, fx.client.clone(), NS, CONTROLLER_PODS, &[("sked-webhook", "webhook")]);
+    let mut nodes_driven: Option<tokio::task::JoinHandle<()>> = None;
+    let (mut ran, mut left) = (0, Vec::new());
+    for block in sh_blocks(&guide) {
+        if let Some(why) = not_run_here(&block) {
+            left.push(why);
+            continue;
+        }
+        let out = run_block(substitute(&block)).await??;
+        ensure!(
+            out.status.success(),
+            "docs/usage.md's block failed:\n{block}\n{}\ncontroller pods:\n{}",
+            text(&out),
+            pods.logs()
+        );
+        ran += 1;
+        // Once the chart is installed, the nodes' kubelets and kernels are played.
+        if nodes_driven.is_none() && block.contains("helm install") {
+            nodes_driven = Some(drive_pool_nodes(&fx, &pods).await?);
+            let deployment = fx.cluster.kubectl(&[
+                "get",
+                "deployment/sked-controller-manager",
+                "-n",
+                NS,
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].image} {.spec.template.spec.containers[0].args}",
+            ])?;
+            let deployment = text(&deployment);
+            let pinned = format!("{}/sked/sked:dev-", registry.host);
+            assert!(deployment.contains(&pinned) && deployment.contains("@sha256:"), "{deployment}");
+            let agent = format!("--agent-image={}/sked/sked-agent:dev-", registry.host);
+            assert!(deployment.contains(&agent), "the chart's agent image is the one pushed: {deployment}");
+        }
+        if block.contains("kubectl wait --for=condition=Ready") {
+            let s = fx.schedulers().get("scx-bpfland").await?;
+            let st = s.status.context("scx-bpfland's status")?;
+            assert_eq!(st.kernel_attached_summary.as_deref(), Some("2/2"), "the guide's wait ends attached");
+            assert_eq!(st.resolved_image.as_deref().map(|i| i.contains(&digest)), Some(true));
+        }
+    }
+    eprintln!("measured: docs/usage.md ran {ran} blocks; left to the reader: {left:?}");
+    assert!(ran >= 10, "the guide's blocks ran: {ran}");
+    assert_eq!(left, ["needs a shell on a node", "reads logs through a kubelet"]);
+
+    // Its images are what `make images` pushed: this checkout's controller, runnable.
+    let export = fx.cluster.dir.join("controller-image");
+    std::fs::create_dir_all(&export)?;
+    let reference = format!("{}/sked/sked:dev-{}", registry.host, git_short_head()?);
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{} export --insecure {reference} - | tar -x -C {}",
+            tools_dir().join("crane").display(),
+            export.display()
+        ))
+        .output()?;
+    ensure!(out.status.success(), "crane export {reference}: {}", text(&out));
+    let version = Command::new(export.join("usr/local/bin/sked-controller")).arg("--version").output()?;
+    assert!(text(&version).contains("sked-controller"), "{}", text(&version));
+
+    if let Some(driven) = nodes_driven {
+        driven.abort();
+    }
+    let out = helm(&fx, &["uninstall", "sked", "--namespace", NS, "--wait"])?;
+    assert!(out.status.success(), "{}", text(&out));
+    Ok(())
+}
+
+/// The checkout's commit, as `make images` tags with it.
+fn git_short_head() -> Result<String> {
+    let out = Command::new("git").current_dir(workspace_root()).args(["rev-parse", "--short=12", "HEAD"]).output()?;
+    ensure!(out.status.success(), "git rev-parse: {}", text(&out));
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Plays the kubelets and kernels of the nodes labelled `schedkit.io/pool=batch` (the guide's
+/// pool) for the pods of its Scheduler, their agents reporting to the leading replica through
+/// the CA the chart published.
+async fn drive_pool_nodes(fx: &Fixture, pods: &ControllerPods) -> Result<tokio::task::JoinHandle<()>> {
+    let ca = wait_for("the reports CA published for the agents", || async {
+        let map = Api::<ConfigMap>::namespaced(fx.client.clone(), NS).get_opt("sked-reports-ca").await?;
+        Ok(map.and_then(|m| m.data).and_then(|d| d.get("ca.crt").cloned()))
+    })
+    .await?;
+    let leader = wait_for("the leading replica", || async {
+        let leading = format!("{CONTROLLER_PODS},sked.schedkit.io/leader=true");
+        let listed =
+            Api::<Pod>::namespaced(fx.client.clone(), NS).list(&ListParams::default().labels(&leading)).await?;
+        Ok(listed.items.first().and_then(|p| pods.port_of(&p.name_any(), "reports")))
+    })
+    .await?;
+    let ca_file = fx.cluster.dir.join("guide-ca.crt");
+    std::fs::write(&ca_file, &ca)?;
+    let address = format!("https://127.0.0.1:{leader}");
+    let server_name = format!("sked-reports.{NS}.svc");
+    let endpoint = ReportsEndpoint { address: &address, ca: &ca_file, server_name: Some(&server_name), replicas: None };
+    let dir = fx.cluster.dir.join("guide-nodes");
+    let mut nodes = sked_tests::fake_nodes::FakeNodes::new(
+        &fx.client,
+        NS,
+        "name=scx-bpfland",
+        "schedkit.io/pool=batch",
+        &dir,
+        &endpoint,
+    );
+    Ok(tokio::spawn(async move {
+        loop {
+            let _ = nodes.drive().await;
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }))
 }
