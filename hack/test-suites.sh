@@ -23,10 +23,11 @@ cd "$(dirname "$0")/.."
 }
 lanes=${SKED_TEST_LANES:-2}
 
-# The suites, longest first (warm, instrumented, 2026-12-05: rollout 163 s, demo 134, leader
-# 57, plugin 54, kernel 43, install 29, trust 22, arbitration 13); every other integration test
-# of the workspace (from `cargo metadata`) runs after these, in the order of its name.
-longest_first=(rollout demo leader plugin kernel install trust arbitration)
+# The suites, longest first (warm, instrumented, 2026-12-06: rollout 163 s, install 151 (its
+# usage-guide test), demo 118, plugin 56, kernel 50, leader 37, trust 29, arbitration 15);
+# every other integration test of the workspace (from `cargo metadata`) runs after these, in
+# the order of its name.
+longest_first=(rollout install demo plugin kernel leader trust arbitration)
 mapfile -t all < <(cargo metadata --no-deps --format-version 1 |
   jq -r '.packages[] | select(.source == null) | .targets[] | select(.kind | index("test")) | .name' | sort -u)
 suites=()

@@ -23,6 +23,7 @@ pub mod crd;
 pub mod image;
 pub mod labels;
 pub mod pod_kernel;
+pub mod verdict;
 
 /// API group of every sked resource.
 pub const GROUP: &str = "sked.schedkit.io";

@@ -42,10 +42,10 @@ impl ControllerFlags {
     }
 
     /// How the Schedulers' DaemonSets and their agent sidecars are made, by these flags.
-    pub fn workload_settings(&self) -> crate::workload::WorkloadSettings {
-        crate::workload::WorkloadSettings {
+    pub fn workload_settings(&self) -> sked_core::workload::WorkloadSettings {
+        sked_core::workload::WorkloadSettings {
             namespace: self.workload_namespace.clone(),
-            agent: crate::workload::AgentSettings {
+            agent: sked_core::workload::AgentSettings {
                 image: self.agent_image.clone(),
                 service_account: self.agent_service_account.clone(),
                 reports_address: self.reports_address.clone(),

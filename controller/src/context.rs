@@ -16,7 +16,7 @@ use crate::memo::Memo;
 use crate::metrics::{Metrics, ReportStats};
 use crate::throttle::TokenBucket;
 use crate::trust::Trust;
-use crate::workload::WorkloadSettings;
+use sked_core::workload::WorkloadSettings;
 
 /// State shared by every reconcile.
 pub struct Context {

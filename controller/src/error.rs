@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-/// An error that stops the controller (or one of its servers), with its cause chain.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use sked_logging::BoxError;
 
 /// Why a reconcile failed. Each variant maps to a metric label.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +19,7 @@ pub enum ReconcileError {
     )]
     Timeout { name: String, timeout: Duration },
     #[error(transparent)]
-    Identity(#[from] crate::workload::MissingIdentity),
+    Identity(#[from] sked_core::workload::MissingIdentity),
     #[error("image of Scheduler {name} refused: {source}")]
     Image { name: String, source: crate::trust::TrustError },
     #[error(

@@ -21,13 +21,13 @@ use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use crate::api::Scheduler;
-use crate::arbiter::{Arbiter, Changed, Claim, Placement};
 use crate::memo::Memo;
 use crate::metrics::Metrics;
 use crate::mutex::lock;
-use crate::nodes::NodeFacts;
-use crate::pods::SchedulerPod;
-use crate::workload::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
+use sked_core::arbiter::{Arbiter, Changed, Claim, Placement};
+use sked_core::nodes::NodeFacts;
+use sked_core::pods::SchedulerPod;
+use sked_core::workload::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
 
 /// Schedulers to reconcile, sent by the indexes, the reports server and policy changes.
 pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
@@ -552,8 +552,8 @@ impl Feeds {
         let (daemonsets_listed, mut daemonsets_ready) = watch::channel(false);
         let schedulers = watcher::watcher(Api::<Scheduler>::all(client.clone()), watcher::Config::default());
         // Slimmed as they arrive: labels, creation, Ready and taints are all that is read.
-        let nodes =
-            watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).modify(crate::nodes::slim);
+        let nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .modify(sked_core::nodes::slim);
         let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let scheduler_pods =
             watcher::watcher(Api::<Pod>::namespaced(client.clone(), workload_namespace), managed.clone());

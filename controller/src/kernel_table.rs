@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sked_proto::Verdict;
+use sked_api::verdict::Verdict;
 
 use crate::api::KernelExit;
 use crate::mutex::lock;

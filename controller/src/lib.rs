@@ -1,8 +1,9 @@
 //! sked controller: runs sched_ext schedulers, packaged as OCI images, on chosen nodes.
 //!
-//! Crates by layer: the API types are `sked_api` (re-exported as [`api`], [`crd`], [`image`]);
-//! the pure deciders are `sked_core` (re-exported as [`arbiter`], [`workload`], [`rollout`],
-//! [`status`], [`nodes`]); this crate holds what talks to the API server and the agents:
+//! Crates by layer: the API types are `sked_api` (re-exported as [`api`], [`crd`], [`image`],
+//! the resource types the tests and the plugin name); the pure deciders are `sked_core`
+//! (arbiter, workload, rollout, status, nodes, pods, pod conditions), imported from there by
+//! name; this crate holds what talks to the API server and the agents:
 //! - [`index`]: the watch-fed Scheduler store, the arbiter's view of Nodes, the scheduler pods;
 //! - [`context`]: the one `Context` every reconcile shares;
 //! - [`reconcile`]: the reconcile that applies the DaemonSet and writes status;
@@ -19,8 +20,6 @@
 
 pub use sked_api as api;
 pub use sked_api::{crd, image};
-pub use sked_core::{arbiter, nodes, rollout, status, workload};
-use sked_core::{hashing, pod_conditions as pod_condition, pods};
 
 pub mod config;
 mod connections;

@@ -32,7 +32,7 @@ use crate::reports::ReportsService;
 use crate::throttle::TokenBucket;
 use crate::trust::{Trust, TrustRootSource, TrustSettings};
 use crate::webhook::WebhookState;
-use crate::workload::FIELD_MANAGER;
+use sked_core::workload::FIELD_MANAGER;
 
 /// Trust settings from the flags.
 fn trust_settings(flags: &ControllerFlags) -> TrustSettings {

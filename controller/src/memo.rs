@@ -9,8 +9,8 @@ use kube::ResourceExt;
 
 use crate::api::{Scheduler, SchedulerStatus};
 use crate::mutex::lock;
-use crate::pods::KernelCondition;
 use crate::trust::Admitted;
+use sked_core::pods::KernelCondition;
 
 /// A DaemonSet as this controller last applied it.
 #[derive(Clone, Debug, PartialEq, Eq)]

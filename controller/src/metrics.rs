@@ -18,7 +18,51 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-type Labels = Vec<(String, String)>;
+use prometheus_client::encoding::EncodeLabelSet;
+
+/// A reconcile's `result`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// A failed reconcile's `error` kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    error: &'static str,
+}
+
+/// The Scheduler a series is about.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SchedulerLabel {
+    scheduler: String,
+}
+
+/// Why a report stream was refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// An image admission decision: who asked, and what was decided.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerificationLabels {
+    caller: &'static str,
+    outcome: &'static str,
+}
+
+/// A TLS port (`reports`, `webhook`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortLabel {
+    port: &'static str,
+}
+
+/// A TLS connection closed before its handshake: on which port, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    port: &'static str,
+    reason: &'static str,
+}
 
 /// Counters of the reports server, kept by it and exported here.
 #[derive(Debug, Default)]
@@ -28,7 +72,7 @@ pub struct ReportStats {
     pub open_streams: AtomicU64,
     pub reports: Counter,
     /// Refused streams by reason.
-    refusals: Family<Labels, Counter>,
+    refusals: Family<ReasonLabel, Counter>,
     /// TokenReviews sent to the API server (cached results are not counted).
     pub token_reviews: Counter,
 }
@@ -37,32 +81,32 @@ impl ReportStats {
     /// Counts a refused stream and why.
     pub fn refused(&self, reason: &'static str) {
         self.refused_streams.inc();
-        self.refusals.get_or_create(&vec![("reason".into(), reason.into())]).inc();
+        self.refusals.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Streams refused for `reason` so far.
     pub fn refusals(&self, reason: &'static str) -> u64 {
-        self.refusals.get_or_create(&vec![("reason".into(), reason.into())]).get()
+        self.refusals.get_or_create(&ReasonLabel { reason }).get()
     }
 }
 
 /// Every controller metric.
 pub struct Metrics {
     registry: Registry,
-    reconciles: Family<Labels, Counter>,
-    reconcile_errors: Family<Labels, Counter>,
+    reconciles: Family<ResultLabel, Counter>,
+    reconcile_errors: Family<ErrorLabel, Counter>,
     reconcile_duration: Histogram,
-    conflicting_nodes: Family<Labels, Gauge>,
+    conflicting_nodes: Family<SchedulerLabel, Gauge>,
     leader: Gauge,
     /// The Schedulers whose last reconcile asked for another after a delay, and their count.
     timed_rechecks: Mutex<HashSet<String>>,
     timed_rechecks_pending: Gauge,
     agents_connected: Gauge,
-    verifications: Family<Labels, Counter>,
-    policy_reloads: Family<Labels, Counter>,
-    rollbacks: Family<Labels, Counter>,
-    tls_connections: Family<Labels, Counter>,
-    tls_dropped: Family<Labels, Counter>,
+    verifications: Family<VerificationLabels, Counter>,
+    policy_reloads: Family<ResultLabel, Counter>,
+    rollbacks: Family<SchedulerLabel, Counter>,
+    tls_connections: Family<PortLabel, Counter>,
+    tls_dropped: Family<DropLabels, Counter>,
     report_stats: Arc<ReportStats>,
 }
 
@@ -171,9 +215,9 @@ impl Metrics {
     pub fn reconciled(&self, took: Duration, error: Option<&'static str>) {
         self.reconcile_duration.observe(took.as_secs_f64());
         let result = if error.is_some() { "error" } else { "success" };
-        self.reconciles.get_or_create(&vec![("result".into(), result.into())]).inc();
+        self.reconciles.get_or_create(&ResultLabel { result }).inc();
         if let Some(kind) = error {
-            self.reconcile_errors.get_or_create(&vec![("error".into(), kind.into())]).inc();
+            self.reconcile_errors.get_or_create(&ErrorLabel { error: kind }).inc();
         }
     }
 
@@ -191,35 +235,33 @@ impl Metrics {
 
     /// Counts a connection taken on a TLS port.
     pub fn tls_connection(&self, port: &'static str) {
-        self.tls_connections.get_or_create(&vec![("port".into(), port.into())]).inc();
+        self.tls_connections.get_or_create(&PortLabel { port }).inc();
     }
 
     /// Counts a connection closed before it was served.
     pub fn tls_connection_dropped(&self, port: &'static str, reason: &'static str) {
-        self.tls_dropped.get_or_create(&vec![("port".into(), port.into()), ("reason".into(), reason.into())]).inc();
+        self.tls_dropped.get_or_create(&DropLabels { port, reason }).inc();
     }
 
     /// Records one image admission decision.
     pub fn verified(&self, caller: &'static str, outcome: &'static str) {
-        self.verifications
-            .get_or_create(&vec![("caller".into(), caller.into()), ("outcome".into(), outcome.into())])
-            .inc();
+        self.verifications.get_or_create(&VerificationLabels { caller, outcome }).inc();
     }
 
     pub fn policy_reloaded(&self, ok: bool) {
         let result = if ok { "success" } else { "refused" };
-        self.policy_reloads.get_or_create(&vec![("result".into(), result.into())]).inc();
+        self.policy_reloads.get_or_create(&ResultLabel { result }).inc();
     }
 
     pub fn set_conflicting_nodes(&self, scheduler: &str, nodes: usize) {
-        let labels = vec![("scheduler".into(), scheduler.to_owned())];
+        let labels = SchedulerLabel { scheduler: scheduler.to_owned() };
         self.conflicting_nodes.get_or_create(&labels).set(i64::try_from(nodes).unwrap_or(i64::MAX));
         // Its rollbacks count from zero before the first, so `increase()` sees the first one.
         self.rollbacks.get_or_create(&labels).inc_by(0);
     }
 
     pub fn forget_scheduler(&self, scheduler: &str) {
-        let labels = vec![("scheduler".into(), scheduler.to_owned())];
+        let labels = SchedulerLabel { scheduler: scheduler.to_owned() };
         self.conflicting_nodes.remove(&labels);
         self.rollbacks.remove(&labels);
         self.timed_recheck(scheduler, false);
@@ -227,7 +269,7 @@ impl Metrics {
 
     /// Counts a rollout stopped by a failed revision.
     pub fn rolled_back(&self, scheduler: &str) {
-        self.rollbacks.get_or_create(&vec![("scheduler".into(), scheduler.to_owned())]).inc();
+        self.rollbacks.get_or_create(&SchedulerLabel { scheduler: scheduler.to_owned() }).inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

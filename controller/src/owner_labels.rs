@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::index::Index;
-use crate::workload::OWNER_LABEL;
+use sked_core::workload::OWNER_LABEL;
 
 /// Node writes in flight at once.
 const CONCURRENT_WRITES: usize = 8;

@@ -18,9 +18,8 @@ use crate::api::pod_kernel::POD_CONDITION;
 use crate::context::Context;
 use crate::memo::SentCondition;
 use crate::mutex::lock;
-use crate::pod_condition;
-use crate::pods::{KernelCondition, SchedulerPod};
-use crate::workload::FIELD_MANAGER;
+use sked_core::pods::{KernelCondition, SchedulerPod};
+use sked_core::workload::FIELD_MANAGER;
 
 /// Most pod conditions one reconcile writes; the rest go in the next one, soon after.
 pub(crate) const MAX_WRITES_PER_RECONCILE: usize = 500;
@@ -114,9 +113,9 @@ fn decide(
                     let due = stale_after.saturating_sub(Duration::from_secs(age)) + MORE_AFTER;
                     recheck = Some(recheck.map_or(due, |r| r.min(due)));
                 }
-                let want = pod_condition::desired(pod, report, now, stale_after, grace_over && old_enough)?;
+                let want = sked_core::pod_conditions::desired(pod, report, now, stale_after, grace_over && old_enough)?;
                 let written = sent.and_then(|s| s.get(&pod.uid));
-                let condition = pod_condition::to_write(pod.kernel.as_ref(), &want, written, wall)?;
+                let condition = sked_core::pod_conditions::to_write(pod.kernel.as_ref(), &want, written, wall)?;
                 Some(Write { pod: pod.name.clone(), uid: pod.uid.clone(), condition, observed: pod.kernel.clone() })
             })
             .collect()

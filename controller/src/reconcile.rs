@@ -2,8 +2,8 @@
 //! DaemonSet (server-side apply), gather the rollout's inputs and carry out its step (pods to
 //! replace, owner labels to write, a rollback), fold DaemonSet status and kernel reports into the
 //! Scheduler's status, and record state-change events. What to do is decided by the pure
-//! functions of `sked_core` ([`crate::arbiter`], [`crate::workload`], [`crate::rollout`],
-//! [`crate::status`], `kernel_summary`); this module reads and writes. Startup and leadership are
+//! functions of `sked_core` ([`sked_core::arbiter`], [`sked_core::workload`], [`sked_core::rollout`],
+//! [`sked_core::status`], `kernel_summary`); this module reads and writes. Startup and leadership are
 //! in [`crate::manager`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +19,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use sked_proto::Verdict;
+use sked_api::verdict::Verdict;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::{Reason, RevisionSpec, RolloutFailure, RolloutStatus, Scheduler, SchedulerStatus};
@@ -27,12 +27,12 @@ pub use crate::context::Context;
 use crate::error::ReconcileError as Error;
 use crate::kernel_table as kernel;
 use crate::mutex::lock;
-use crate::pods::SchedulerPod;
-use crate::rollout;
-use crate::status::{self, EventKind, EventSpec, Observed};
 use crate::throttle::retry_delay;
 use crate::trust::TrustError;
-use crate::workload::{self, FIELD_MANAGER};
+use sked_core::pods::SchedulerPod;
+use sked_core::rollout;
+use sked_core::status::{self, EventKind, EventSpec, Observed};
+use sked_core::workload::{self, FIELD_MANAGER};
 
 static RECONCILE_IDS: AtomicU64 = AtomicU64::new(0);
 
@@ -82,18 +82,7 @@ pub(crate) async fn reconcile(scheduler: Arc<Scheduler>, ctx: Arc<Context>) -> R
         Ok(_) => {
             lock(&ctx.failures).remove(&name);
         }
-        Err(err) => {
-            // Logged here, in the reconcile's span (its controller, scheduler and reconcileID).
-            let failures = {
-                let mut failures = lock(&ctx.failures);
-                let n = failures.entry(name.clone()).or_insert(0);
-                *n = n.saturating_add(1);
-                *n
-            };
-            let delay =
-                retry_delay(ctx.flags.reconcile_retry_base_delay, ctx.flags.reconcile_retry_max_delay, failures);
-            error!(parent: &span, err = %err, error_kind = err.metric_label(), failures, retry_in = ?delay, "reconcile failed");
-        }
+        Err(err) => record_failure(&ctx, &scheduler, err).instrument(span).await,
     }
     Ok(match result? {
         Some(after) => Action::requeue(after),
@@ -199,7 +188,7 @@ fn wanted_revision(
 fn status_of(
     ctx: &Context,
     scheduler: &Scheduler,
-    placement: &crate::arbiter::Placement,
+    placement: &sked_core::arbiter::Placement,
     previous: &SchedulerStatus,
     deployed: &Deployed,
     admission: &Result<crate::trust::Admitted, TrustError>,
@@ -252,7 +241,7 @@ impl Deployed {
 async fn sync_daemonset(
     ctx: &Context,
     scheduler: &Scheduler,
-    placement: &crate::arbiter::Placement,
+    placement: &sked_core::arbiter::Placement,
     wanted: Option<&(String, String)>,
     failed: Option<&RolloutFailure>,
     previous: &RolloutStatus,
@@ -289,7 +278,7 @@ async fn sync_daemonset(
 async fn apply_daemonset(
     ctx: &Context,
     scheduler: &Scheduler,
-    placement: &crate::arbiter::Placement,
+    placement: &sked_core::arbiter::Placement,
     image: &str,
 ) -> Result<Option<Deployed>, Error> {
     let name = scheduler.name_any();
@@ -409,7 +398,7 @@ struct KernelCount<'a> {
 async fn kernel_view(
     ctx: &Context,
     scheduler: &Scheduler,
-    placement: &crate::arbiter::Placement,
+    placement: &sked_core::arbiter::Placement,
     count: &KernelCount<'_>,
     now: std::time::Instant,
 ) -> KernelView {
@@ -625,7 +614,7 @@ fn rollout_step(
     ctx: &Context,
     scheduler: &Scheduler,
     ds: &DaemonSet,
-    placement: &crate::arbiter::Placement,
+    placement: &sked_core::arbiter::Placement,
     previous: &RolloutStatus,
     failed: Option<&RolloutFailure>,
     wanted: Option<&(String, String)>,
@@ -752,9 +741,7 @@ fn node_views(
                     .iter()
                     .filter(|p| p.node_or_target() == Some(node.as_str()))
                     .min_by_key(|p| p.is_terminating());
-                let report = reports
-                    .get(node)
-                    .filter(|r| r.scheduler == name && now.saturating_duration_since(r.received) <= stale_after);
+                let report = reports.get(node).filter(|r| r.scheduler == name && r.fresh(now, stale_after));
                 node_view(ctx, scheduler, node, pod.map(|p| p.as_ref()), report, template, wall, attach_timeout)
             })
             .collect()
@@ -769,7 +756,7 @@ fn expected_pods(
     ctx: &Context,
     name: &str,
     ds: &DaemonSet,
-    placement: &crate::arbiter::Placement,
+    placement: &sked_core::arbiter::Placement,
     pods: &[Arc<SchedulerPod>],
     labelled: usize,
 ) -> usize {
@@ -894,7 +881,7 @@ fn node_view(
 fn entering_nodes(
     ctx: &Context,
     scheduler: &Scheduler,
-    placement: &crate::arbiter::Placement,
+    placement: &sked_core::arbiter::Placement,
 ) -> (Vec<String>, Vec<rollout::Entering>) {
     let name = scheduler.name_any();
     let created = scheduler.metadata.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second());
@@ -932,12 +919,16 @@ fn unfit(ctx: &Context, scheduler: &Scheduler, node: &str) -> Option<rollout::Sk
 
 /// What keeps the Scheduler's pods off its tainted nodes, for its status: the taints by node,
 /// a few of each; `None` when no owned node has a taint it does not tolerate.
-fn untolerated_taints(ctx: &Context, scheduler: &Scheduler, placement: &crate::arbiter::Placement) -> Option<String> {
+fn untolerated_taints(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    placement: &sked_core::arbiter::Placement,
+) -> Option<String> {
     let mut by_taint: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for node in &placement.owned {
         let Some(facts) = ctx.index.node_facts(node) else { continue };
         if let Some(taint) = facts.untolerated(&scheduler.spec.tolerations) {
-            by_taint.entry(crate::nodes::describe_taint(taint)).or_default().push(node);
+            by_taint.entry(sked_core::nodes::describe_taint(taint)).or_default().push(node);
         }
     }
     let count: usize = by_taint.values().map(Vec::len).sum();
@@ -1196,23 +1187,31 @@ async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
     }
 }
 
-pub(crate) fn error_policy(scheduler: Arc<Scheduler>, err: &Error, ctx: Arc<Context>) -> Action {
-    // The failure was counted and logged by `reconcile`.
-    let failures = lock(&ctx.failures).get(&scheduler.name_any()).copied().unwrap_or(1);
+/// Counts a failed reconcile of `scheduler` (the streaks of Schedulers that are gone are
+/// forgotten), logs it in the caller's span (its controller, scheduler and reconcileID) and
+/// records a Warning event at the start of a streak, not at every retry.
+async fn record_failure(ctx: &Context, scheduler: &Scheduler, err: &Error) {
+    let name = scheduler.name_any();
+    let failures = {
+        let mut failures = lock(&ctx.failures);
+        let known: BTreeSet<String> = ctx.index.scheduler_names().into_iter().collect();
+        failures.retain(|n, _| *n == name || known.contains(n));
+        let n = failures.entry(name).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
     let delay = retry_delay(ctx.flags.reconcile_retry_base_delay, ctx.flags.reconcile_retry_max_delay, failures);
-    // A refused image has its own Warning (ImageVerificationFailed) from the reconcile.
+    error!(err = %err, error_kind = err.metric_label(), failures, retry_in = ?delay, "reconcile failed");
+    // A refused image has its own Warning (ImageVerificationFailed), a failed status write its
+    // StatusUpdateFailed, from the reconcile.
     if failures == 1 && !matches!(err, Error::WriteStatus { .. } | Error::Image { .. }) {
-        // Record the start of a failure streak once, not every retry.
-        let message = err.to_string();
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            publish(
-                &ctx,
-                &scheduler,
-                &EventSpec { kind: EventKind::Warning, reason: Reason::ReconcileFailed, message },
-            )
-            .await;
-        });
+        let event = EventSpec { kind: EventKind::Warning, reason: Reason::ReconcileFailed, message: err.to_string() };
+        publish(ctx, scheduler, &event).await;
     }
-    Action::requeue(delay)
+}
+
+/// When a failed reconcile is tried again: the streak `reconcile` counted, backed off.
+pub(crate) fn error_policy(scheduler: Arc<Scheduler>, _err: &Error, ctx: Arc<Context>) -> Action {
+    let failures = lock(&ctx.failures).get(&scheduler.name_any()).copied().unwrap_or(1);
+    Action::requeue(retry_delay(ctx.flags.reconcile_retry_base_delay, ctx.flags.reconcile_retry_max_delay, failures))
 }

@@ -24,7 +24,7 @@ use kube::{Api, Client, ResourceExt};
 use sked_proto::contract::{EVERY_REPLICA_METADATA, REPORTS_AUDIENCE};
 use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
 use sked_proto::v1::reports_server::{Reports, ReportsServer};
-use sked_proto::{Ack, Report, Verdict};
+use sked_proto::{Ack, Report};
 use tokio::sync::mpsc;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
@@ -38,9 +38,9 @@ use crate::index::Index;
 use crate::kernel_table::{KernelTable, NodeReport};
 use crate::metrics::ReportStats;
 use crate::mutex::lock;
-use crate::pods::SchedulerPod;
 use crate::reviews::{Review, ReviewCache};
 use crate::tls::ReloadingCert;
+use sked_core::pods::SchedulerPod;
 
 /// The reports service (cheap to clone: the state is shared).
 #[derive(Clone)]
@@ -515,10 +515,22 @@ impl Session {
         service.stats.reports.inc();
         let entry = node_report(&report, Instant::now()).from_every_replica(!self.follows_leader);
         for scheduler in service.table.record(node, entry, service.stale_after) {
-            debug!(node = %node, scheduler = %scheduler, verdict = Verdict::from_wire(report.verdict).as_str(), "kernel view changed");
+            debug!(node = %node, scheduler = %scheduler, verdict = kernel_verdict(report.verdict).as_str(), "kernel view changed");
             let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
         }
         Ok(Ack { sequence: report.sequence })
+    }
+}
+
+/// The verdict of a report's wire value, in sked's own terms: an unspecified verdict, or one a
+/// newer agent knows and this build does not, is not attached.
+fn kernel_verdict(wire: i32) -> sked_api::verdict::Verdict {
+    use sked_api::verdict::Verdict;
+    match sked_proto::Verdict::from_wire(wire) {
+        sked_proto::Verdict::Attached => Verdict::Attached,
+        sked_proto::Verdict::ForeignScheduler => Verdict::ForeignScheduler,
+        sked_proto::Verdict::KernelUnsupported => Verdict::KernelUnsupported,
+        sked_proto::Verdict::NotAttached | sked_proto::Verdict::Unspecified => Verdict::NotAttached,
     }
 }
 
@@ -528,7 +540,7 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
     NodeReport::arrived(
         report.scheduler.clone(),
         report.pod.clone(),
-        Verdict::from_wire(report.verdict),
+        kernel_verdict(report.verdict),
         escape_and_cap(&report.reason, MAX_REASON_CHARS),
         report.kernel.as_ref().map(|k| escape_and_cap(&k.ops, MAX_NAME_CHARS)).unwrap_or_default(),
         received,
@@ -688,6 +700,6 @@ mod tests {
         assert!(kept.reason.len() < 400, "capped: {} bytes", kept.reason.len());
         assert!(!kept.reason.chars().any(char::is_control));
         assert_eq!(kept.ops, "rusty\\u{202e}");
-        assert_eq!(kept.verdict, Verdict::NotAttached, "an unknown verdict is not attached");
+        assert_eq!(kept.verdict, sked_api::verdict::Verdict::NotAttached, "an unknown verdict is not attached");
     }
 }

@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::workload::FIELD_MANAGER;
+use sked_core::workload::FIELD_MANAGER;
 
 /// How often the file is checked for a change (as the serving certificates are).
 const CHECK_EVERY: Duration = Duration::from_secs(2);
@@ -25,18 +25,36 @@ const RECHECK_EVERY: Duration = Duration::from_secs(300);
 /// The key agents read.
 pub const CA_KEY: &str = "ca.crt";
 
+/// What to do when the CA file is not what agents can trust.
+const FIX: &str = "the reports Secret must carry ca.crt (cert-manager's CA and self-signed issuers write it), \
+                   or give the CA in the chart value reports.tls.caBundle";
+
+/// Why the CA is not published, naming the file or the ConfigMap, and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("reading {} (--reports-ca-file): {source}; {FIX}", file.display())]
+    Read { file: PathBuf, source: std::io::Error },
+    #[error("{} (--reports-ca-file) holds no PEM certificate; {FIX}", file.display())]
+    NoCertificate { file: PathBuf },
+    #[error("{} (--reports-ca-file) is not PEM certificates: {source}; {FIX}", file.display())]
+    NotPem { file: PathBuf, source: rustls::pki_types::pem::Error },
+    #[error("ConfigMap {namespace}/{name} does not exist: the chart creates it; run helm upgrade to restore it")]
+    NoConfigMap { namespace: String, name: String },
+    #[error("reading ConfigMap {namespace}/{name}: {source}")]
+    ReadConfigMap { namespace: String, name: String, source: kube::Error },
+    #[error("writing ca.crt of ConfigMap {namespace}/{name}: {source}")]
+    WriteConfigMap { namespace: String, name: String, source: kube::Error },
+}
+
 /// The PEM text of `file` when it holds at least one certificate and nothing that fails to
 /// parse; otherwise what is wrong, naming the file and the fix.
-pub fn read_ca(file: &Path) -> Result<String, String> {
-    let fix = "the reports Secret must carry ca.crt (cert-manager's CA and self-signed issuers write it), \
-               or give the CA in the chart value reports.tls.caBundle";
-    let pem = std::fs::read_to_string(file)
-        .map_err(|e| format!("reading {} (--reports-ca-file): {e}; {fix}", file.display()))?;
+pub fn read_ca(file: &Path) -> Result<String, CaError> {
+    let pem = std::fs::read_to_string(file).map_err(|source| CaError::Read { file: file.to_owned(), source })?;
     let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(pem.as_bytes()).collect();
     match certs {
         Ok(certs) if !certs.is_empty() => Ok(pem),
-        Ok(_) => Err(format!("{} (--reports-ca-file) holds no PEM certificate; {fix}", file.display())),
-        Err(e) => Err(format!("{} (--reports-ca-file) is not PEM certificates: {e}; {fix}", file.display())),
+        Ok(_) => Err(CaError::NoCertificate { file: file.to_owned() }),
+        Err(source) => Err(CaError::NotPem { file: file.to_owned(), source }),
     }
 }
 
@@ -72,6 +90,7 @@ pub async fn keep_published(client: Client, what: Publication, mut leader: watch
                         last_problem.clear();
                     }
                     Err(problem) => {
+                        let problem = problem.to_string();
                         if problem != last_problem {
                             warn!(configmap = %what.configmap, namespace = %what.namespace, err = %problem, "cannot publish the reports CA for the agents; retrying");
                             last_problem = problem;
@@ -91,17 +110,17 @@ pub async fn keep_published(client: Client, what: Publication, mut leader: watch
 
 /// Reads the file and, when the ConfigMap holds something else, writes it. Returns the PEM now
 /// published.
-async fn publish(api: &Api<ConfigMap>, what: &Publication, known: Option<&str>) -> Result<String, String> {
+async fn publish(api: &Api<ConfigMap>, what: &Publication, known: Option<&str>) -> Result<String, CaError> {
     let pem = read_ca(&what.file)?;
     if known == Some(pem.as_str()) {
         return Ok(pem);
     }
+    let (namespace, name) = (what.namespace.clone(), what.configmap.clone());
     let current = api.get(&what.configmap).await.map_err(|e| match e {
-        kube::Error::Api(s) if s.code == 404 => format!(
-            "ConfigMap {}/{} does not exist: the chart creates it; run helm upgrade to restore it",
-            what.namespace, what.configmap
-        ),
-        e => format!("reading ConfigMap {}/{}: {e}", what.namespace, what.configmap),
+        kube::Error::Api(s) if s.code == 404 => {
+            CaError::NoConfigMap { namespace: namespace.clone(), name: name.clone() }
+        }
+        source => CaError::ReadConfigMap { namespace: namespace.clone(), name: name.clone(), source },
     })?;
     if current.data.as_ref().and_then(|d| d.get(CA_KEY)) == Some(&pem) {
         return Ok(pem);
@@ -114,7 +133,7 @@ async fn publish(api: &Api<ConfigMap>, what: &Publication, known: Option<&str>) 
     });
     api.patch(&what.configmap, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await
-        .map_err(|e| format!("writing ca.crt of ConfigMap {}/{}: {e}", what.namespace, what.configmap))?;
+        .map_err(|source| CaError::WriteConfigMap { namespace, name, source })?;
     info!(configmap = %what.configmap, namespace = %what.namespace, source = %what.file.display(), "reports CA published for the agents");
     Ok(pem)
 }
@@ -127,10 +146,14 @@ mod tests {
     fn only_pem_certificates_are_published_and_a_problem_names_the_fix() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let file = dir.path().join("ca.crt");
-        let missing = read_ca(&file).err().unwrap_or_default();
+        let missing = read_ca(&file).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(missing.contains("--reports-ca-file") && missing.contains("reports.tls.caBundle"), "{missing}");
         std::fs::write(&file, "not a certificate")?;
-        assert!(read_ca(&file).is_err_and(|e| e.contains("no PEM certificate")));
+        assert!(
+            read_ca(&file).is_err_and(
+                |e| matches!(e, CaError::NoCertificate { .. }) && e.to_string().contains("no PEM certificate")
+            )
+        );
         let cert = rcgen::generate_simple_self_signed(vec!["sked-ca".into()])?;
         std::fs::write(&file, cert.cert.pem())?;
         assert_eq!(read_ca(&file)?, cert.cert.pem());

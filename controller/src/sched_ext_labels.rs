@@ -1,6 +1,6 @@
 //! Which nodes can run sched_ext, as labels: `sked.schedkit.io/sched-ext=unsupported` once an
 //! agent found no sched_ext in its node's kernel, `=supported` once a scheduler attached there.
-//! The arbiter keeps unsupported nodes out of placement ([`crate::arbiter::unsupported`]), so no
+//! The arbiter keeps unsupported nodes out of placement ([`sked_core::arbiter::unsupported`]), so no
 //! pod is sent to a kernel that cannot run it, again and again.
 //!
 //! An unsupported node comes back when its kernel changes: the label
@@ -22,13 +22,13 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use sked_proto::Verdict;
+use sked_api::verdict::Verdict;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::arbiter::{SCHED_EXT_LABEL, SUPPORTED, UNSUPPORTED};
 use crate::index::Index;
 use crate::kernel_table::KernelTable;
+use sked_core::arbiter::{SCHED_EXT_LABEL, SUPPORTED, UNSUPPORTED};
 
 pub use sked_api::labels::KERNEL_LABEL;
 
@@ -38,7 +38,7 @@ pub fn wanted(verdict: Verdict) -> Option<&'static str> {
     match verdict {
         Verdict::Attached => Some(SUPPORTED),
         Verdict::KernelUnsupported => Some(UNSUPPORTED),
-        Verdict::NotAttached | Verdict::ForeignScheduler | Verdict::Unspecified => None,
+        Verdict::NotAttached | Verdict::ForeignScheduler => None,
     }
 }
 

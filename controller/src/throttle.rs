@@ -43,10 +43,7 @@ impl TokenBucket {
     /// Takes a token (possibly borrowing against the future) and says how long the caller must
     /// wait before its turn. Waiting callers queue in the order they reserved.
     pub fn reserve(&self, now: Instant) -> Duration {
-        let mut st = match self.state.lock() {
-            Ok(st) => st,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut st = crate::mutex::lock(&self.state);
         let elapsed = now.saturating_duration_since(st.at).as_secs_f64();
         st.tokens = (st.tokens + elapsed * self.qps).min(self.burst) - 1.0;
         st.at = now;

@@ -19,6 +19,21 @@ use crate::mutex::lock;
 /// How often the files are checked for a change.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
 
+/// Why a certificate pair does not load, naming the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("reading certificates from {}: {source}", file.display())]
+    Certificates { file: PathBuf, source: rustls::pki_types::pem::Error },
+    #[error("{} holds no PEM certificate", file.display())]
+    NoCertificate { file: PathBuf },
+    #[error("reading the private key from {}: {source}", file.display())]
+    Key { file: PathBuf, source: rustls::pki_types::pem::Error },
+    #[error("{} and {} do not make a usable pair: {source}", cert.display(), key.display())]
+    Pair { cert: PathBuf, key: PathBuf, source: rustls::Error },
+    #[error("TLS configuration: {0}")]
+    Config(rustls::Error),
+}
+
 /// A certificate and key loaded from PEM files, replaced when the files change.
 #[derive(Debug)]
 pub struct ReloadingCert {
@@ -34,7 +49,7 @@ type Stamps = (Option<SystemTime>, Option<SystemTime>);
 
 impl ReloadingCert {
     /// Loads the pair; the error names the files and what is wrong with them.
-    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<Self>, String> {
+    pub fn load(cert_file: &Path, key_file: &Path) -> Result<Arc<Self>, CertError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let loaded = stamps(cert_file, key_file);
         let key = read_pair(cert_file, key_file, &provider)?;
@@ -48,10 +63,10 @@ impl ReloadingCert {
     }
 
     /// A TLS server configuration that always presents the current pair.
-    pub fn server_config(self: &Arc<Self>, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, String> {
+    pub fn server_config(self: &Arc<Self>, alpn: &[&[u8]]) -> Result<Arc<rustls::ServerConfig>, CertError> {
         let mut config = rustls::ServerConfig::builder_with_provider(self.provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS configuration: {e}"))?
+            .map_err(CertError::Config)?
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
@@ -76,7 +91,7 @@ impl ReloadingCert {
             }
             match read_pair(&self.cert_file, &self.key_file, &self.provider) {
                 Ok(key) => {
-                    *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(key);
+                    *crate::mutex::write(&self.current) = Arc::new(key);
                     info!(cert = %self.cert_file.display(), "{what} certificate reloaded");
                 }
                 Err(e) => warn!(err = %e, "{what} certificate changed but does not load; keeping the previous one"),
@@ -92,21 +107,24 @@ fn stamps(cert_file: &Path, key_file: &Path) -> Stamps {
 
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+        Some(crate::mutex::read(&self.current).clone())
     }
 }
 
-fn read_pair(cert_file: &Path, key_file: &Path, provider: &CryptoProvider) -> Result<CertifiedKey, String> {
+fn read_pair(cert_file: &Path, key_file: &Path, provider: &CryptoProvider) -> Result<CertifiedKey, CertError> {
     let chain = CertificateDer::pem_file_iter(cert_file)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("reading certificates from {}: {e}", cert_file.display()))?;
+        .map_err(|source| CertError::Certificates { file: cert_file.to_owned(), source })?;
     if chain.is_empty() {
-        return Err(format!("{} holds no PEM certificate", cert_file.display()));
+        return Err(CertError::NoCertificate { file: cert_file.to_owned() });
     }
     let key = PrivateKeyDer::from_pem_file(key_file)
-        .map_err(|e| format!("reading the private key from {}: {e}", key_file.display()))?;
-    CertifiedKey::from_der(chain, key, provider)
-        .map_err(|e| format!("{} and {} do not make a usable pair: {e}", cert_file.display(), key_file.display()))
+        .map_err(|source| CertError::Key { file: key_file.to_owned(), source })?;
+    CertifiedKey::from_der(chain, key, provider).map_err(|source| CertError::Pair {
+        cert: cert_file.to_owned(),
+        key: key_file.to_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -129,10 +147,10 @@ mod tests {
         assert!(ReloadingCert::load(&c, &k).is_ok());
         std::fs::write(&k, "not a key").unwrap();
         let err = ReloadingCert::load(&c, &k).unwrap_err();
-        assert!(err.contains("tls.key"), "{err}");
+        assert!(matches!(err, CertError::Key { .. }) && err.to_string().contains("tls.key"), "{err}");
         std::fs::write(&c, "").unwrap();
         let err = ReloadingCert::load(&c, &k).unwrap_err();
-        assert!(err.contains("tls.crt"), "{err}");
+        assert!(matches!(err, CertError::NoCertificate { .. }) && err.to_string().contains("tls.crt"), "{err}");
     }
 
     #[tokio::test]

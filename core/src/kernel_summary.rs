@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use sked_api::verdict::Verdict;
 use sked_api::{KernelExit, Reason};
-use sked_proto::Verdict;
 
 /// At most this many nodes are named in a condition message.
 const MAX_NODES_LISTED: usize = 3;
@@ -41,6 +41,13 @@ pub struct NodeReport {
 }
 
 impl NodeReport {
+    /// Whether the report is fresh at `now`: received at most `stale_after` ago. The one
+    /// definition of a report's freshness (the Scheduler's KernelAttached, each pod's
+    /// condition and the rollout's view of a node all read it).
+    pub fn fresh(&self, now: Instant, stale_after: Duration) -> bool {
+        now.saturating_duration_since(self.received) <= stale_after
+    }
+
     /// A report as its agent sent it, received at `received`: nothing kept across reports yet
     /// (attachment time, ejection, staleness, whether its exit was recorded).
     pub fn arrived(
@@ -160,8 +167,8 @@ pub fn summarize(
             by_kind.entry(Reason::NotAttached).or_default().push(format!("{node}: no report yet"));
             continue;
         };
-        let age = now.saturating_duration_since(r.received);
-        if age > stale_after {
+        if !r.fresh(now, stale_after) {
+            let age = now.saturating_duration_since(r.received);
             by_kind.entry(Reason::ReportStale).or_default().push(format!("{node}: no report for {}s", age.as_secs()));
             continue;
         }
@@ -170,7 +177,7 @@ pub fn summarize(
                 attached += 1;
                 continue;
             }
-            Verdict::NotAttached | Verdict::Unspecified => Reason::NotAttached,
+            Verdict::NotAttached => Reason::NotAttached,
             Verdict::ForeignScheduler => Reason::ForeignScheduler,
             Verdict::KernelUnsupported => Reason::KernelUnsupported,
         };

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use sked_api::pod_kernel::PodKernel;
-use sked_proto::Verdict;
+use sked_api::verdict::Verdict;
 
 use crate::kernel_summary::NodeReport;
 use crate::pods::{KernelCondition, SchedulerPod};
@@ -32,14 +32,14 @@ pub fn desired(
     let Some(r) = report.filter(|r| r.pod == pod.name && pod.scheduler.as_ref() == Some(&r.scheduler)) else {
         return judge_silence.then_some(stale);
     };
-    if now.saturating_duration_since(r.received) > stale_after {
+    if !r.fresh(now, stale_after) {
         return Some(stale);
     }
     Some(match r.verdict {
         Verdict::Attached => PodKernel::Attached { ops: r.ops.clone() },
         Verdict::ForeignScheduler => PodKernel::Foreign { ops: r.ops.clone() },
         Verdict::KernelUnsupported => PodKernel::Unsupported { said: r.reason.clone() },
-        Verdict::NotAttached | Verdict::Unspecified => match r.last_exit.as_ref().filter(|e| e.ejected) {
+        Verdict::NotAttached => match r.last_exit.as_ref().filter(|e| e.ejected) {
             Some(e) => PodKernel::Ejected { ops: e.ops.clone(), reason: e.reason.clone(), time: e.time.clone() },
             None => PodKernel::NotAttached { said: r.reason.clone() },
         },

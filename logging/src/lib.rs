@@ -124,6 +124,10 @@ impl Visit for FieldMap {
     }
 }
 
+/// An error that stops a process (or one of its servers), with its cause chain: the one boxed
+/// error type of the controller and the agent.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// An error and its sources, joined with `: `.
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut s = err.to_string();

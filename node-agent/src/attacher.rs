@@ -27,11 +27,9 @@ pub enum Owner {
 
 /// Ids of the kernel's struct_ops maps whose value type is `sched_ext_ops`, or why they cannot
 /// be listed.
-pub fn sched_ext_map_ids(proc_root: &Path) -> Result<HashSet<u32>, String> {
+pub fn sched_ext_map_ids(proc_root: &Path) -> Result<HashSet<u32>, MapsUnknown> {
     if !Capabilities::of_self(proc_root).sys_admin {
-        return Err(
-            "the agent lacks CAP_SYS_ADMIN, which listing BPF maps needs (CAP_BPF alone does not allow it)".into()
-        );
+        return Err(MapsUnknown::NoSysAdmin);
     }
     let value_type = sched_ext_value_type()?;
     Ok(libbpf_rs::query::MapInfoIter::default()
@@ -40,16 +38,29 @@ pub fn sched_ext_map_ids(proc_root: &Path) -> Result<HashSet<u32>, String> {
         .collect())
 }
 
+/// Why the sched_ext struct_ops maps cannot be told apart from the others.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MapsUnknown {
+    #[error("the agent lacks CAP_SYS_ADMIN, which listing BPF maps needs (CAP_BPF alone does not allow it)")]
+    NoSysAdmin,
+    /// The kernel's BTF did not load (the library's words).
+    #[error("loading vmlinux BTF: {0}")]
+    NoBtf(String),
+    #[error("this kernel's BTF has no bpf_struct_ops_sched_ext_ops")]
+    NoSchedExtType,
+}
+
 /// The vmlinux BTF type id of `bpf_struct_ops_sched_ext_ops`, looked up once (parsing the
 /// kernel's BTF takes milliseconds; the id does not change while the kernel runs).
-fn sched_ext_value_type() -> Result<u32, String> {
-    static TYPE_ID: std::sync::OnceLock<Result<u32, String>> = std::sync::OnceLock::new();
+fn sched_ext_value_type() -> Result<u32, MapsUnknown> {
+    static TYPE_ID: std::sync::OnceLock<Result<u32, MapsUnknown>> = std::sync::OnceLock::new();
     TYPE_ID
         .get_or_init(|| {
-            let btf = libbpf_rs::btf::Btf::from_vmlinux().map_err(|e| format!("loading vmlinux BTF: {e}"))?;
+            // Kept as text: the library's error is neither Clone nor wanted past its words.
+            let btf = libbpf_rs::btf::Btf::from_vmlinux().map_err(|e| MapsUnknown::NoBtf(e.to_string()))?;
             btf.type_by_name::<libbpf_rs::btf::BtfType<'_>>("bpf_struct_ops_sched_ext_ops")
                 .map(|t| u32::from(t.type_id()))
-                .ok_or_else(|| "this kernel's BTF has no bpf_struct_ops_sched_ext_ops".to_owned())
+                .ok_or(MapsUnknown::NoSchedExtType)
         })
         .clone()
 }

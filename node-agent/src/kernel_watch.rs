@@ -64,7 +64,7 @@ impl Observer {
     }
 
     fn lock_links(&self) -> std::sync::MutexGuard<'_, LinkMemory> {
-        self.links.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.links)
     }
 
     /// Observes for as long as the task runs, publishing changes on `tx`. Uses kernel uevents when the

@@ -30,3 +30,10 @@ pub mod stats_relay;
 pub mod sysfs;
 pub mod uevent;
 pub mod verdict;
+
+/// Locks `m`, recovering the data of a lock poisoned by a panicking holder: every value behind
+/// the agent's mutexes stays valid between statements, so a panic elsewhere must not stop the
+/// agent reporting.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -14,7 +14,38 @@ use crate::relayed_series::Relayed;
 use crate::sysfs::KernelRead;
 use crate::verdict::Verdict;
 
-type Labels = Vec<(String, String)>;
+use prometheus_client::encoding::EncodeLabelSet;
+
+/// The node's sched_ext `state`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+/// The agent's `verdict` on its scheduler.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabel {
+    verdict: String,
+}
+
+/// A sched_ext event counter of one scheduler (`ops`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    event: String,
+    ops: String,
+}
+
+/// Why: an exit's reason as the kernel logs it, or a failure's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// A capability the agent lacks.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapabilityLabel {
+    capability: String,
+}
 /// An events counter: (ops name, event name).
 type EventKey = (String, String);
 /// The enable an events counter was last read under, and its value then.
@@ -31,20 +62,20 @@ struct EventsSeen {
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
-    state: Family<Labels, Gauge>,
-    verdict: Family<Labels, Gauge>,
+    state: Family<StateLabel, Gauge>,
+    verdict: Family<VerdictLabel, Gauge>,
     attached: Gauge,
     enable_seq: Gauge,
     nr_rejected: Gauge,
     hotplug_seq: Gauge,
     switch_all: Gauge,
-    events: Family<Labels, Counter>,
+    events: Family<EventLabels, Counter>,
     /// Per (ops, event): the enable it was last read under and its value then, so the exported
     /// counters keep growing across a scheduler unloading and its counters starting again.
     events_seen: Mutex<EventsSeen>,
-    exits: Family<Labels, Counter>,
+    exits: Family<ReasonLabel, Counter>,
     pub kernel_log_followed: Gauge,
-    capability_missing: Family<Labels, Gauge>,
+    capability_missing: Family<CapabilityLabel, Gauge>,
     /// 1 while at least one report stream is open (see [`Metrics::stream_opened`]).
     stream_connected: Gauge,
     /// Report streams open, one per controller replica reached.
@@ -57,7 +88,7 @@ pub struct Metrics {
     /// The scheduler's own statistics, relayed (see [`crate::stats_relay`]).
     pub scx_stats: Arc<Relayed>,
     pub scx_stats_up: Gauge,
-    scx_stats_failures: Family<Labels, Counter>,
+    scx_stats_failures: Family<ReasonLabel, Counter>,
     scx_stats_series: Gauge,
     scx_stats_dropped: Counter,
 }
@@ -204,14 +235,14 @@ impl Metrics {
 
     /// Counts a report stream that opened; `report_stream_connected` follows.
     pub fn stream_opened(&self) {
-        let _serial = self.streams_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _serial = crate::lock(&self.streams_lock);
         self.streams_open.inc();
         self.stream_connected.set(1);
     }
 
     /// Counts a report stream that closed; `report_stream_connected` drops to 0 with the last.
     pub fn stream_closed(&self) {
-        let _serial = self.streams_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _serial = crate::lock(&self.streams_lock);
         if self.streams_open.dec() <= 1 {
             self.stream_connected.set(0);
         }
@@ -219,7 +250,7 @@ impl Metrics {
 
     /// Counts a failed connection to, or request of, the scheduler's stats socket.
     pub fn scx_stats_failure(&self, reason: &str) {
-        self.scx_stats_failures.get_or_create(&vec![("reason".into(), reason.to_owned())]).inc();
+        self.scx_stats_failures.get_or_create(&ReasonLabel { reason: reason.to_owned() }).inc();
     }
 
     /// Records a relayed reply: its series, and those dropped past the cap.
@@ -231,7 +262,7 @@ impl Metrics {
     /// Records the capabilities the agent lacks.
     pub fn capabilities_missing(&self, missing: &[(&'static str, &'static str)]) {
         for (capability, _) in missing {
-            self.capability_missing.get_or_create(&vec![("capability".into(), (*capability).into())]).set(1);
+            self.capability_missing.get_or_create(&CapabilityLabel { capability: (*capability).to_owned() }).set(1);
         }
     }
 
@@ -239,9 +270,9 @@ impl Metrics {
     pub fn observe(&self, o: &Observation) {
         self.kernel_reads.inc();
         self.state.clear();
-        self.state.get_or_create(&vec![("state".into(), o.state_name().into())]).set(1);
+        self.state.get_or_create(&StateLabel { state: o.state_name().into() }).set(1);
         self.verdict.clear();
-        self.verdict.get_or_create(&vec![("verdict".into(), o.verdict.as_str().into())]).set(1);
+        self.verdict.get_or_create(&VerdictLabel { verdict: o.verdict.as_str().into() }).set(1);
         self.attached.set(i64::from(o.verdict == Verdict::Attached));
         self.counters(&o.read);
     }
@@ -252,7 +283,7 @@ impl Metrics {
         self.nr_rejected.set(read.nr_rejected.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
         self.hotplug_seq.set(read.hotplug_seq.map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX)));
         self.switch_all.set(i64::from(read.switch_all.unwrap_or(false)));
-        let mut seen = self.events_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = crate::lock(&self.events_seen);
         // The kernel shows a new scheduler's root/ (ops, events) before it counts the enable in
         // enable_seq: a read between the two would file the new counters under the previous
         // enable, and count them again once enable_seq moves. Such a read is left out.
@@ -268,22 +299,20 @@ impl Metrics {
             let (grown, kept) = counter_growth(seen.counters.get(&key).copied(), read.enable_seq, *value);
             seen.counters.insert(key, (read.enable_seq, kept));
             // Created at zero too, so a counter exists before its first event.
-            self.events
-                .get_or_create(&vec![("event".into(), event.to_owned()), ("ops".into(), ops.clone())])
-                .inc_by(grown);
+            self.events.get_or_create(&EventLabels { event: event.to_owned(), ops: ops.clone() }).inc_by(grown);
         }
     }
 
     /// Creates the exit counters of `reasons` at zero.
     pub fn exits_known(&self, reasons: &[&str]) {
         for reason in reasons {
-            self.exits.get_or_create(&vec![("reason".into(), (*reason).to_owned())]).inc_by(0);
+            self.exits.get_or_create(&ReasonLabel { reason: (*reason).to_owned() }).inc_by(0);
         }
     }
 
     /// Counts an exit the kernel logged, by its reason.
     pub fn exit(&self, reason: &str) {
-        self.exits.get_or_create(&vec![("reason".into(), reason.to_owned())]).inc();
+        self.exits.get_or_create(&ReasonLabel { reason: reason.to_owned() }).inc();
     }
 
     /// The Prometheus text exposition.

@@ -26,19 +26,19 @@ pub struct Relayed {
 
 impl Relayed {
     pub(crate) fn set(&self, own: Vec<(String, String)>, samples: Vec<Sample>) {
-        *self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = own;
-        *self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = samples;
+        *crate::lock(&self.own) = own;
+        *crate::lock(&self.samples) = samples;
     }
 
     pub(crate) fn clear(&self) {
-        self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        crate::lock(&self.samples).clear();
     }
 }
 
 impl Collector for Relayed {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let samples = self.samples.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let own = self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let samples = crate::lock(&self.samples);
+        let own = crate::lock(&self.own).clone();
         // One family per name (its first help text), each label set once.
         let mut families: BTreeMap<&str, (&str, BTreeMap<Labels, f64>)> = BTreeMap::new();
         for s in samples.iter() {

@@ -49,7 +49,7 @@ pub struct ReporterConfig {
     pub heartbeat: Duration,
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use sked_logging::BoxError;
 
 /// Builds the wire report for an observation.
 pub fn to_report(id: &Identity, o: &Observation, sequence: u64) -> Report {

@@ -197,7 +197,7 @@ impl Trust {
             Requirement::Unsigned => "unsigned".to_owned(),
         };
         let inputs = [image, &pull_secrets.join(","), &rule.repository, &requirement].join("\n");
-        Some(crate::hashing::short_sha256_hex(inputs.as_bytes(), 8))
+        Some(sked_core::hashing::short_sha256_hex(inputs.as_bytes(), 8))
     }
 
     /// The admission a DaemonSet records: the digest it runs (`running`) when its admission
@@ -440,15 +440,25 @@ impl Trust {
     }
 }
 
+/// Why the trust policy file given at startup does not load.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    #[error("reading the trust policy {} (--trust-policy): {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{} (--trust-policy): {source}", path.display())]
+    Parse { path: PathBuf, source: PolicyError },
+}
+
 /// Loads the policy at startup: the file when one is given (a file that does not parse stops
 /// the controller, naming the line), the built-in default otherwise.
-pub fn load_policy(path: Option<&Path>) -> Result<LoadedPolicy, String> {
+pub fn load_policy(path: Option<&Path>) -> Result<LoadedPolicy, PolicyFileError> {
     match path {
         None => Ok(LoadedPolicy { policy: Policy::default_policy(), generation: 1, source: "built-in default".into() }),
         Some(path) => {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("reading the trust policy {} (--trust-policy): {e}", path.display()))?;
-            let policy = Policy::parse(&text).map_err(|e| format!("{} (--trust-policy): {e}", path.display()))?;
+                .map_err(|source| PolicyFileError::Read { path: path.to_owned(), source })?;
+            let policy =
+                Policy::parse(&text).map_err(|source| PolicyFileError::Parse { path: path.to_owned(), source })?;
             Ok(LoadedPolicy { policy, generation: 1, source: path.display().to_string() })
         }
     }

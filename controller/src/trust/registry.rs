@@ -171,7 +171,7 @@ pub fn credentials_key(auth: &RegistryAuth) -> String {
         RegistryAuth::Basic(user, password) => format!("basic\n{user}\n{password}"),
         RegistryAuth::Bearer(token) => format!("bearer\n{token}"),
     };
-    crate::hashing::sha256_hex(what.as_bytes())
+    sked_core::hashing::sha256_hex(what.as_bytes())
 }
 
 /// Maps a registry failure to what the user must fix.

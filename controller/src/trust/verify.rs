@@ -10,7 +10,7 @@ use sigstore::cosign::signature_layers::CertificateSubject;
 use sigstore::crypto::{CosignVerificationKey, Signature};
 
 use super::policy::Requirement;
-use crate::hashing::sha256_hex;
+use sked_core::hashing::sha256_hex;
 
 /// Why no signature satisfied the rule, for messages: what was wanted and what was found.
 #[derive(Debug, PartialEq, Eq)]
