@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use sked_controller::Scheduler;
-use sked_controller::workload::OWNER_LABEL;
+use sked_controller::api::labels::OWNER_LABEL;
 use sked_proto::contract::env;
 
 use crate::agents::{AgentProcess, AgentSpec, ReportsEndpoint, bound_token};

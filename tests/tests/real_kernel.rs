@@ -458,7 +458,7 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
         let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
             kube::Api::namespaced(s.fx.client.clone(), &s.fx.namespace);
         let left = pods.list(&kube::api::ListParams::default().labels(&format!("name={SCHEDULER}"))).await?;
-        let label = s.fx.nodes().get(NODE).await?.labels().get(sked_controller::workload::OWNER_LABEL).cloned();
+        let label = s.fx.nodes().get(NODE).await?.labels().get(sked_controller::api::labels::OWNER_LABEL).cloned();
         Ok((left.items.is_empty() && label.is_none()).then_some(()))
     })
     .await?;
