@@ -396,12 +396,15 @@ async fn reports_server(ctx: &Context, triggers: &Triggers, stop: Stop) -> Resul
     };
     let tls = crate::tls::ReloadingCert::load(cert, key)
         .map_err(|e| format!("reports server certificate (--reports-cert-file, --reports-key-file): {e}"))?;
+    let settings = crate::reports::ReportsSettings {
+        agent_namespace: flags.workload_namespace.clone(),
+        agent_service_account: flags.agent_service_account.clone(),
+        stale_after: flags.report_stale_after,
+    };
     let service = ReportsService::new(
         ctx.client.clone(),
-        &flags.workload_namespace,
-        &flags.agent_service_account,
+        &settings,
         ctx.kernel.clone(),
-        flags.report_stale_after,
         triggers.clone(),
         ctx.report_stats.clone(),
         ctx.leader.clone(),

@@ -128,21 +128,22 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
     let daemonset = deployed.daemonset.as_ref();
 
     ctx.metrics.set_conflicting_nodes(&scheduler.name_any(), placement.lost.len());
-    let now = std::time::Instant::now();
-    // The rollout: which pods to replace, and whether the revision being rolled out failed.
-    let wall = jiff::Timestamp::now().as_second();
-    let step = daemonset.map(|ds| {
-        rollout_step(ctx, scheduler, ds, &placement, &previous_rollout, failed.as_ref(), wanted.as_ref(), wall, now)
-    });
-    // KernelAttached counts the nodes the rollout covers: not those skipped for their own
-    // trouble (down, full, tainted), where no pod of any revision runs.
-    let ds_desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
-    let covered = match &step {
-        Some(step) => KernelCount { desired: step.desired, off: &step.off_kernel_count },
-        None => KernelCount { desired: ds_desired, off: &[] },
+    let pass = Pass {
+        ctx,
+        scheduler,
+        placement: &placement,
+        previous: &previous,
+        previous_rollout: &previous_rollout,
+        wanted: wanted.as_ref(),
+        failed: failed.as_ref(),
+        wall: jiff::Timestamp::now().as_second(),
+        now: std::time::Instant::now(),
     };
-    let kernel = Box::pin(kernel_view(ctx, scheduler, &placement, &covered, now)).await;
-    let outcome = status_of(ctx, scheduler, &placement, &previous, &deployed, &admission, &kernel, step.as_ref());
+    // The rollout: which pods to replace, and whether the revision being rolled out failed.
+    let step = daemonset.map(|ds| rollout_step(&pass, ds));
+    let covered = KernelCount::covered(step.as_ref(), daemonset);
+    let kernel = Box::pin(kernel_view(ctx, scheduler, &placement, &covered, pass.now)).await;
+    let outcome = status_of(&pass, &deployed, &admission, &kernel, step.as_ref());
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
         return Ok(None);
@@ -183,18 +184,31 @@ fn wanted_revision(
     (wanted, failed)
 }
 
+/// What one reconcile pass read before it decides: the Scheduler and its placement (read
+/// together), the status it last wrote, the revision the spec asks for and that revision's
+/// failure if it failed, and the clocks the decisions are made at.
+struct Pass<'a> {
+    ctx: &'a Context,
+    scheduler: &'a Scheduler,
+    placement: &'a sked_core::arbiter::Placement,
+    previous: &'a SchedulerStatus,
+    previous_rollout: &'a RolloutStatus,
+    wanted: Option<&'a (String, String)>,
+    failed: Option<&'a RolloutFailure>,
+    /// Seconds since the epoch (pod and report times are whole seconds).
+    wall: i64,
+    now: std::time::Instant,
+}
+
 /// The Scheduler's status from what this reconcile saw (decided by [`status::compute`]).
-#[allow(clippy::too_many_arguments)]
 fn status_of(
-    ctx: &Context,
-    scheduler: &Scheduler,
-    placement: &sked_core::arbiter::Placement,
-    previous: &SchedulerStatus,
+    pass: &Pass<'_>,
     deployed: &Deployed,
     admission: &Result<crate::trust::Admitted, TrustError>,
     kernel: &KernelView,
     step: Option<&RolloutStep>,
 ) -> status::Outcome {
+    let Pass { ctx, scheduler, placement, previous, .. } = *pass;
     let daemonset = deployed.daemonset.as_ref();
     let desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
     let rollout = step.map(|s| s.status.clone()).or(previous.rollout.clone());
@@ -381,13 +395,6 @@ struct KernelView {
     grace_left: Duration,
 }
 
-/// Folds the kernel reports of the nodes that run the Scheduler's pod (and are still its own).
-/// Early in a leadership term the table holds only the agents that reconnected so far: while
-/// nodes without a report are the only thing short of the condition found, it is kept as it was,
-/// until every node reported, or until a silent node would be stale anyway
-/// (`--report-stale-after`, at least one heartbeat), longer while agents are still coming back.
-/// A reported problem is news at once. Each ejection is recorded once: one from before this
-/// term may have been recorded by the previous leader, which its events say.
 /// Which nodes KernelAttached counts: `desired` of them, none of `off` (skipped for their own
 /// trouble).
 struct KernelCount<'a> {
@@ -395,6 +402,28 @@ struct KernelCount<'a> {
     off: &'a [String],
 }
 
+impl<'a> KernelCount<'a> {
+    /// KernelAttached counts the nodes the rollout covers: not those skipped for their own
+    /// trouble (down, full, tainted), where no pod of any revision runs. Without a rollout step
+    /// (no DaemonSet), the DaemonSet's own count.
+    fn covered(step: Option<&'a RolloutStep>, daemonset: Option<&DaemonSet>) -> Self {
+        match step {
+            Some(step) => KernelCount { desired: step.desired, off: &step.off_kernel_count },
+            None => KernelCount {
+                desired: daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled),
+                off: &[],
+            },
+        }
+    }
+}
+
+/// Folds the kernel reports of the nodes that run the Scheduler's pod (and are still its own).
+/// Early in a leadership term the table holds only the agents that reconnected so far: while
+/// nodes without a report are the only thing short of the condition found, it is kept as it was,
+/// until every node reported, or until a silent node would be stale anyway
+/// (`--report-stale-after`, at least one heartbeat), longer while agents are still coming back.
+/// A reported problem is news at once. Each ejection is recorded once: one from before this
+/// term may have been recorded by the previous leader, which its events say.
 async fn kernel_view(
     ctx: &Context,
     scheduler: &Scheduler,
@@ -609,24 +638,14 @@ struct RolloutStep {
 }
 
 /// Reads the Scheduler's pods and kernel reports and decides the next rollout step.
-#[allow(clippy::too_many_arguments)]
-fn rollout_step(
-    ctx: &Context,
-    scheduler: &Scheduler,
-    ds: &DaemonSet,
-    placement: &sked_core::arbiter::Placement,
-    previous: &RolloutStatus,
-    failed: Option<&RolloutFailure>,
-    wanted: Option<&(String, String)>,
-    wall: i64,
-    now: std::time::Instant,
-) -> RolloutStep {
+fn rollout_step(pass: &Pass<'_>, ds: &DaemonSet) -> RolloutStep {
+    let Pass { ctx, scheduler, placement, previous_rollout: previous, failed, wanted, wall, .. } = *pass;
     let name = scheduler.name_any();
     let template = TemplateRevision::of(ds);
     let stable = previous.current_revision.as_ref().map(|r| r.name.as_str());
     let pods = ctx.index.pods_of(&name);
     let (labelled, entering) = entering_nodes(ctx, scheduler, placement);
-    let nodes = node_views(ctx, scheduler, &labelled, &pods, &template, wall, now);
+    let nodes = node_views(pass, &labelled, &pods, &template);
     let plan = rollout::decide(&rollout::Input {
         target: &template.name,
         stable,
@@ -716,16 +735,13 @@ impl RolloutStep {
 
 /// Each labelled node with its pod (a live one before a terminating one) and what that pod's
 /// agent last reported, if the report is fresh.
-#[allow(clippy::too_many_arguments)]
 fn node_views(
-    ctx: &Context,
-    scheduler: &Scheduler,
+    pass: &Pass<'_>,
     labelled: &[String],
     pods: &[Arc<SchedulerPod>],
     template: &TemplateRevision,
-    wall: i64,
-    now: std::time::Instant,
 ) -> Vec<rollout::NodeView> {
+    let Pass { ctx, scheduler, now, .. } = *pass;
     let name = scheduler.name_any();
     let stale_after = ctx.flags.report_stale_after;
     let attach_timeout = Duration::from_secs(
@@ -742,7 +758,7 @@ fn node_views(
                     .filter(|p| p.node_or_target() == Some(node.as_str()))
                     .min_by_key(|p| p.is_terminating());
                 let report = reports.get(node).filter(|r| r.scheduler == name && r.fresh(now, stale_after));
-                node_view(ctx, scheduler, node, pod.map(|p| p.as_ref()), report, template, wall, attach_timeout)
+                node_view(pass, node, pod.map(|p| p.as_ref()), report, template, attach_timeout)
             })
             .collect()
     })
@@ -810,17 +826,15 @@ impl TemplateRevision {
 
 /// One labelled node as the rollout sees it: its pod (a live one before a terminating one),
 /// what that pod's agent last reported (a fresh report, or none), and the node's own state.
-#[allow(clippy::too_many_arguments)]
 fn node_view(
-    ctx: &Context,
-    scheduler: &Scheduler,
+    pass: &Pass<'_>,
     node: &str,
     pod: Option<&SchedulerPod>,
     report: Option<&kernel::NodeReport>,
     template: &TemplateRevision,
-    wall: i64,
     attach_timeout: Duration,
 ) -> rollout::NodeView {
+    let Pass { ctx, scheduler, wall, .. } = *pass;
     let own_report = report.filter(|r| pod.is_some_and(|p| p.name == r.pod));
     let exit = own_report.and_then(|r| r.last_exit.as_ref()).map(|e| e.describe());
     let kernel = match report {

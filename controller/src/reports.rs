@@ -114,24 +114,33 @@ impl Drop for StreamSlot {
     }
 }
 
+/// Who may report, and how long a report stays fresh.
+#[derive(Clone, Debug)]
+pub struct ReportsSettings {
+    /// The namespace of the scheduler pods, whose agents report.
+    pub agent_namespace: String,
+    /// The only service account whose tokens may report (`--agent-service-account`).
+    pub agent_service_account: String,
+    /// `--report-stale-after`.
+    pub stale_after: Duration,
+}
+
 impl ReportsService {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
-        agent_namespace: &str,
-        agent_service_account: &str,
+        settings: &ReportsSettings,
         table: Arc<KernelTable>,
-        stale_after: Duration,
         triggers: UnboundedSender<ObjectRef<Scheduler>>,
         stats: Arc<ReportStats>,
         leader: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
+        let ReportsSettings { agent_namespace, agent_service_account, stale_after } = settings;
         Self(Arc::new(Inner {
             client,
             agent_user: format!("system:serviceaccount:{agent_namespace}:{agent_service_account}"),
-            agent_namespace: agent_namespace.to_owned(),
+            agent_namespace: agent_namespace.clone(),
             table,
-            stale_after,
+            stale_after: *stale_after,
             triggers,
             stats,
             leader,

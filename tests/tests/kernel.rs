@@ -670,12 +670,15 @@ async fn a_standby_keeps_the_streams_of_agents_that_reach_every_replica_and_refu
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
     let (triggers, _keep) = futures::channel::mpsc::unbounded();
     let stats = Arc::new(ReportStats::default());
+    let settings = sked_controller::reports::ReportsSettings {
+        agent_namespace: s.fx.namespace.clone(),
+        agent_service_account: "sked-agent".into(),
+        stale_after: STALE_AFTER,
+    };
     let service = ReportsService::new(
         s.fx.client.clone(),
-        &s.fx.namespace,
-        "sked-agent",
+        &settings,
         Arc::new(KernelTable::default()),
-        STALE_AFTER,
         triggers,
         stats.clone(),
         leader_rx,
