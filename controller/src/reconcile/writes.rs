@@ -1,0 +1,172 @@
+//! What a reconcile writes once it decided: the status (first: it carries the rollout's
+//! state), the rollout step's pods, owner labels and rollback, and the events.
+
+use super::*;
+
+/// Saves the status when it changed (a failed write is a Warning event and a retried error),
+/// then records the events of the change.
+pub(super) async fn save_status(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    uid: &str,
+    previous: &SchedulerStatus,
+    outcome: &status::Outcome,
+) -> Result<(), Error> {
+    let events = outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_events);
+    if outcome.status != *previous || events.clone().next().is_some() {
+        crate::throttle::before_write(&ctx.limiter)?;
+    }
+    if outcome.status != *previous {
+        // Remembered before the write: the watch may show it before the response comes, and it
+        // is this write's echo then (see `Memo::is_own_status_echo`). Put back if it fails.
+        let before = lock(&ctx.memo.written).insert(uid.to_owned(), outcome.status.clone());
+        if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
+            {
+                let mut written = lock(&ctx.memo.written);
+                match before {
+                    Some(before) => written.insert(uid.to_owned(), before),
+                    None => written.remove(uid),
+                };
+            }
+            let message = format!("Could not save the Scheduler's status: {source}");
+            let event = EventSpec { kind: EventKind::Warning, reason: Reason::StatusUpdateFailed, message };
+            publish(ctx, scheduler, &event).await;
+            return Err(Error::WriteStatus { name: scheduler.name_any(), source });
+        }
+    } else {
+        debug!("reconciled; nothing changed");
+    }
+    for event in events {
+        info!(reason = %event.reason, kind = ?event.kind, note = %event.message, "state changed");
+        publish(ctx, scheduler, event).await;
+    }
+    Ok(())
+}
+
+/// Carries out a rollout step once its status is saved: the rollback, the pods to replace, the
+/// owner labels to write, and the event of a return to the kernel's default. Returns when the
+/// rollout wants to decide again.
+pub(super) async fn carry_out(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    step: &RolloutStep,
+    daemonset: Option<&DaemonSet>,
+    previous: &RolloutStatus,
+) -> Result<Option<Duration>, Error> {
+    let writes = step.roll_back.is_some()
+        || !step.replace.is_empty()
+        || !step.admit.is_empty()
+        || !step.evict.is_empty()
+        || step.to_zero.is_some();
+    if writes {
+        crate::throttle::before_write(&ctx.limiter)?;
+    }
+    if let (Some((failure, newly)), Some(ds)) = (&step.roll_back, daemonset) {
+        roll_back(ctx, scheduler, ds, previous, failure, *newly).await?;
+    }
+    replace_pods(ctx, &step.replace).await;
+    write_owner_labels(ctx, &scheduler.name_any(), &step.admit, &step.evict).await;
+    if let Some(failure) = &step.to_zero {
+        let which = if previous.current_revision.is_some() {
+            "the nodes it was taking over where it failed"
+        } else {
+            "every node it reached"
+        };
+        let message = format!(
+            "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on {which} ({})",
+            failure.revision,
+            failure.node,
+            failure.cause,
+            step.evict.len()
+        );
+        publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
+    }
+    Ok(step.recheck_in)
+}
+
+/// Writes the owner labels a rollout step decided: `admit` gets this Scheduler's, `evict` loses
+/// it (back to the kernel's default scheduler). A label not written is decided again at the
+/// next reconcile.
+pub(super) async fn write_owner_labels(ctx: &Context, scheduler: &str, admit: &[String], evict: &[String]) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(ctx.client.clone());
+    let writes = admit.iter().map(|n| (n, Some(scheduler))).chain(evict.iter().map(|n| (n, None)));
+    for (node, owner) in writes {
+        if !ctx.leading() {
+            return;
+        }
+        match crate::owner_labels::write_label(&nodes, node, owner).await {
+            Ok(()) => {
+                if owner.is_some() {
+                    let mut labelled = lock(&ctx.memo.labelled);
+                    // Past the longest attach timeout an entry tells nothing any more.
+                    labelled.retain(|_, at| at.elapsed() < Duration::from_secs(86_400));
+                    labelled.insert(node.clone(), std::time::Instant::now());
+                    info!(node = %node, "node enters this Scheduler");
+                } else {
+                    info!(node = %node, "node back on the kernel's default scheduler");
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                warn!(node = %node, err = %e, "could not write the node's owner label; retried at the next reconcile")
+            }
+        }
+    }
+}
+
+/// Deletes the pods a rollout replaces now.
+pub(super) async fn replace_pods(ctx: &Context, replace: &[(String, String)]) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
+    for (pod, uid) in replace {
+        if !ctx.leading() {
+            return;
+        }
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions { uid: Some(uid.clone()), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match pods.delete(pod, &params).await {
+            Ok(_) => info!(pod = %pod, "replacing pod with the new revision"),
+            // Gone, or another pod by now: decided again at the next reconcile.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => warn!(pod = %pod, err = %e, "could not delete pod; retried at the next reconcile"),
+        }
+    }
+}
+
+pub(super) async fn write_status(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    status: &SchedulerStatus,
+) -> Result<(), kube::Error> {
+    let api: Api<Scheduler> = Api::all(ctx.client.clone());
+    let body = json!({
+        "apiVersion": Scheduler::api_version(&()),
+        "kind": Scheduler::kind(&()),
+        "metadata": { "name": scheduler.name_any() },
+        "status": status,
+    });
+    api.patch_status(&scheduler.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+        .await
+        .map(|_| ())
+}
+
+pub(super) async fn publish(ctx: &Context, scheduler: &Scheduler, event: &EventSpec) {
+    if !ctx.leading() {
+        return;
+    }
+    crate::throttle::before_late_write(&ctx.limiter).await;
+    let ev = KubeEvent {
+        type_: match event.kind {
+            EventKind::Normal => EventType::Normal,
+            EventKind::Warning => EventType::Warning,
+        },
+        reason: event.reason.as_str().to_owned(),
+        note: Some(event.message.clone()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &scheduler.object_ref(&())).await {
+        warn!(err = %e, reason = %event.reason, "could not record event");
+    }
+}
