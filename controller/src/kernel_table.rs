@@ -7,10 +7,9 @@ use std::time::{Duration, Instant};
 
 use sked_api::verdict::Verdict;
 
-use crate::api::KernelExit;
 use crate::mutex::lock;
 
-pub use sked_core::kernel_summary::{KernelSummary, NodeReport, grace_left, same_exit, summarize};
+pub use sked_core::kernel_summary::{KernelSummary, NodeReport, ejection_key, grace_left, same_exit, summarize};
 
 /// Latest report per node, shared by the reports server and the reconciler.
 #[derive(Debug, Default)]
@@ -40,9 +39,6 @@ impl KernelTable {
             report.attached_since = None;
             report.ejected = was_attached.is_some() || same_pod.is_some_and(|p| p.ejected);
         }
-        report.exit_recorded = nodes
-            .get(node)
-            .is_some_and(|p| p.exit_recorded && same_exit(p.last_exit.as_ref(), report.last_exit.as_ref()));
         let previous = nodes.insert(node.to_owned(), report.clone());
         if previous.is_none() {
             *lock(&self.last_arrival) = Some(report.received);
@@ -103,18 +99,6 @@ impl KernelTable {
         before - nodes.len()
     }
 
-    /// Marks the exits in `exits` recorded, where their nodes still report them.
-    pub fn exits_recorded(&self, exits: &[KernelExit]) {
-        let mut nodes = lock(&self.nodes);
-        for exit in exits {
-            if let Some(r) = nodes.get_mut(&exit.node)
-                && same_exit(r.last_exit.as_ref(), Some(exit))
-            {
-                r.exit_recorded = true;
-            }
-        }
-    }
-
     /// When a node was last heard from for the first time, or again after its stale report was
     /// forgotten.
     pub fn last_arrival(&self) -> Option<Instant> {
@@ -136,8 +120,14 @@ impl KernelTable {
         std::mem::take(&mut *lock(&self.changed_nodes))
     }
 
-    /// Runs `f` on the table under its lock, without copying it (a reconcile reads a few
-    /// nodes of a table that can hold thousands).
+    /// The reports of `nodes`, copied under one lock: what one reconcile reads of the table (a
+    /// few nodes of a table that can hold thousands), so all it decides sees the same reports.
+    pub fn reports_of<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) -> HashMap<String, NodeReport> {
+        let table = lock(&self.nodes);
+        nodes.into_iter().filter_map(|n| Some((n.clone(), table.get(n)?.clone()))).collect()
+    }
+
+    /// Runs `f` on the table under its lock, without copying it.
     pub fn read<R>(&self, f: impl FnOnce(&HashMap<String, NodeReport>) -> R) -> R {
         f(&lock(&self.nodes))
     }
@@ -146,6 +136,7 @@ impl KernelTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::KernelExit;
 
     fn report(scheduler: &str, verdict: Verdict, received: Instant) -> NodeReport {
         NodeReport::arrived(
@@ -243,8 +234,8 @@ mod tests {
     }
 
     #[test]
-    fn an_ejection_is_listed_until_recorded_and_stays_recorded_while_reported() {
-        let t = KernelTable::default();
+    fn an_ejection_is_listed_until_the_term_recorded_it_and_stays_recorded_while_reported() {
+        let (t, memo) = (KernelTable::default(), crate::memo::Memo::default());
         let now = Instant::now();
         let stall = KernelExit {
             node: "a".into(),
@@ -257,18 +248,27 @@ mod tests {
         let mut r = report("s", Verdict::NotAttached, now);
         r.last_exit = Some(stall.clone());
         t.record("a", r.clone(), STALE);
-        let listed = |t: &KernelTable| t.read(|n| summarize("s", &nodes(&["a"]), 1, n, now, STALE).ejections);
-        assert_eq!(listed(&t), vec![stall.clone()]);
-        t.exits_recorded(std::slice::from_ref(&stall));
-        assert!(listed(&t).is_empty());
+        // What the reconcile lists: the table's ejections the term has not recorded.
+        let listed = |t: &KernelTable, memo: &crate::memo::Memo| {
+            let mut listed = t.read(|n| summarize("s", &nodes(&["a"]), 1, n, now, STALE).ejections);
+            listed.retain(|e| !memo.exit_recorded(e));
+            listed
+        };
+        assert_eq!(listed(&t, &memo), vec![stall.clone()]);
+        memo.exits_recorded(std::slice::from_ref(&stall));
+        assert!(listed(&t, &memo).is_empty());
         // Heartbeats, and the detail line in a later report, are the same exit.
         r.last_exit = Some(KernelExit { detail: "x[1] failed to run for 2s".into(), ..stall.clone() });
         t.record("a", r.clone(), STALE);
-        assert!(listed(&t).is_empty());
+        assert!(listed(&t, &memo).is_empty());
         // The next one is new.
-        r.last_exit = Some(KernelExit { time: "2026-12-01T00:01:00.000Z".into(), ..stall });
-        t.record("a", r, STALE);
-        assert_eq!(listed(&t).len(), 1);
+        r.last_exit = Some(KernelExit { time: "2026-12-01T00:01:00.000Z".into(), ..stall.clone() });
+        t.record("a", r.clone(), STALE);
+        assert_eq!(listed(&t, &memo).len(), 1);
+        // A new term remembers nothing (the events tell it what an earlier term recorded).
+        memo.exits_recorded(&listed(&t, &memo));
+        memo.new_term();
+        assert_eq!(listed(&t, &memo).len(), 1);
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub(crate) struct Memo {
     pub(crate) admissions: Mutex<HashMap<String, Admission>>,
     /// Per Scheduler uid, the ejections (`node@time`) the events show recorded, read once a term.
     pub(crate) recorded_ejections: Mutex<HashMap<String, std::collections::HashSet<String>>>,
+    /// The ejections (`node@time`) whose KernelEjected event this term recorded, or found
+    /// recorded: each is recorded once however often its node reports it again.
+    recorded_exits: Mutex<std::collections::HashSet<String>>,
     /// When this term set each node's owner label: until its pod appears (or the attach timeout
     /// passes) the node counts as switching, so the next wave does not start before it.
     pub(crate) labelled: Mutex<HashMap<String, Instant>>,
@@ -67,6 +70,7 @@ impl Default for Memo {
             applied: Mutex::default(),
             admissions: Mutex::default(),
             recorded_ejections: Mutex::default(),
+            recorded_exits: Mutex::default(),
             labelled: Mutex::default(),
             pod_conditions: Mutex::default(),
         }
@@ -80,8 +84,19 @@ impl Memo {
         lock(&self.written).clear();
         lock(&self.applied).clear();
         lock(&self.recorded_ejections).clear();
+        lock(&self.recorded_exits).clear();
         lock(&self.labelled).clear();
         lock(&self.pod_conditions).clear();
+    }
+
+    /// Remembers that the events of `exits` are out (or were found out already).
+    pub(crate) fn exits_recorded(&self, exits: &[crate::api::KernelExit]) {
+        lock(&self.recorded_exits).extend(exits.iter().map(|e| crate::kernel_table::ejection_key(&e.node, &e.time)));
+    }
+
+    /// Whether this term recorded (or found recorded) the event of `exit`.
+    pub(crate) fn exit_recorded(&self, exit: &crate::api::KernelExit) -> bool {
+        lock(&self.recorded_exits).contains(&crate::kernel_table::ejection_key(&exit.node, &exit.time))
     }
 
     /// How long the current term has lasted.

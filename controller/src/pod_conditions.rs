@@ -16,6 +16,7 @@ use tracing::{debug, warn};
 
 use crate::api::pod_kernel::POD_CONDITION;
 use crate::context::Context;
+use crate::kernel_table::NodeReport;
 use crate::memo::SentCondition;
 use crate::mutex::lock;
 use sked_core::pods::{KernelCondition, SchedulerPod};
@@ -37,13 +38,18 @@ struct Write {
     observed: Option<KernelCondition>,
 }
 
-/// Brings the KernelAttached condition of every pod of `scheduler` up to date with the kernel
-/// table. `grace_over`: a new leader's grace for agents to report has passed, so a pod whose
+/// Brings the KernelAttached condition of every pod of `scheduler` up to date with `reports`
+/// (what the reconcile read of the kernel table). `grace_over`: a new leader's grace for agents to report has passed, so a pod whose
 /// agent is silent may be called stale. Returns when to look again: writes left over or
 /// failed, or a silent pod not old enough to judge yet.
-pub(crate) async fn sync(ctx: &Context, scheduler: &str, grace_over: bool) -> Option<Duration> {
+pub(crate) async fn sync(
+    ctx: &Context,
+    scheduler: &str,
+    reports: &HashMap<String, NodeReport>,
+    grace_over: bool,
+) -> Option<Duration> {
     let pods = ctx.index.pods_of(scheduler);
-    let (mut writes, mut recheck) = decide(ctx, scheduler, &pods, grace_over);
+    let (mut writes, mut recheck) = decide(ctx, scheduler, &pods, reports, grace_over);
     if writes.len() > MAX_WRITES_PER_RECONCILE {
         debug!(pending = writes.len(), "more pod conditions to write than one reconcile writes");
         writes.truncate(MAX_WRITES_PER_RECONCILE);
@@ -94,6 +100,7 @@ fn decide(
     ctx: &Context,
     scheduler: &str,
     pods: &[std::sync::Arc<SchedulerPod>],
+    reports: &HashMap<String, NodeReport>,
     grace_over: bool,
 ) -> (Vec<Write>, Option<Duration>) {
     let stale_after = ctx.flags.report_stale_after;
@@ -102,24 +109,23 @@ fn decide(
     let memo = lock(&ctx.memo.pod_conditions);
     let sent = memo.get(scheduler);
     let mut recheck: Option<Duration> = None;
-    let writes = ctx.kernel.read(|reports| {
-        pods.iter()
-            .filter_map(|pod| {
-                let report = pod.node.as_ref().and_then(|n| reports.get(n));
-                let reported = report.is_some_and(|r| r.pod == pod.name);
-                let age = pod.created.map_or(0, |c| wall.saturating_sub(c).max(0).cast_unsigned());
-                let old_enough = Duration::from_secs(age) > stale_after;
-                if grace_over && !old_enough && !reported && pod.started && !pod.is_terminating() {
-                    let due = stale_after.saturating_sub(Duration::from_secs(age)) + MORE_AFTER;
-                    recheck = Some(recheck.map_or(due, |r| r.min(due)));
-                }
-                let want = sked_core::pod_conditions::desired(pod, report, now, stale_after, grace_over && old_enough)?;
-                let written = sent.and_then(|s| s.get(&pod.uid));
-                let condition = sked_core::pod_conditions::to_write(pod.kernel.as_ref(), &want, written, wall)?;
-                Some(Write { pod: pod.name.clone(), uid: pod.uid.clone(), condition, observed: pod.kernel.clone() })
-            })
-            .collect()
-    });
+    let writes = pods
+        .iter()
+        .filter_map(|pod| {
+            let report = pod.node.as_ref().and_then(|n| reports.get(n));
+            let reported = report.is_some_and(|r| r.pod == pod.name);
+            let age = pod.created.map_or(0, |c| wall.saturating_sub(c).max(0).cast_unsigned());
+            let old_enough = Duration::from_secs(age) > stale_after;
+            if grace_over && !old_enough && !reported && pod.started && !pod.is_terminating() {
+                let due = stale_after.saturating_sub(Duration::from_secs(age)) + MORE_AFTER;
+                recheck = Some(recheck.map_or(due, |r| r.min(due)));
+            }
+            let want = sked_core::pod_conditions::desired(pod, report, now, stale_after, grace_over && old_enough)?;
+            let written = sent.and_then(|s| s.get(&pod.uid));
+            let condition = sked_core::pod_conditions::to_write(pod.kernel.as_ref(), &want, written, wall)?;
+            Some(Write { pod: pod.name.clone(), uid: pod.uid.clone(), condition, observed: pod.kernel.clone() })
+        })
+        .collect();
     (writes, recheck)
 }
 

@@ -31,9 +31,6 @@ pub struct NodeReport {
     pub stale: bool,
     /// The node's last exit from the kernel log, since its agent started.
     pub last_exit: Option<KernelExit>,
-    /// Whether this controller recorded (or chose not to record) the event of `last_exit`; kept by
-    /// the kernel table while the node reports the same exit.
-    pub exit_recorded: bool,
     /// It came on a stream its agent holds to every controller replica: a standby heard it
     /// too, and keeps it into its term as leader. An agent that reaches the leader alone told
     /// another leader in the meantime, so its report is not kept into a new term.
@@ -70,7 +67,6 @@ impl NodeReport {
             ejected: false,
             stale: false,
             last_exit,
-            exit_recorded: false,
             every_replica: false,
         }
     }
@@ -79,6 +75,12 @@ impl NodeReport {
     pub fn from_every_replica(self, every_replica: bool) -> Self {
         Self { every_replica, ..self }
     }
+}
+
+/// The key of one ejection, `node@time`: the same in a report, in this term's memory of the
+/// events recorded, and in a KernelEjected event's note (its detail may come later).
+pub fn ejection_key(node: &str, time: &str) -> String {
+    format!("{node}@{time}")
 }
 
 /// Whether two exits are the same event (its detail may have come later).
@@ -101,7 +103,8 @@ pub struct KernelSummary {
     pub settled: bool,
     /// The newest exit reported from the nodes.
     pub last_exit: Option<KernelExit>,
-    /// Ejections whose event this controller has not recorded yet, oldest first.
+    /// The ejections the nodes report (each node's last exit, when the kernel ejected it), oldest
+    /// first; which of them already have their event is the controller's memory to tell.
     pub ejections: Vec<KernelExit>,
 }
 
@@ -153,8 +156,7 @@ pub fn summarize(
     let mut ejections = Vec::new();
     for node in nodes {
         let report = reports.get(node).filter(|r| r.scheduler == scheduler);
-        if let Some(exit) = report.filter(|r| !r.exit_recorded).and_then(|r| r.last_exit.as_ref()).filter(|e| e.ejected)
-        {
+        if let Some(exit) = report.and_then(|r| r.last_exit.as_ref()).filter(|e| e.ejected) {
             ejections.push(exit.clone());
         }
         if let Some(exit) = report.and_then(|r| r.last_exit.as_ref())

@@ -41,13 +41,8 @@ impl<'a> KernelCount<'a> {
 /// (`--report-stale-after`, at least one heartbeat), longer while agents are still coming back.
 /// A reported problem is news at once. Each ejection is recorded once: one from before this
 /// term may have been recorded by the previous leader, which its events say.
-pub(super) async fn kernel_view(
-    ctx: &Context,
-    scheduler: &Scheduler,
-    placement: &sked_core::arbiter::Placement,
-    count: &KernelCount<'_>,
-    now: std::time::Instant,
-) -> KernelView {
+pub(super) async fn kernel_view(pass: &Pass<'_>, count: &KernelCount<'_>) -> KernelView {
+    let Pass { ctx, scheduler, placement, reports, now, .. } = *pass;
     let name = scheduler.name_any();
     let stale_after = ctx.flags.report_stale_after;
     let scheduled: BTreeSet<String> = ctx
@@ -58,30 +53,26 @@ pub(super) async fn kernel_view(
         .cloned()
         .collect();
     let desired = count.desired;
-    let mut summary =
-        ctx.kernel.read(|reports| kernel::summarize(&name, &scheduled, desired, reports, now, stale_after));
+    let mut summary = kernel::summarize(&name, &scheduled, desired, reports, now, stale_after);
     let heartbeat = ctx.flags.agent_heartbeat_interval;
     let grace = ctx.flags.report_stale_after.max(heartbeat);
     let since_arrival = ctx.kernel.last_arrival().map(|t| now.saturating_duration_since(t));
     let grace_left = kernel::grace_left(ctx.memo.term_age(), grace, heartbeat, since_arrival);
     summary.settled = !summary.awaits_reports(scheduled.len(), grace_left);
+    // Each ejection's event once: not those this term recorded already.
+    summary.ejections.retain(|e| !ctx.memo.exit_recorded(e));
     let heard_ejections = summary.ejections.clone();
     let term_began =
         jiff::Timestamp::now().checked_sub(ctx.memo.term_age()).map(|t| format!("{t:.3}")).unwrap_or_default();
     if summary.ejections.iter().any(|e| e.time < term_began) {
         let recorded = recorded_ejections(ctx, scheduler).await;
-        summary.ejections.retain(|e| !recorded.contains(&ejection_key(&e.node, &e.time)));
+        summary.ejections.retain(|e| !recorded.contains(&kernel::ejection_key(&e.node, &e.time)));
     }
     KernelView { summary, heard_ejections, grace_left }
 }
 
 /// Where the events of a Scheduler are (the recorder's namespace for cluster-scoped objects).
 pub(super) const EVENTS_NAMESPACE: &str = "default";
-
-/// `node@time`: one ejection.
-pub(super) fn ejection_key(node: &str, time: &str) -> String {
-    format!("{node}@{time}")
-}
 
 /// The ejections of `scheduler` that have a KernelEjected event (recorded by this replica or an
 /// earlier leader), read once per Scheduler and leadership term. Unreadable events count as
@@ -101,7 +92,7 @@ pub(super) async fn recorded_ejections(ctx: &Context, scheduler: &Scheduler) -> 
                 // "Node <node>: the kernel ejected <ops> at <time> (<reason>...)"
                 let (node, rest) = e.note.as_deref()?.strip_prefix("Node ")?.split_once(": the kernel ejected ")?;
                 let time = rest.split_once(" at ")?.1.split_once(" (")?.0;
-                Some(ejection_key(node, time))
+                Some(kernel::ejection_key(node, time))
             })
             .collect(),
         Err(e) => {

@@ -12,7 +12,7 @@
 //! step), `kernel_view` (the KernelAttached fold), and `writes` (status first, then the step's
 //! pods, labels and events).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -146,6 +146,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
     let daemonset = deployed.daemonset.as_ref();
 
     ctx.metrics.set_conflicting_nodes(&scheduler.name_any(), placement.lost.len());
+    let reports = ctx.kernel.reports_of(placement.owned.iter().chain(&ctx.index.scheduled_nodes(name)));
     let pass = Pass {
         ctx,
         scheduler,
@@ -154,13 +155,14 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
         previous_rollout: &previous_rollout,
         wanted: wanted.as_ref(),
         failed: failed.as_ref(),
+        reports: &reports,
         wall: jiff::Timestamp::now().as_second(),
         now: std::time::Instant::now(),
     };
     // The rollout: which pods to replace, and whether the revision being rolled out failed.
     let step = daemonset.map(|ds| rollout_step(&pass, ds));
     let covered = KernelCount::covered(step.as_ref(), daemonset);
-    let kernel = Box::pin(kernel_view(ctx, scheduler, &placement, &covered, pass.now)).await;
+    let kernel = Box::pin(kernel_view(&pass, &covered)).await;
     let outcome = status_of(&pass, &deployed, &admission, &kernel, step.as_ref());
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
@@ -168,12 +170,12 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
     }
     // The status first: it carries the rollout's state, so a new leader carries on from it.
     save_status(ctx, scheduler, &uid, &previous, &outcome).await?;
-    ctx.kernel.exits_recorded(&kernel.heard_ejections);
+    ctx.memo.exits_recorded(&kernel.heard_ejections);
     let rollout_recheck = match &step {
         Some(step) => carry_out(ctx, scheduler, step, daemonset, &previous_rollout).await?,
         None => None,
     };
-    let pods_recheck = crate::pod_conditions::sync(ctx, name, kernel.grace_left.is_zero()).await;
+    let pods_recheck = crate::pod_conditions::sync(ctx, name, &reports, kernel.grace_left.is_zero()).await;
     if let Err(source) = admission {
         // Retried with backoff by `error_policy`; the Warning event above already says why.
         return Err(Error::Image { name: scheduler.name_any(), source });
@@ -213,6 +215,8 @@ struct Pass<'a> {
     previous_rollout: &'a RolloutStatus,
     wanted: Option<&'a (String, String)>,
     failed: Option<&'a RolloutFailure>,
+    /// The kernel reports of its nodes (those it owns, and those its pods run on), read once.
+    reports: &'a HashMap<String, kernel::NodeReport>,
     /// Seconds since the epoch (pod and report times are whole seconds).
     wall: i64,
     now: std::time::Instant,

@@ -129,27 +129,23 @@ pub(super) fn node_views(
     pods: &[Arc<SchedulerPod>],
     template: &TemplateRevision,
 ) -> Vec<rollout::NodeView> {
-    let Pass { ctx, scheduler, now, .. } = *pass;
+    let Pass { ctx, scheduler, reports, now, .. } = *pass;
     let name = scheduler.name_any();
     let stale_after = ctx.flags.report_stale_after;
     let attach_timeout = Duration::from_secs(
         u64::try_from(rollout::Pacing::of(scheduler.spec.rollout.as_ref(), 1).attach_timeout_seconds).unwrap_or(1),
     );
-    ctx.kernel.read(|reports| {
-        labelled
-            .iter()
-            .map(|node| {
-                // A pod not bound yet counts for the node it is made for: one never bound is
-                // that node's trouble, not a pod the DaemonSet controller still owes.
-                let pod = pods
-                    .iter()
-                    .filter(|p| p.node_or_target() == Some(node.as_str()))
-                    .min_by_key(|p| p.is_terminating());
-                let report = reports.get(node).filter(|r| r.scheduler == name && r.fresh(now, stale_after));
-                node_view(pass, node, pod.map(|p| p.as_ref()), report, template, attach_timeout)
-            })
-            .collect()
-    })
+    labelled
+        .iter()
+        .map(|node| {
+            // A pod not bound yet counts for the node it is made for: one never bound is that
+            // node's trouble, not a pod the DaemonSet controller still owes.
+            let pod =
+                pods.iter().filter(|p| p.node_or_target() == Some(node.as_str())).min_by_key(|p| p.is_terminating());
+            let report = reports.get(node).filter(|r| r.scheduler == name && r.fresh(now, stale_after));
+            node_view(pass, node, pod.map(|p| p.as_ref()), report, template, attach_timeout)
+        })
+        .collect()
 }
 
 /// The pods the DaemonSet controller means to run; until it has counted them, one per labelled
