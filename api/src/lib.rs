@@ -1,6 +1,6 @@
 //! sked's API: the `Scheduler` custom resource (`sked.schedkit.io/v1`, cluster-scoped), its
-//! reasons and conditions, the CRD rendered as YAML ([`crd`]) and the image references its spec
-//! names ([`image`]). The controller, the tests and `kubectl sked` build on it; it holds no
+//! reasons and conditions, the CRD rendered as YAML ([`crd`]), the image references its spec
+//! names ([`image`]), and an agent's [`verdict`] on its scheduler in sked's own terms. The controller, the tests and `kubectl sked` build on it; it holds no
 //! client and does no I/O.
 //!
 //! The schema carries as much validation as the API server can enforce on its own (required

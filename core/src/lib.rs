@@ -5,7 +5,8 @@
 //! - [`arbiter`]: which Scheduler owns each node;
 //! - [`workload`]: the DaemonSet a Scheduler should have, and its revision;
 //! - [`rollout`]: which pods a rollout replaces next, which nodes enter, and when a revision
-//!   failed;
+//!   failed; [`node_view`]: how it sees one node (its pod, its agent's report, when it was
+//!   labelled);
 //! - [`status`]: a Scheduler's status and the events to record;
 //! - [`kernel_summary`]: the agents' reports folded into the KernelAttached view;
 //! - [`pods`] and [`nodes`]: the facts read off a scheduler pod and a Node;
@@ -19,6 +20,7 @@ pub mod arbiter;
 pub mod conditions;
 pub mod hashing;
 pub mod kernel_summary;
+pub mod node_view;
 pub mod nodes;
 pub mod pod_conditions;
 pub mod pods;

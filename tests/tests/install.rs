@@ -52,12 +52,7 @@ async fn secret_key(fx: &Fixture, name: &str, key: &str) -> Result<Option<String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() -> Result<()> {
-    let fx = Fixture::without_controller().await?;
-    fx.cluster.start_cert_manager()?;
-    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
-    for node in ["control-1", "control-2"] {
-        fx.create_node(node, &[]).await?;
-    }
+    let fx = fresh_release(&["control-1", "control-2"], &[]).await?;
     let chart = workspace_root().join("charts/sked");
     let chart = chart.to_string_lossy().into_owned();
 
@@ -202,14 +197,7 @@ async fn helm_install_with_cert_manager_needs_no_values_and_waits_until_ready() 
         .context("the canary pod on worker-1")?;
     let ca_file = fx.cluster.dir.join("published-ca.crt");
     std::fs::write(&ca_file, &ca)?;
-    // The leader (its pod carries the leader label the reports Service selects).
-    let leader = wait_for("the leading replica", || async {
-        let leading = format!("{CONTROLLER_PODS},sked.schedkit.io/leader=true");
-        let listed =
-            Api::<Pod>::namespaced(fx.client.clone(), NS).list(&ListParams::default().labels(&leading)).await?;
-        Ok(listed.items.first().and_then(|p| pods.port_of(&p.name_any(), "reports")))
-    })
-    .await?;
+    let leader = leader_reports_port(&fx, &pods).await?;
     let address = format!("https://127.0.0.1:{leader}");
     let endpoint =
         ReportsEndpoint { address: &address, ca: &ca_file, server_name: Some(&reports_name), replicas: None };
@@ -269,12 +257,7 @@ async fn reconciles(pods: &ControllerPods) -> std::collections::BTreeMap<String,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> Result<()> {
-    let fx = Fixture::without_controller().await?;
-    fx.cluster.start_cert_manager()?;
-    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
-    for node in ["control-1", "control-2"] {
-        fx.create_node(node, &[("pool", "sched")]).await?;
-    }
+    let fx = fresh_release(&["control-1", "control-2"], &[("pool", "sched")]).await?;
     // The previous chart wanted an issuer and the CA by hand: a CA made through cert-manager.
     let ca_objects = fx.cluster.dir.join("test-ca.yaml");
     std::fs::write(
@@ -387,6 +370,30 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
     Ok(())
 }
 
+/// A cluster as a first `helm install` finds it: cert-manager running, the release namespace
+/// fresh, and Ready `nodes` with `labels`.
+async fn fresh_release(nodes: &[&str], labels: &[(&str, &str)]) -> Result<Fixture> {
+    let fx = Fixture::without_controller().await?;
+    fx.cluster.start_cert_manager()?;
+    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
+    for node in nodes {
+        fx.create_node(node, labels).await?;
+    }
+    Ok(fx)
+}
+
+/// The reports port of the leading replica (its pod carries the leader label the reports
+/// Service selects).
+async fn leader_reports_port(fx: &Fixture, pods: &ControllerPods) -> Result<u16> {
+    wait_for("the leading replica", || async {
+        let leading = format!("{CONTROLLER_PODS},sked.schedkit.io/leader=true");
+        let listed =
+            Api::<Pod>::namespaced(fx.client.clone(), NS).list(&ListParams::default().labels(&leading)).await?;
+        Ok(listed.items.first().and_then(|p| pods.port_of(&p.name_any(), "reports")))
+    })
+    .await
+}
+
 /// The `sh` blocks of a Markdown text, in order.
 fn sh_blocks(markdown: &str) -> Vec<String> {
     let mut blocks = Vec::new();
@@ -432,12 +439,7 @@ fn not_run_here(block: &str) -> Option<&'static str> {
 /// nodes' kubelets and kernels are played, as in the other suites.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_usage_guide_goes_from_images_built_here_to_an_attached_scheduler_and_back() -> Result<()> {
-    let fx = Fixture::without_controller().await?;
-    fx.cluster.start_cert_manager()?;
-    sked_tests::objects::fresh_release_namespace(&fx.client, NS).await;
-    for node in ["control-1", "worker-1", "worker-2"] {
-        fx.create_node(node, &[]).await?;
-    }
+    let fx = fresh_release(&["control-1", "worker-1", "worker-2"], &[]).await?;
     let registry = sked_tests::registry::TestRegistry::start()?;
     let cosign = sked_tests::registry::Cosign::new()?;
     let key = cosign.generate_key_pair("reader")?;
@@ -578,13 +580,7 @@ async fn drive_pool_nodes(fx: &Fixture, pods: &ControllerPods) -> Result<tokio::
         Ok(map.and_then(|m| m.data).and_then(|d| d.get("ca.crt").cloned()))
     })
     .await?;
-    let leader = wait_for("the leading replica", || async {
-        let leading = format!("{CONTROLLER_PODS},sked.schedkit.io/leader=true");
-        let listed =
-            Api::<Pod>::namespaced(fx.client.clone(), NS).list(&ListParams::default().labels(&leading)).await?;
-        Ok(listed.items.first().and_then(|p| pods.port_of(&p.name_any(), "reports")))
-    })
-    .await?;
+    let leader = leader_reports_port(fx, pods).await?;
     let ca_file = fx.cluster.dir.join("guide-ca.crt");
     std::fs::write(&ca_file, &ca)?;
     let address = format!("https://127.0.0.1:{leader}");

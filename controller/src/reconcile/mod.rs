@@ -25,7 +25,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use sked_api::verdict::Verdict;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::{Reason, RevisionSpec, RolloutFailure, RolloutStatus, Scheduler, SchedulerStatus};
@@ -35,6 +34,7 @@ use crate::kernel_table as kernel;
 use crate::mutex::lock;
 use crate::throttle::retry_delay;
 use crate::trust::TrustError;
+use sked_core::node_view::{Labelling, TemplateRevision};
 use sked_core::pods::SchedulerPod;
 use sked_core::rollout;
 use sked_core::status::{self, EventKind, EventSpec, Observed};

@@ -181,35 +181,9 @@ pub(super) fn caught_up(ctx: &Context, name: &str, ds: &DaemonSet) -> bool {
     ds.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0) >= ds_generation && ds_generation >= applied
 }
 
-/// What a pod of the DaemonSet's template runs: its revision label, image and arguments.
-pub(super) struct TemplateRevision {
-    pub(super) name: String,
-    pub(super) image: String,
-    pub(super) args: Vec<String>,
-}
-
-impl TemplateRevision {
-    pub(super) fn of(ds: &DaemonSet) -> Self {
-        let template = &ds.spec.template;
-        let name = template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.as_ref())
-            .and_then(|l| l.get(workload::REVISION_LABEL))
-            .cloned()
-            .unwrap_or_default();
-        let scx =
-            template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER));
-        Self {
-            name,
-            image: scx.and_then(|c| c.image.clone()).unwrap_or_default(),
-            args: scx.and_then(|c| c.args.clone()).unwrap_or_default(),
-        }
-    }
-}
-
-/// One labelled node as the rollout sees it: its pod (a live one before a terminating one),
-/// what that pod's agent last reported (a fresh report, or none), and the node's own state.
+/// One labelled node as the rollout sees it ([`sked_core::node_view::node_view`]): the term
+/// forgets when it labelled a node once it runs attached, and the node's own state says
+/// whether a pod can run there.
 pub(super) fn node_view(
     pass: &Pass<'_>,
     node: &str,
@@ -219,36 +193,8 @@ pub(super) fn node_view(
     attach_timeout: Duration,
 ) -> rollout::NodeView {
     let Pass { ctx, scheduler, wall, .. } = *pass;
-    let own_report = report.filter(|r| pod.is_some_and(|p| p.name == r.pod));
-    let exit = own_report.and_then(|r| r.last_exit.as_ref()).map(|e| e.describe());
-    let kernel = match report {
-        Some(r) if r.verdict == Verdict::KernelUnsupported => rollout::KernelView::Unsupported,
-        Some(r) if r.verdict == Verdict::ForeignScheduler => rollout::KernelView::Foreign,
-        Some(_) => match own_report.map(|r| (r.attached_since, r.ejected)) {
-            Some((Some(since), _)) => rollout::KernelView::Attached { since },
-            Some((None, true)) => rollout::KernelView::Ejected,
-            Some((None, false)) => rollout::KernelView::NotAttached,
-            None => rollout::KernelView::Unknown,
-        },
-        None => rollout::KernelView::Unknown,
-    };
-    let view = pod.map(|p| rollout::PodView {
-        name: p.name.clone(),
-        revision: p.revision(&template.name, &template.image, &template.args),
-        ready_since: p.ready_since,
-        created: p.created.unwrap_or(wall),
-        crash_looping: p.backing_off || p.restarts >= rollout::CRASH_LOOP_RESTARTS,
-        bound: p.node.is_some(),
-        started: p.started,
-        pull_error: p.pull_error.clone(),
-        last_exit: p.last_exit.clone(),
-        terminating_since: p.terminating_since,
-    });
-    // When this leader labelled it, as long as it has not run attached since: once it has, it
-    // no longer enters (a later restart of its pod is not a switch from revision zero).
-    let attached =
-        matches!(kernel, rollout::KernelView::Attached { .. }) && pod.is_some_and(|p| p.ready_since.is_some());
-    let labelled_ago = {
+    let attached = sked_core::node_view::runs_attached(&sked_core::node_view::kernel_view(report, pod), pod);
+    let ago = {
         let mut labelled = lock(&ctx.memo.labelled);
         if attached {
             labelled.remove(node);
@@ -257,19 +203,10 @@ pub(super) fn node_view(
             labelled.get(node).map(|at| at.elapsed())
         }
     };
-    // Labelled moments ago and no pod yet: by this leader (it remembers), or by the last one
-    // (early in a term, any labelled node without a pod may be).
-    let just_labelled = view.is_none()
-        && (ctx.memo.term_age() < attach_timeout || labelled_ago.is_some_and(|ago| ago < attach_timeout));
+    let labelling = Labelling { ago, term_age: ctx.memo.term_age(), attach_timeout };
     rollout::NodeView {
-        node: node.to_owned(),
-        pod: view,
-        kernel,
-        exit,
-        just_labelled,
         unfit: unfit(ctx, scheduler, node),
-        // In whole seconds, rounded down (pod creation times are whole seconds too).
-        entered_at: labelled_ago.map(|ago| wall.saturating_sub(i64::try_from(ago.as_secs() + 1).unwrap_or(i64::MAX))),
+        ..sked_core::node_view::node_view(node, pod, report, template, labelling, wall)
     }
 }
 
