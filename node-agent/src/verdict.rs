@@ -38,16 +38,16 @@ pub fn decide(read: &KernelRead, expected_ops: Option<&str>, owner: &Owner) -> (
     let expected = expected_ops.filter(|e| !e.is_empty());
     let matches_expected = expected.is_some_and(|e| !ops.is_empty() && ops.starts_with(e));
     match (owner, expected) {
-        (Owner::Ours { pid, comm, .. }, _) => {
-            (Verdict::Attached, format!("kernel runs ops \"{ops}\", attached by {comm} (pid {pid}) in this pod"))
-        }
-        (_, Some(e)) if matches_expected => {
-            (Verdict::Attached, format!("kernel runs ops \"{ops}\", which matches expectedOps {e:?}"))
-        }
-        (Owner::NotOurs, Some(e)) | (Owner::Unknown(_), Some(e)) => (
+        // The Scheduler names its ops: others are another scheduler's, even one a process of the
+        // pod holds (a second scheduler started in the pod, or a link its holder passed on).
+        (_, Some(e)) if !matches_expected => (
             Verdict::ForeignScheduler,
             format!("kernel runs ops \"{ops}\", not this pod's scheduler (expectedOps {e:?})"),
         ),
+        (Owner::Ours { pid, comm, .. }, _) => {
+            (Verdict::Attached, format!("kernel runs ops \"{ops}\", attached by {comm} (pid {pid}) in this pod"))
+        }
+        (_, Some(e)) => (Verdict::Attached, format!("kernel runs ops \"{ops}\", which matches expectedOps {e:?}")),
         (Owner::NotOurs, None) => {
             (Verdict::ForeignScheduler, format!("kernel runs ops \"{ops}\", attached by a process outside this pod"))
         }
@@ -108,6 +108,18 @@ mod tests {
         let (v, why) = decide(&k, Some("lavd"), &Owner::NotOurs);
         assert_eq!(v, Verdict::ForeignScheduler);
         assert!(why.contains("bpfland") && why.contains("lavd"), "{why}");
+    }
+
+    #[test]
+    fn ops_other_than_expected_are_foreign_whoever_holds_them() {
+        // A second scheduler started inside the pod (or the VM test's intruder, pinned by a
+        // loader that held its link a moment) is not the one the Scheduler names.
+        let k = kernel("enabled", Some("sked_intruder"));
+        let (v, why) = decide(&k, Some("sked_canary"), &ours());
+        assert_eq!(v, Verdict::ForeignScheduler);
+        assert!(why.contains("sked_intruder") && why.contains("sked_canary"), "{why}");
+        // Without expectedOps, holding the link is the proof.
+        assert_eq!(decide(&k, None, &ours()).0, Verdict::Attached);
     }
 
     #[test]
