@@ -27,3 +27,6 @@ pub mod pods;
 pub mod rollout;
 pub mod status;
 pub mod workload;
+
+#[cfg(test)]
+mod test_objects;

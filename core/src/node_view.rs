@@ -127,16 +127,10 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    fn pod(name: &str) -> SchedulerPod {
-        let mut p = SchedulerPod::of(&k8s_openapi::api::core::v1::Pod::default());
-        p.name = name.into();
-        p.scheduler = Some("s".into());
-        p.started = true;
-        p
-    }
+    use crate::test_objects::pod;
 
     fn report(pod: &str, verdict: Verdict) -> NodeReport {
-        NodeReport::arrived("s".into(), pod.into(), verdict, "said".into(), "rusty".into(), Instant::now(), None)
+        crate::test_objects::report(pod, verdict, Instant::now())
     }
 
     const LONG_AGO: Labelling =

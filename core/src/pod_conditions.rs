@@ -92,17 +92,7 @@ mod tests {
     use super::*;
     use sked_api::KernelExit;
 
-    fn pod(name: &str) -> SchedulerPod {
-        let mut p = SchedulerPod::of(&k8s_openapi::api::core::v1::Pod::default());
-        p.name = name.into();
-        p.scheduler = Some("s".into());
-        p.started = true;
-        p
-    }
-
-    fn report(pod: &str, verdict: Verdict, received: Instant) -> NodeReport {
-        NodeReport::arrived("s".into(), pod.into(), verdict, "said".into(), "rusty".into(), received, None)
-    }
+    use crate::test_objects::{pod, report};
 
     const STALE: Duration = Duration::from_secs(30);
 
