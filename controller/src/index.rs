@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::mutex::lock;
 use sked_core::arbiter::{Arbiter, Changed, Claim, Placement};
 use sked_core::nodes::NodeFacts;
+use sked_core::plan;
 use sked_core::pods::SchedulerPod;
 use sked_core::workload::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
 
@@ -135,13 +136,6 @@ impl Index {
         Some((scheduler, arbiter.placement(name)))
     }
 
-    /// The nodes that run a live pod of the Scheduler `name`.
-    pub(crate) fn scheduled_nodes(&self, name: &str) -> BTreeSet<String> {
-        let pods = lock(&self.pods);
-        let Some(of) = pods.by_scheduler.get(name) else { return BTreeSet::new() };
-        of.values().filter(|p| !p.is_terminating()).filter_map(|p| p.node.clone()).collect()
-    }
-
     /// The DaemonSet of the Scheduler `name`, as last seen (it may lag behind a write just made).
     pub(crate) fn daemonset(&self, name: &str, namespace: &str) -> Option<Arc<DaemonSet>> {
         self.daemonsets.get(&ObjectRef::new(name).within(namespace))
@@ -156,16 +150,6 @@ impl Index {
     /// Node without that label.
     pub(crate) fn node_label(&self, name: &str, key: &str) -> Option<Option<String>> {
         lock(&self.arbiter).node_labels(name).map(|labels| labels.get(key).cloned())
-    }
-
-    /// When the Node `name` was created (seconds since the epoch), if known.
-    pub(crate) fn node_created(&self, name: &str) -> Option<i64> {
-        lock(&self.node_facts).get(name).and_then(|f| f.created)
-    }
-
-    /// What is known of the Node `name` (as last seen).
-    pub(crate) fn node_facts(&self, name: &str) -> Option<Arc<NodeFacts>> {
-        lock(&self.node_facts).get(name).cloned()
     }
 
     /// Whether a Node of that name exists (as last seen).
@@ -189,23 +173,36 @@ impl Index {
             .collect()
     }
 
-    /// The nodes that carry the owner label naming `scheduler` (its DaemonSet runs a pod on
-    /// each), whether or not it still owns them.
-    pub(crate) fn labelled_nodes(&self, scheduler: &str) -> BTreeSet<String> {
-        lock(&self.arbiter)
-            .owners()
-            .filter(|(_, labels, _)| labels.get(OWNER_LABEL).is_some_and(|o| o == scheduler))
-            .map(|(node, _, _)| node.to_owned())
-            .collect()
-    }
-
-    /// How many of `nodes` do not carry the owner label naming `scheduler` yet.
-    pub(crate) fn unlabelled(&self, scheduler: &str, nodes: &BTreeSet<String>) -> usize {
-        let arbiter = lock(&self.arbiter);
-        nodes
-            .iter()
-            .filter(|n| arbiter.node_labels(n).and_then(|l| l.get(OWNER_LABEL)).is_none_or(|owner| owner != scheduler))
-            .count()
+    /// The Nodes a reconcile of the Scheduler `name` speaks of (`sked_core::plan::Nodes`): those it
+    /// owns (`placement`), those that carry its owner label, and those its `pods` are on or made
+    /// for; each with its owner label and facts, read under one lock of each.
+    pub(crate) fn nodes_of(&self, name: &str, placement: &Placement, pods: &[Arc<SchedulerPod>]) -> plan::Nodes {
+        let scheduled: BTreeSet<String> =
+            pods.iter().filter(|p| !p.is_terminating()).filter_map(|p| p.node.clone()).collect();
+        let under_pods = pods.iter().filter_map(|p| p.node_or_target());
+        let (labelled, mut known) = {
+            let arbiter = lock(&self.arbiter);
+            let labelled: BTreeSet<String> = arbiter
+                .owners()
+                .filter(|(_, labels, _)| labels.get(OWNER_LABEL).is_some_and(|o| o == name))
+                .map(|(node, _, _)| node.to_owned())
+                .collect();
+            let names: BTreeSet<&str> =
+                placement.owned.iter().chain(&labelled).map(String::as_str).chain(under_pods).collect();
+            let known: HashMap<String, plan::NodeEntry> = names
+                .into_iter()
+                .filter_map(|n| {
+                    let owner = arbiter.node_labels(n)?.get(OWNER_LABEL).cloned();
+                    Some((n.to_owned(), plan::NodeEntry { owner, facts: None }))
+                })
+                .collect();
+            (labelled, known)
+        };
+        let facts = lock(&self.node_facts);
+        for (node, entry) in &mut known {
+            entry.facts = facts.get(node).cloned();
+        }
+        plan::Nodes { known, scheduled, labelled }
     }
 
     /// Resolves after the next change of a Node or a Scheduler (or at once, if one happened
@@ -347,8 +344,8 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
         // Any change of the Scheduler itself is reconciled (an annotation too), placement moved
         // or not; but not the echo of the status its own reconcile wrote (a reconcile, and a
         // rate-limit token, spent on nothing, and the next real change waits behind it).
-        let echo = self.replaced.take().is_some_and(|before| only_status_moved(&before, &s))
-            && self.memo.is_own_status_echo(&s);
+        let written = s.uid().and_then(|uid| self.memo.written_status(&uid));
+        let echo = self.replaced.take().is_some_and(|before| plan::echo::status_echo(&before, &s, written.as_ref()));
         if terminating(&s) || !echo {
             changed.insert(s.name_any());
         }
@@ -360,19 +357,6 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
         self.metrics.forget_scheduler(&s.name_any());
         arbiter.remove_scheduler(&s.name_any())
     }
-}
-
-/// Whether `after` differs from `before` in its status alone (and the bookkeeping every write
-/// moves: resourceVersion, managedFields).
-fn only_status_moved(before: &Scheduler, after: &Scheduler) -> bool {
-    let (b, a) = (&before.metadata, &after.metadata);
-    before.spec == after.spec
-        && b.generation == a.generation
-        && b.labels == a.labels
-        && b.annotations == a.annotations
-        && b.finalizers == a.finalizers
-        && b.owner_references == a.owner_references
-        && b.deletion_timestamp == a.deletion_timestamp
 }
 
 /// The Node feed: labels into the arbiter, and each Node's facts.
@@ -487,12 +471,11 @@ where
     }
 }
 
-/// Whether the one change from `before` to `now` is the KernelAttached condition this term wrote:
-/// the echo of a reconcile's own write, which gives the next one nothing to do.
+/// Whether the one change from `before` to `now` is the KernelAttached condition this term wrote
+/// ([`plan::echo::condition_echo`]).
 fn own_condition_echo(memo: &Memo, before: &SchedulerPod, now: &SchedulerPod) -> bool {
     let Some(scheduler) = now.scheduler.as_deref() else { return false };
-    let otherwise_same = SchedulerPod { kernel: before.kernel.clone(), ..now.clone() } == *before;
-    otherwise_same && memo.is_own_pod_condition(scheduler, &now.uid, now.kernel.as_ref())
+    plan::echo::condition_echo(before, now, memo.sent_condition(scheduler, &now.uid).as_ref())
 }
 
 /// The Scheduler owning a DaemonSet (the owner is cluster-scoped, so the namespace is dropped).
@@ -623,26 +606,8 @@ mod tests {
         SchedulerPod::of(&pod)
     }
 
-    #[test]
-    fn a_change_besides_the_status_is_never_an_echo() {
-        let before: Scheduler = serde_json::from_value(serde_json::json!({
-            "apiVersion": "sked.schedkit.io/v1", "kind": "Scheduler",
-            "metadata": {"name": "a", "generation": 2, "resourceVersion": "1"},
-            "spec": {"sched": "r.io/s@sha256:00"},
-        }))
-        .expect("a valid Scheduler");
-        let mut written = before.clone();
-        written.metadata.resource_version = Some("2".into());
-        written.status = Some(crate::api::SchedulerStatus { observed_generation: Some(2), ..Default::default() });
-        assert!(only_status_moved(&before, &written));
-        let mut annotated = written.clone();
-        annotated.metadata.annotations = Some([("poke".to_owned(), "1".to_owned())].into());
-        assert!(!only_status_moved(&written, &annotated), "an annotation is reconciled");
-        let mut respecced = written.clone();
-        respecced.spec.args = vec!["--x".into()];
-        assert!(!only_status_moved(&written, &respecced));
-    }
-
+    /// The pod watch reads the condition off a real Pod and asks this term's memory by the
+    /// pod's Scheduler and uid (the rule is `plan::echo`'s).
     #[test]
     fn only_the_condition_this_term_wrote_is_an_echo() {
         let memo = Memo::default();

@@ -10,16 +10,8 @@ use kube::ResourceExt;
 use crate::api::{Scheduler, SchedulerStatus};
 use crate::mutex::lock;
 use crate::trust::Admitted;
-use sked_core::pods::KernelCondition;
 
-/// A DaemonSet as this controller last applied it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Applied {
-    /// Digest of the object sent (`workload::applied_digest`).
-    pub(crate) hash: String,
-    /// The `metadata.generation` the API server gave it.
-    pub(crate) generation: i64,
-}
+pub(crate) use sked_core::plan::{Applied, SentCondition};
 
 /// An image admission kept for one Scheduler, with what it was decided from.
 #[derive(Clone, Debug)]
@@ -58,9 +50,6 @@ pub(crate) struct Memo {
     /// by pod uid: each with what the pod carried when it was written.
     pub(crate) pod_conditions: Mutex<HashMap<String, HashMap<String, SentCondition>>>,
 }
-
-/// A pod condition written, and what the pod carried then.
-pub(crate) type SentCondition = (KernelCondition, Option<KernelCondition>);
 
 impl Default for Memo {
     fn default() -> Self {
@@ -114,26 +103,15 @@ impl Memo {
         lock(&self.applied).retain(|name, _| names.contains(name));
     }
 
-    /// Whether `scheduler` is what this term's last status write left it: the status written,
-    /// observing the generation it has. Its watch event is then the echo of that write and
-    /// tells a reconcile nothing new (a spec change moves the generation; anyone else's status
-    /// write differs from ours).
-    pub(crate) fn is_own_status_echo(&self, scheduler: &Scheduler) -> bool {
-        let (Some(uid), Some(status)) = (scheduler.uid(), scheduler.status.as_ref()) else { return false };
-        if status.observed_generation.is_none() || status.observed_generation != scheduler.metadata.generation {
-            return false;
-        }
-        // Compared as written on the wire: the API server keeps times to the second.
-        let written = lock(&self.written).get(&uid).map(serde_json::to_value);
-        matches!(written, Some(Ok(w)) if serde_json::to_value(status).is_ok_and(|s| s == w))
+    /// The status this term last wrote for the Scheduler `uid` (what its echo carries).
+    pub(crate) fn written_status(&self, uid: &str) -> Option<SchedulerStatus> {
+        lock(&self.written).get(uid).cloned()
     }
 
-    /// Whether `condition` on the pod `uid` of `scheduler` is the one this term wrote there and
-    /// the pod watch had not shown yet: the echo of that write.
-    pub(crate) fn is_own_pod_condition(&self, scheduler: &str, uid: &str, condition: Option<&KernelCondition>) -> bool {
-        let sent = lock(&self.pod_conditions);
-        let written = sent.get(scheduler).and_then(|s| s.get(uid)).map(|(c, _)| c);
-        written.is_some() && written == condition
+    /// The KernelAttached condition this term wrote on the pod `uid` of `scheduler` that the pod
+    /// watch has not shown yet, with what the pod carried then.
+    pub(crate) fn sent_condition(&self, scheduler: &str, uid: &str) -> Option<SentCondition> {
+        lock(&self.pod_conditions).get(scheduler)?.get(uid).cloned()
     }
 
     pub(crate) fn forget(&self, scheduler: &Scheduler) {
@@ -143,74 +121,5 @@ impl Memo {
             lock(&self.recorded_ejections).remove(&uid);
         }
         lock(&self.applied).remove(&scheduler.name_any());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scheduler(generation: i64, observed: i64, phase_message: &str) -> Scheduler {
-        let mut s: Scheduler = serde_json::from_value(serde_json::json!({
-            "apiVersion": "sked.schedkit.io/v1",
-            "kind": "Scheduler",
-            "metadata": {"name": "a", "uid": "u-1", "generation": generation},
-            "spec": {"sched": "r.io/s@sha256:00"},
-        }))
-        .expect("a valid Scheduler");
-        s.status = Some(SchedulerStatus {
-            observed_generation: Some(observed),
-            kernel_attached_summary: Some(phase_message.to_owned()),
-            ..SchedulerStatus::default()
-        });
-        s
-    }
-
-    #[test]
-    fn only_the_scheduler_as_its_own_last_write_left_it_is_an_echo() {
-        let memo = Memo::default();
-        let written = scheduler(2, 2, "1/1");
-        assert!(!memo.is_own_status_echo(&written), "nothing written yet");
-        lock(&memo.written).insert("u-1".into(), written.status.clone().unwrap_or_default());
-        assert!(memo.is_own_status_echo(&written));
-        // The spec changed since (the generation moved on): not an echo.
-        assert!(!memo.is_own_status_echo(&scheduler(3, 2, "1/1")));
-        // Someone else's status: not an echo.
-        assert!(!memo.is_own_status_echo(&scheduler(2, 2, "0/1")));
-        // The API server keeps times to the second: what comes back is still the echo.
-        let mut precise = written.status.clone().unwrap_or_default();
-        precise.conditions = vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: "Ready".into(),
-            message: String::new(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::from_millisecond(1_700_000_000_123).unwrap_or_default(),
-            ),
-            observed_generation: Some(2),
-        }];
-        lock(&memo.written).insert("u-1".into(), precise.clone());
-        let echoed: SchedulerStatus =
-            serde_json::from_value(serde_json::to_value(&precise).unwrap_or_default()).unwrap_or_default();
-        assert_ne!(echoed, precise, "the wire drops the milliseconds");
-        assert!(memo.is_own_status_echo(&Scheduler { status: Some(echoed), ..written.clone() }));
-        // A new term remembers no write.
-        memo.new_term();
-        assert!(!memo.is_own_status_echo(&written));
-    }
-
-    #[test]
-    fn a_pod_condition_is_an_echo_only_while_it_is_the_one_sent() {
-        let memo = Memo::default();
-        let sent =
-            KernelCondition { status: "True".into(), reason: "KernelAttached".into(), message: "m".into(), since: 7 };
-        assert!(!memo.is_own_pod_condition("a", "p-1", Some(&sent)));
-        lock(&memo.pod_conditions).entry("a".into()).or_default().insert("p-1".into(), (sent.clone(), None));
-        assert!(memo.is_own_pod_condition("a", "p-1", Some(&sent)));
-        let other = KernelCondition { status: "False".into(), ..sent.clone() };
-        assert!(!memo.is_own_pod_condition("a", "p-1", Some(&other)));
-        assert!(!memo.is_own_pod_condition("a", "p-1", None));
-        assert!(!memo.is_own_pod_condition("a", "p-2", Some(&sent)));
-        assert!(!memo.is_own_pod_condition("b", "p-1", Some(&sent)));
     }
 }

@@ -7,6 +7,9 @@
 //! - [`rollout`]: which pods a rollout replaces next, which nodes enter, and when a revision
 //!   failed; [`node_view`]: how it sees one node (its pod, its agent's report, when it was
 //!   labelled);
+//! - [`plan`]: one reconcile's decisions over one snapshot (the DaemonSet's write, then the
+//!   status, the rollout's actions, the pods' conditions, what the term remembers), from the
+//!   deciders below;
 //! - [`status`]: a Scheduler's status and the events to record;
 //! - [`kernel_summary`]: the agents' reports folded into the KernelAttached view;
 //! - [`pods`] and [`nodes`]: the facts read off a scheduler pod and a Node;
@@ -22,6 +25,7 @@ pub mod hashing;
 pub mod kernel_summary;
 pub mod node_view;
 pub mod nodes;
+pub mod plan;
 pub mod pod_conditions;
 pub mod pods;
 pub mod rollout;

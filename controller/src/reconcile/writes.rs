@@ -1,5 +1,6 @@
-//! What a reconcile writes once it decided: the status (first: it carries the rollout's
-//! state), the rollout step's pods, owner labels and rollback, and the events.
+//! What a reconcile writes once it decided ([`Plan`]): the status (first: it carries the
+//! rollout's state), the rollout step's pods, owner labels and rollback, the events, and the
+//! pods' conditions (`crate::pod_conditions`).
 
 use super::*;
 
@@ -18,7 +19,7 @@ pub(super) async fn save_status(
     }
     if outcome.status != *previous {
         // Remembered before the write: the watch may show it before the response comes, and it
-        // is this write's echo then (see `Memo::is_own_status_echo`). Put back if it fails.
+        // is this write's echo then (see `sked_core::plan::echo`). Put back if it fails.
         let before = lock(&ctx.memo.written).insert(uid.to_owned(), outcome.status.clone());
         if let Err(source) = write_status(ctx, scheduler, &outcome.status).await {
             {
@@ -43,45 +44,67 @@ pub(super) async fn save_status(
     Ok(())
 }
 
-/// Carries out a rollout step once its status is saved: the rollback, the pods to replace, the
-/// owner labels to write, and the event of a return to the kernel's default. Returns when the
-/// rollout wants to decide again.
+/// Carries out a plan: the status first (it carries the rollout's state, so a new leader
+/// carries on from it) and its events, what the term remembers, the rollout's step, then the
+/// pods' conditions. Returns when to look again: the plan's, or sooner when a pod condition
+/// could not be written.
 pub(super) async fn carry_out(
     ctx: &Context,
-    scheduler: &Scheduler,
-    step: &RolloutStep,
-    daemonset: Option<&DaemonSet>,
-    previous: &RolloutStatus,
+    s: &Snapshot<'_>,
+    deployed: &Deployed,
+    plan: &Plan,
 ) -> Result<Option<Duration>, Error> {
-    let writes = step.roll_back.is_some()
-        || !step.replace.is_empty()
-        || !step.admit.is_empty()
-        || !step.evict.is_empty()
-        || step.to_zero.is_some();
-    if writes {
+    let name = s.scheduler.name_any();
+    ctx.metrics.set_conflicting_nodes(&name, s.placement.lost.len());
+    save_status(ctx, s.scheduler, &s.scheduler.uid().unwrap_or_default(), s.previous, &plan.status).await?;
+    remember(ctx, &plan.remember);
+    if let Some(step) = &plan.rollout {
+        carry_out_step(ctx, s.scheduler, step, deployed.daemonset.as_ref()).await?;
+    }
+    let retry = crate::pod_conditions::write(ctx, &name, s.pods, &plan.pod_conditions).await;
+    Ok([plan.recheck, retry].into_iter().flatten().min())
+}
+
+/// Keeps what the plan says the term remembers: the nodes now seen attached are no longer
+/// switching, and the ejections heard have their events.
+fn remember(ctx: &Context, remember: &plan::Remember) {
+    ctx.memo.exits_recorded(&remember.exits_recorded);
+    if !remember.attached.is_empty() {
+        let mut labelled = lock(&ctx.memo.labelled);
+        for node in &remember.attached {
+            labelled.remove(node);
+        }
+    }
+}
+
+/// Carries out a rollout step once its status is saved: the rollback, the pods to replace, the
+/// owner labels to write, and the RolledBack events.
+async fn carry_out_step(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    step: &RolloutActions,
+    daemonset: Option<&DaemonSet>,
+) -> Result<(), Error> {
+    let name = scheduler.name_any();
+    if let Some(failure) = &step.newly_failed {
+        warn!(revision = %failure.revision, node = %failure.node, cause = %failure.cause, "rollout failed");
+        ctx.metrics.rolled_back(&name);
+    }
+    if step.recovered {
+        info!("the revision reported failed runs attached everywhere now");
+    }
+    if step.writes() {
         crate::throttle::before_write(&ctx.limiter)?;
     }
-    if let (Some((failure, newly)), Some(ds)) = (&step.roll_back, daemonset) {
-        roll_back(ctx, scheduler, ds, previous, failure, *newly).await?;
+    if let (Some(to), Some(ds)) = (&step.roll_back, daemonset) {
+        roll_back(ctx, scheduler, ds, to, step.newly_failed.is_some()).await?;
     }
     replace_pods(ctx, &step.replace).await;
-    write_owner_labels(ctx, &scheduler.name_any(), &step.admit, &step.evict).await;
-    if let Some(failure) = &step.to_zero {
-        let which = if previous.current_revision.is_some() {
-            "the nodes it was taking over where it failed"
-        } else {
-            "every node it reached"
-        };
-        let message = format!(
-            "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on {which} ({})",
-            failure.revision,
-            failure.node,
-            failure.cause,
-            step.evict.len()
-        );
-        publish(ctx, scheduler, &EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }).await;
+    write_owner_labels(ctx, &name, &step.admit, &step.evict).await;
+    for event in step.events() {
+        publish(ctx, scheduler, event).await;
     }
-    Ok(step.recheck_in)
+    Ok(())
 }
 
 /// Writes the owner labels a rollout step decided: `admit` gets this Scheduler's, `evict` loses
