@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout images cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
+.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout chaos images cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -29,6 +29,7 @@ TOOLS_KERNEL := kubernetes etcd
 TOOLS_NODE := kubernetes etcd kubelet helm cosign crane cert-manager promtool
 TOOLS_BENCH := kubernetes etcd cosign crane
 TOOLS_BENCH_ROLLOUT := kubernetes etcd
+TOOLS_CHAOS := kubernetes etcd
 TOOLS_IMAGES := crane cosign
 TOOLS_LINT := actionlint
 build_tools = @hack/build-tools.sh $(TOOLS_BIN) $(1) >/dev/null
@@ -53,8 +54,10 @@ kustomize: setup
 # `make coverage-report`: CI runs every suite once that way instead of twice.
 ifeq ($(COVERAGE),1)
 CARGO_TEST = $(CARGO) llvm-cov test --no-report
+CARGO_RUN = $(CARGO) llvm-cov run --no-report
 else
 CARGO_TEST = $(CARGO) test
+CARGO_RUN = $(CARGO) run --quiet
 endif
 
 ## test: unit, property and integration tests (integration tests start a real control plane,
@@ -104,6 +107,15 @@ bench: setup
 bench-rollout: setup
 	$(call build_tools,$(TOOLS_BENCH_ROLLOUT))
 	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench-rollout
+
+## chaos: each fault (leader killed or frozen, kube-apiserver restarted, an agent restarted,
+## the agents' path stalled, a node NotReady or deleted) at each rollout step, with two
+## controller replicas and a real agent per pod on 54 stand-in nodes (debug build; not part of
+## `make test`); prints the table docs/reliability.md keeps and fails on any violation.
+## CHAOS_FAULTS picks some faults (CI runs two).
+chaos: setup
+	$(call build_tools,$(TOOLS_CHAOS))
+	$(CARGO_RUN) -p sked-tests --bin sked-chaos
 
 ## images: the controller and agent images of this checkout, without a Docker engine: pushed
 ## to REGISTRY (required, e.g. REGISTRY=registry.example.com/sked), signed with COSIGN_KEY when

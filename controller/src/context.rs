@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use kube::Client;
 use kube::runtime::events::Recorder;
-use tokio::sync::watch;
 
 use crate::config::ControllerFlags;
 use crate::index::Index;
@@ -34,7 +33,7 @@ pub struct Context {
     pub kernel: Arc<KernelTable>,
     pub report_stats: Arc<ReportStats>,
     /// Whether this replica leads; every write checks it.
-    pub(crate) leader: watch::Receiver<bool>,
+    pub(crate) leader: crate::leader::Leader,
     pub metrics: Arc<Metrics>,
     /// Decides which images may run and resolves them to digests.
     pub trust: Arc<Trust>,
@@ -43,6 +42,6 @@ pub struct Context {
 impl Context {
     /// Writes are allowed only while this replica holds the leader lease.
     pub(crate) fn leading(&self) -> bool {
-        *self.leader.borrow()
+        self.leader.leading()
     }
 }

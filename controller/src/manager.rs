@@ -244,7 +244,7 @@ async fn control(
             }
         };
         let leadership = elect(client, parts.flags, &parts.instance, term).await?;
-        let ctx = context(&parts, &index, &memo, &kernel, leadership.rx.clone());
+        let ctx = context(&parts, &index, &memo, &kernel, leadership.leader());
         let result = serve(&ctx, &leadership, policy, &triggers, trigger_rx, stop.clone()).await;
         leadership.step_down().await;
         // No longer the leader, whatever ended the term: say so on the pod and in the metric.
@@ -262,7 +262,7 @@ fn context(
     index: &Index,
     memo: &Arc<Memo>,
     kernel: &Arc<KernelTable>,
-    leader: watch::Receiver<bool>,
+    leader: crate::leader::Leader,
 ) -> Arc<Context> {
     let flags = parts.flags;
     Arc::new(Context {
@@ -305,10 +305,15 @@ async fn serve(
         reports_server(ctx, triggers, stop.clone()),
         until(stop.clone(), reverify_on_policy_change(policy, index, triggers)),
         until(stop.clone(), mark_leadership(client, flags, &ctx.metrics, &ctx.memo, leader())),
-        until(stop.clone(), crate::owner_labels::keep_owner_labels(client.clone(), index.clone(), leader())),
+        until(stop.clone(), crate::owner_labels::keep_owner_labels(client.clone(), index.clone(), leadership.leader())),
         until(
             stop.clone(),
-            crate::sched_ext_labels::keep_support_labels(client.clone(), index.clone(), kernel.clone(), leader())
+            crate::sched_ext_labels::keep_support_labels(
+                client.clone(),
+                index.clone(),
+                kernel.clone(),
+                leadership.leader()
+            )
         ),
         until(
             stop.clone(),
@@ -407,7 +412,7 @@ async fn reports_server(ctx: &Context, triggers: &Triggers, stop: Stop) -> Resul
         ctx.kernel.clone(),
         triggers.clone(),
         ctx.report_stats.clone(),
-        ctx.leader.clone(),
+        ctx.leader.receiver(),
     )
     .with_index(ctx.index.clone());
     let address = flags.reports_bind_address;

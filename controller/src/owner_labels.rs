@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::index::Index;
@@ -30,14 +29,16 @@ const CONCURRENT_WRITES: usize = 8;
 const ECHO_WAIT: Duration = Duration::from_secs(10);
 
 /// Runs until the leadership channel closes.
-pub(crate) async fn keep_owner_labels(client: Client, index: Index, mut leader: watch::Receiver<bool>) {
+pub(crate) async fn keep_owner_labels(client: Client, index: Index, leader: crate::leader::Leader) {
+    let mut changes = leader.receiver();
     let nodes: Api<Node> = Api::all(client);
     let mut written: HashMap<String, (Option<String>, Instant)> = HashMap::new();
     let mut retry = Duration::from_millis(500);
     loop {
-        if !*leader.borrow_and_update() {
+        changes.borrow_and_update();
+        if !leader.leading() {
             written.clear();
-            if leader.changed().await.is_err() {
+            if changes.changed().await.is_err() {
                 return;
             }
             continue;
@@ -55,7 +56,7 @@ pub(crate) async fn keep_owner_labels(client: Client, index: Index, mut leader: 
             .map(|(node, owner)| {
                 let (nodes, leading) = (nodes.clone(), leading.clone());
                 async move {
-                    if !*leading.borrow() {
+                    if !leading.leading() {
                         return (node, owner, Ok(()));
                     }
                     let result = write_label(&nodes, &node, owner.as_deref()).await;
@@ -90,7 +91,7 @@ pub(crate) async fn keep_owner_labels(client: Client, index: Index, mut leader: 
         };
         tokio::select! {
             () = index.ownership_changed() => {}
-            changed = leader.changed() => if changed.is_err() { return },
+            changed = changes.changed() => if changed.is_err() { return },
             () = async { match wait { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {}
         }
     }

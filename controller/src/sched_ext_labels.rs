@@ -73,14 +73,22 @@ pub(crate) async fn keep_support_labels(
     client: Client,
     index: Index,
     kernel: Arc<KernelTable>,
-    leader: watch::Receiver<bool>,
+    leader: crate::leader::Leader,
 ) {
     let nodes: Api<Node> = Api::all(client);
     let unsupported =
         watcher::watcher(nodes.clone(), watcher::Config::default().labels(&format!("{SCHED_EXT_LABEL}={UNSUPPORTED}")));
     let mut unsupported = std::pin::pin!(unsupported);
-    let mut labels =
-        SupportLabels { nodes, index, kernel, leader, seen: HashMap::new(), written: HashMap::new(), full_pass: true };
+    let mut labels = SupportLabels {
+        nodes,
+        index,
+        kernel,
+        changes: leader.receiver(),
+        leader,
+        seen: HashMap::new(),
+        written: HashMap::new(),
+        full_pass: true,
+    };
     let mut retry: Option<Duration> = None;
     loop {
         let failed = labels.pass().await;
@@ -88,7 +96,7 @@ pub(crate) async fn keep_support_labels(
         let wait = retry.is_some() || !labels.written.is_empty();
         tokio::select! {
             () = labels.kernel.changed() => {}
-            changed = labels.leader.changed() => if changed.is_err() { return },
+            changed = labels.changes.changed() => if changed.is_err() { return },
             event = unsupported.next() => match event {
                 Some(Ok(event)) => labels.saw(event),
                 Some(Err(e)) => {
@@ -107,7 +115,9 @@ struct SupportLabels {
     nodes: Api<Node>,
     index: Index,
     kernel: Arc<KernelTable>,
-    leader: watch::Receiver<bool>,
+    /// Whether this replica may write (fenced), and the lease manager's changes.
+    leader: crate::leader::Leader,
+    changes: watch::Receiver<bool>,
     /// The unsupported nodes as last seen, to re-check when this replica starts leading.
     seen: HashMap<String, Node>,
     /// Node -> (when, value) of this replica's recent writes.
@@ -120,7 +130,8 @@ impl SupportLabels {
     /// One pass while leading: the labels the reports ask for, then the unsupported nodes whose
     /// kernel changed. Whether a write failed (it is looked at again on the next pass).
     async fn pass(&mut self) -> bool {
-        if !*self.leader.borrow_and_update() {
+        self.changes.borrow_and_update();
+        if !self.leader.leading() {
             self.full_pass = true;
             self.kernel.take_changed();
             return false;
@@ -166,7 +177,7 @@ impl SupportLabels {
                 let (nodes, leader) = (self.nodes.clone(), self.leader.clone());
                 async move {
                     // Each write checks leadership: the lease may move during a long pass.
-                    if !*leader.borrow() {
+                    if !leader.leading() {
                         return (node, want, Ok(()));
                     }
                     let result = set_support(&nodes, &node, &want).await;
@@ -199,7 +210,7 @@ impl SupportLabels {
         let changed: Vec<Node> = self.seen.values().filter(|n| kernel_changed(n)).cloned().collect();
         let mut failed = false;
         for node in changed {
-            if !*self.leader.borrow() {
+            if !self.leader.leading() {
                 break;
             }
             if clear(&self.nodes, &node).await {

@@ -115,6 +115,9 @@ pub struct TestCluster {
     /// The CA of the API server's client certificates (and of its serving certificate).
     ca: TestCa,
     processes: Mutex<Vec<(String, Child)>>,
+    /// Each component's program and arguments, to start it again as it was
+    /// ([`TestCluster::restart`]).
+    commands: Mutex<BTreeMap<String, (std::ffi::OsString, Vec<std::ffi::OsString>)>>,
 }
 
 static CLEANUP: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
@@ -252,6 +255,7 @@ impl TestCluster {
             dir: dir.clone(),
             ca: pki.ca,
             processes: Mutex::new(Vec::new()),
+            commands: Mutex::new(BTreeMap::new()),
         };
 
         // etcd
@@ -388,8 +392,51 @@ impl TestCluster {
         Ok(cluster)
     }
 
+    /// Stops the component `name` (SIGKILL), keeps it down for `down_for`, and starts it again
+    /// as it was (same ports, same etcd data; its log and the audit log appended to). For
+    /// kube-apiserver it returns once the API server is ready again. Blocking. Its clients see
+    /// their connections reset and their watches end, as in a crash or an upgrade.
+    pub fn restart(&self, name: &str, down_for: Duration) -> Result<()> {
+        let (program, args) = self
+            .commands
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| anyhow!("no component {name} was started"))?;
+        {
+            let mut processes = self.processes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(i) = processes.iter().position(|(n, _)| n == name) {
+                let (_, mut child) = processes.remove(i);
+                child.kill()?;
+                child.wait()?;
+            }
+        }
+        // The fault's length, not a wait for anything.
+        std::thread::sleep(down_for);
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        self.launch(name, cmd)?;
+        if name != "kube-apiserver" {
+            return Ok(());
+        }
+        let ready = || {
+            Command::new(tool("kubectl").unwrap_or_default())
+                .env("KUBECONFIG", &self.kubeconfig)
+                .args(["get", "--raw", "/readyz"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        self.wait_until(name, Duration::from_secs(90), ready)
+    }
+
     pub(crate) fn launch(&self, name: &str, mut cmd: Command) -> Result<()> {
-        let log = File::create(self.dir.join(format!("{name}.log")))?;
+        let recorded = (cmd.get_program().to_owned(), cmd.get_args().map(ToOwned::to_owned).collect());
+        self.commands.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name.to_owned(), recorded);
+        // Appended: a component started again (kube-apiserver after a restart) keeps its history.
+        let log = fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{name}.log")))?;
         cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         let child = spawn(cmd).with_context(|| format!("starting {name}"))?;
         CLEANUP.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((child.id(), PathBuf::new()));

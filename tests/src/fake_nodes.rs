@@ -49,6 +49,11 @@ pub fn ops_of_image(image: &str) -> String {
     format!("{name}_1.0.0_x86_64_unknown_linux_gnu")
 }
 
+/// The image of the pod's first container (the scheduler's).
+fn image_of(pod: &Pod) -> String {
+    pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default()
+}
+
 /// The ops name of the scheduler started by hand on a [`Kernel::Foreign`] node.
 pub const FOREIGN_OPS: &str = "lavd_1.0.0";
 
@@ -65,11 +70,15 @@ enum Stage {
 
 struct Played {
     pod: String,
+    /// The pod as it was when its agent started (a restarted agent is started for it again).
+    object: Pod,
     agent: AgentProcess,
     play: Kernel,
     ops: String,
     started: Instant,
     stage: Stage,
+    /// Readiness probes failed in a row (a kubelet marks a pod unready after three).
+    probe_failures: u32,
 }
 
 /// The nodes of one test or demo, played one move at a time by [`FakeNodes::drive`].
@@ -85,6 +94,8 @@ pub struct FakeNodes {
     reports_ca: PathBuf,
     /// The name the agents check the reports server's certificate for (`None`: the address's).
     reports_server_name: Option<String>,
+    /// Every replica's reports address, for agents that hold a stream to each.
+    reports_replicas: Option<String>,
     /// How long after its pod starts the kernel attaches a scheduler (zero: at once, before
     /// the agent's first read).
     pub attach_after: Duration,
@@ -94,9 +105,13 @@ pub struct FakeNodes {
     agents: BTreeMap<String, Played>,
     /// Every pod uid seen per node, in order.
     pub history: BTreeMap<String, Vec<String>>,
+    /// The revision (its `sked.schedkit.io/revision` label) of each pod in `history`.
+    pub revisions: BTreeMap<String, Vec<String>>,
     /// The most nodes seen at once that entered a Scheduler and have no Ready pod whose
     /// scheduler is attached.
     pub most_down: usize,
+    /// Which nodes were down at that moment, and why.
+    pub most_down_at: Vec<String>,
     /// Nodes with no kubelet running: their pods stay Pending, untouched.
     pub absent: std::collections::BTreeSet<String>,
     /// Per node, when its first pod was first marked Ready: read just before the request, so
@@ -125,12 +140,15 @@ impl FakeNodes {
             reports_address: reports.address.to_owned(),
             reports_ca: reports.ca.to_owned(),
             reports_server_name: reports.server_name.map(str::to_owned),
+            reports_replicas: reports.replicas.map(str::to_owned),
             attach_after: Duration::ZERO,
             eject_after: Duration::from_secs(3),
             kernel: Box::new(|_, _| Kernel::Attaches),
             agents: BTreeMap::new(),
             history: BTreeMap::new(),
+            revisions: BTreeMap::new(),
             most_down: 0,
+            most_down_at: Vec::new(),
             absent: std::collections::BTreeSet::new(),
             first_ready: BTreeMap::new(),
         }
@@ -148,6 +166,19 @@ impl FakeNodes {
             p.agent.stop();
             p.stage = Stage::Settled;
         }
+    }
+
+    /// Kills the agent of `node`'s pod and starts it again, as a crash and a restart of its
+    /// container would: the kernel stays as it was, and the new agent reads it afresh.
+    pub async fn restart_agent(&mut self, node: &str) -> Result<()> {
+        let Some(p) = self.agents.get_mut(node) else { bail!("no agent runs for node {node}") };
+        p.agent.stop();
+        let object = p.object.clone();
+        let agent = self.spawn_agent(node, &object).await?;
+        if let Some(p) = self.agents.get_mut(node) {
+            p.agent = agent;
+        }
+        Ok(())
     }
 
     /// Drives the nodes, a move every 300 ms as a kubelet's probes would, until the Scheduler
@@ -203,6 +234,13 @@ impl FakeNodes {
     /// moved on as the play says, pods Ready as their agents say. A pod deleted between the
     /// list and this move is left to the next one.
     pub async fn drive(&mut self) -> Result<()> {
+        // A node without a pod is down only once it entered a Scheduler (its owner label is
+        // set): before that it runs revision zero, the kernel's default scheduler. The Nodes are
+        // read before the pods: a label the controller wrote before this read, it wrote on what
+        // the pods showed then, so both reads see one moment of the rollout.
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let entered = format!("{},{OWNER_LABEL}", self.nodes);
+        let nodes = nodes.list(&ListParams::default().labels(&entered)).await?;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let list = pods.list(&ListParams::default().labels(&self.pods)).await?;
         let live: BTreeMap<String, Pod> = list
@@ -220,23 +258,25 @@ impl FakeNodes {
                 AgentProcess::preset_kernel(&self.dir, &node, "disabled", None, 1)?;
             }
         }
-        let mut down = 0;
+        let mut down = Vec::new();
         for (node, pod) in &live {
             let uid = pod.uid().unwrap_or_default();
             let seen = self.history.entry(node.clone()).or_default();
             if seen.last() != Some(&uid) {
                 seen.push(uid);
+                let revision = pod.labels().get(sked_controller::api::labels::REVISION_LABEL).cloned();
+                self.revisions.entry(node.clone()).or_default().push(revision.unwrap_or_default());
             }
             if self.agents.get(node).is_none_or(|p| p.pod != pod.name_any()) {
                 self.start_agent(node, pod).await?;
             }
             self.move_kernel(node)?;
-            let ready = self.agent(node).is_some_and(|a| a.get("/readyz").is_ok_and(|(code, _)| code == 200));
             let status = pod.status.as_ref();
             let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
             let was_ready = status
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let ready = self.probe(node, was_ready);
             // Its containers run once its agent does: Running, and Ready as the agent says.
             if ready != was_ready || !running {
                 if ready {
@@ -250,17 +290,36 @@ impl FakeNodes {
             // Down until the API server shows the pod Ready (what the controller sees), not
             // only until its agent is: two pods replaced between moves both count.
             if !(ready && was_ready) {
-                down += 1;
+                down.push(format!("{node} (pod {} not Ready)", pod.name_any()));
             }
         }
-        // A node without a pod is down only once it entered a Scheduler (its owner label is
-        // set): before that it runs revision zero, the kernel's default scheduler.
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let entered = format!("{},{OWNER_LABEL}", self.nodes);
-        let nodes = nodes.list(&ListParams::default().labels(&entered)).await?;
-        down += nodes.items.iter().filter(|n| !live.contains_key(&n.name_any())).count();
-        self.most_down = self.most_down.max(down);
+        down.extend(
+            nodes
+                .items
+                .iter()
+                .filter(|n| !live.contains_key(&n.name_any()))
+                .map(|n| format!("{} (no pod)", n.name_any())),
+        );
+        if down.len() > self.most_down {
+            self.most_down = down.len();
+            down.push(format!("at {}", jiff::Timestamp::now()));
+            self.most_down_at = down;
+        }
         Ok(())
+    }
+
+    /// The readiness of `node`'s pod as a kubelet's probe of its agent's /readyz decides it:
+    /// Ready at the first success, unready after three failures in a row (a probe that fails
+    /// once, under load, changes nothing).
+    fn probe(&mut self, node: &str, was_ready: bool) -> bool {
+        const FAILURE_THRESHOLD: u32 = 3;
+        let Some(p) = self.agents.get_mut(node) else { return false };
+        if p.agent.get("/readyz").is_ok_and(|(code, _)| code == 200) {
+            p.probe_failures = 0;
+            return true;
+        }
+        p.probe_failures += 1;
+        was_ready && p.probe_failures < FAILURE_THRESHOLD
     }
 
     /// Starts the agent of `pod` on `node` (stopping its predecessor's), with the kernel set
@@ -270,9 +329,7 @@ impl FakeNodes {
             old.agent.stop();
         }
         let play = (self.kernel)(node, pod);
-        let image =
-            pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default();
-        let ops = ops_of_image(&image);
+        let ops = ops_of_image(&image_of(pod));
         let at_once = self.attach_after.is_zero() && matches!(play, Kernel::Attaches | Kernel::AttachesThenEjected);
         // The pod's kernel first: its agent's first report is about this pod's scheduler.
         match play {
@@ -280,6 +337,25 @@ impl FakeNodes {
             _ if at_once => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(&ops), 1)?,
             _ => AgentProcess::preset_kernel(&self.dir, node, "disabled", None, 1)?,
         }
+        let agent = self.spawn_agent(node, pod).await?;
+        let stage = if at_once { Stage::Attached(Instant::now()) } else { Stage::Started };
+        let played = Played {
+            pod: pod.name_any(),
+            object: pod.clone(),
+            agent,
+            play,
+            ops,
+            started: Instant::now(),
+            stage,
+            probe_failures: 0,
+        };
+        self.agents.insert(node.to_owned(), played);
+        Ok(())
+    }
+
+    /// Starts the agent of `pod` on `node` (its token bound to the pod, the scheduler and expected
+    /// ops its agent container is given), on the kernel as it is.
+    async fn spawn_agent(&self, node: &str, pod: &Pod) -> Result<AgentProcess> {
         let agent_env = |name: &str| {
             pod.spec
                 .as_ref()
@@ -291,9 +367,9 @@ impl FakeNodes {
         let scheduler = agent_env(env::SCHEDULER)
             .or_else(|| pod.labels().get("name").cloned())
             .ok_or_else(|| anyhow!("pod {} names no scheduler", pod.name_any()))?;
-        let expected_ops = agent_env(env::EXPECTED_OPS).unwrap_or_else(|| ops.clone());
+        let expected_ops = agent_env(env::EXPECTED_OPS).unwrap_or_else(|| ops_of_image(&image_of(pod)));
         let token = bound_token(&self.client, &self.namespace, "sked-agent", Some(pod)).await?;
-        let agent = AgentProcess::start(&AgentSpec {
+        AgentProcess::start(&AgentSpec {
             dir: &self.dir,
             node,
             pod: &pod.name_any(),
@@ -302,13 +378,9 @@ impl FakeNodes {
             controller: &self.reports_address,
             ca: &self.reports_ca,
             server_name: self.reports_server_name.as_deref(),
-            replicas: None,
+            replicas: self.reports_replicas.as_deref(),
             token: &token,
-        })?;
-        let stage = if at_once { Stage::Attached(Instant::now()) } else { Stage::Started };
-        let played = Played { pod: pod.name_any(), agent, play, ops, started: Instant::now(), stage };
-        self.agents.insert(node.to_owned(), played);
-        Ok(())
+        })
     }
 
     /// Moves `node`'s fake kernel on: attaches the scheduler once its time came, ejects it

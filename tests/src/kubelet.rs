@@ -136,7 +136,10 @@ pub async fn finish_pod_deletions(client: Client, namespace: String) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let nodes: Api<Node> = Api::all(client);
     let mut stream = watcher(pods.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
-    while let Some(Ok(pod)) = stream.next().await {
+    // A watch error (the API server restarting) is retried with backoff; the list after it
+    // shows every pod again, those still terminating included.
+    while let Some(next) = stream.next().await {
+        let Ok(pod) = next else { continue };
         if pod.metadata.deletion_timestamp.is_some() {
             let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
             // A real kubelet reports its version; when the Node cannot be read, leave the pod

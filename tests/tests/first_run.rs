@@ -59,6 +59,7 @@ fn each_suite_builds_only_the_tool_sets_its_steps_use() -> Result<()> {
     assert_eq!(tool_requests("demo-node")?, sets(&node));
     assert_eq!(tool_requests("bench")?, sets(&["kubernetes", "etcd", "cosign", "crane"]));
     assert_eq!(tool_requests("bench-rollout")?, sets(&["kubernetes", "etcd"]));
+    assert_eq!(tool_requests("chaos")?, sets(&["kubernetes", "etcd"]));
     assert_eq!(tool_requests("actionlint")?, sets(&["actionlint"]));
     assert_eq!(tool_requests("tools")?, vec![Vec::<String>::new()], "make tools builds every set");
     Ok(())

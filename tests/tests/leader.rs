@@ -4,100 +4,17 @@
 //! wrote what, and when. The processes log JSON, which the test parses (field names and the
 //! reconcile identity). Both serve the admission webhook: the standby answers the API server too.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use anyhow::{Context as _, Result};
-use k8s_openapi::api::coordination::v1::Lease;
+use anyhow::Result;
 use kube::Api;
-use serde_json::Value;
-use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token, workspace_binary};
+use sked_tests::agents::{AgentProcess, AgentSpec, ReportsTls, bound_token};
 use sked_tests::cluster::free_port;
+use sked_tests::controller_process::{ControllerProcess, webhook_cert};
 use sked_tests::{Fixture, spec, spec_on, wait_for};
 
-const LEASE: &str = "sked-controller-leader-test";
-
-struct ControllerProcess {
-    child: Child,
-    log: PathBuf,
-    metrics: u16,
-    /// Address of its admission webhook.
-    webhook: std::net::SocketAddr,
-}
-
-impl ControllerProcess {
-    fn start(fx: &Fixture, dir: &Path, name: &str) -> Result<Self> {
-        Self::start_with(fx, dir, name, &[])
-    }
-
-    /// Starts a controller with more flags (`--flag=value`; one replaces the default of the same
-    /// flag).
-    fn start_with(fx: &Fixture, dir: &Path, name: &str, extra: &[String]) -> Result<Self> {
-        let log = dir.join(format!("{name}.log"));
-        let metrics = sked_tests::cluster::free_port()?;
-        let webhook = std::net::SocketAddr::from(([127, 0, 0, 1], sked_tests::cluster::free_port()?));
-        let defaults = [
-            format!("--leader-election-id={LEASE}"),
-            "--leader-election-lease-duration=4s".to_owned(),
-            "--leader-election-renew-grace=1s".to_owned(),
-            "--reconcile-rate-limit-qps=100".to_owned(),
-            format!("--metrics-bind-address=127.0.0.1:{metrics}"),
-            format!("--trust-policy={}", sked_tests::allow_unsigned_policy(dir)?.display()),
-            format!("--webhook-bind-address={webhook}"),
-            format!("--webhook-cert-dir={}", dir.join("webhook").display()),
-        ];
-        let flag = |arg: &str| arg.split('=').next().unwrap_or(arg).to_owned();
-        let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
-        let args = defaults.iter().filter(|a| !overridden.contains(&flag(a))).chain(extra);
-        let child = Command::new(workspace_binary("sked-controller", "SKED_CONTROLLER_BIN")?)
-            .env("KUBECONFIG", fx.cluster.user_kubeconfig(name)?)
-            .env("POD_NAME", name)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting sked-controller")?;
-        Ok(Self { child, log, metrics, webhook })
-    }
-
-    /// The body of GET /metrics.
-    fn scrape(&self) -> Result<String> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(text)
-    }
-
-    /// The JSON log lines so far.
-    fn lines(&self) -> Result<Vec<Value>> {
-        let text = std::fs::read_to_string(&self.log)?;
-        text.lines().map(|l| serde_json::from_str(l).with_context(|| format!("log line is not JSON: {l}"))).collect()
-    }
-
-    /// Log lines that record a write (a DaemonSet applied, or a state change saved).
-    fn write_lines(&self) -> Result<Vec<Value>> {
-        Ok(self
-            .lines()?
-            .into_iter()
-            .filter(|v| matches!(v["msg"].as_str(), Some("applied DaemonSet" | "state changed")))
-            .collect())
-    }
-}
-
-impl Drop for ControllerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn holder(fx: &Fixture) -> Result<Option<String>> {
-    let leases: Api<Lease> = Api::namespaced(fx.client.clone(), "sked-system");
-    Ok(leases.get_opt(LEASE).await?.and_then(|l| l.spec?.holder_identity))
+    sked_tests::controller_process::holder(&fx.client, "sked-system").await
 }
 
 #[tokio::test]
@@ -107,13 +24,13 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
     // One serving certificate for both replicas' webhooks.
     let ca = webhook_cert(dir.path())?;
 
-    let first = ControllerProcess::start(&fx, dir.path(), "controller-a")?;
+    let first = ControllerProcess::start(fx.cluster, dir.path(), "controller-a", &[])?;
     wait_for("controller-a to hold the lease", || async {
         Ok(holder(&fx).await?.filter(|h| h.starts_with("controller-a")))
     })
     .await?;
     let mut first = first;
-    let second = ControllerProcess::start(&fx, dir.path(), "controller-b")?;
+    let second = ControllerProcess::start(fx.cluster, dir.path(), "controller-b", &[])?;
 
     fx.create_scheduler("led-by-a", spec("ghcr.io/schedkit/scx_rusty:v1")).await?;
     fx.wait_scheduler("led-by-a", "reconciled", |s| s.status.is_some()).await?;
@@ -210,15 +127,6 @@ async fn the_standby_takes_over_when_the_leader_dies_and_only_the_leader_writes(
 }
 
 /// Writes a webhook serving certificate into `dir/webhook` (replicas share it); returns its CA.
-fn webhook_cert(dir: &Path) -> Result<sked_tests::pki::TestCa> {
-    let ca = sked_tests::pki::TestCa::new("sked webhook ca")?;
-    let serving = ca.server("sked-webhook", &["localhost"], &["127.0.0.1"])?;
-    std::fs::create_dir_all(dir.join("webhook"))?;
-    std::fs::write(dir.join("webhook/tls.crt"), &serving.cert_pem)?;
-    std::fs::write(dir.join("webhook/tls.key"), &serving.key_pem)?;
-    Ok(ca)
-}
-
 /// A Scheduler's conditions as they read: type, status, reason, message, last transition.
 fn conditions(s: &sked_controller::Scheduler) -> Vec<(String, String, String, String, String)> {
     let conditions = s.status.as_ref().map(|st| st.conditions.clone()).unwrap_or_default();
@@ -244,10 +152,10 @@ async fn killing_the_leader_with_every_node_attached_changes_no_condition_and_re
             "--report-stale-after=20s".to_owned(),
         ]
     };
-    let mut first = ControllerProcess::start_with(&fx, dir.path(), "steady-a", &flags(port_a))?;
+    let mut first = ControllerProcess::start(fx.cluster, dir.path(), "steady-a", &flags(port_a))?;
     wait_for("steady-a to hold the lease", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("steady-a"))) })
         .await?;
-    let second = ControllerProcess::start_with(&fx, dir.path(), "steady-b", &flags(port_b))?;
+    let second = ControllerProcess::start(fx.cluster, dir.path(), "steady-b", &flags(port_b))?;
     // Each agent holds a stream to both replicas, as the chart's headless Service lists them.
     let replicas = format!("127.0.0.1:{port_a},127.0.0.1:{port_b}");
 
@@ -399,7 +307,7 @@ async fn sigterm_releases_the_lease_at_once_and_exits_with_streams_open() -> Res
             format!("--reports-key-file={}", tls.key.display()),
         ]
     };
-    let mut first = ControllerProcess::start_with(&fx, dir.path(), "handoff-a", &reports(reports_port))?;
+    let mut first = ControllerProcess::start(fx.cluster, dir.path(), "handoff-a", &reports(reports_port))?;
     wait_for("handoff-a to hold the lease", || async { Ok(holder(&fx).await?.filter(|h| h.starts_with("handoff-a"))) })
         .await?;
     // An agent streams to the leader.
@@ -467,7 +375,7 @@ async fn a_server_that_cannot_start_stops_the_process_with_the_flag_to_change() 
             ],
         ),
     ] {
-        let mut controller = ControllerProcess::start_with(&fx, dir.path(), "blocked", &extra)?;
+        let mut controller = ControllerProcess::start(fx.cluster, dir.path(), "blocked", &extra)?;
         let status = wait_for(&format!("the controller with a taken {flag} to exit"), || {
             let status = controller.child.try_wait();
             async move { Ok(status?) }
@@ -508,8 +416,8 @@ async fn a_failed_reconcile_is_logged_in_its_span_and_a_text_log_to_a_file_has_n
     webhook_cert(dir.path())?;
     // Every reconcile outlives a timeout of 1 ms: each fails, and says so. (The reference's
     // largest verbosity is taken.)
-    let failing = ControllerProcess::start_with(
-        &fx,
+    let failing = ControllerProcess::start(
+        fx.cluster,
         dir.path(),
         "log-contract",
         &[
@@ -535,8 +443,8 @@ async fn a_failed_reconcile_is_logged_in_its_span_and_a_text_log_to_a_file_has_n
     drop(failing);
 
     // Text to a file (not a terminal): no ANSI escape codes.
-    let text = ControllerProcess::start_with(
-        &fx,
+    let text = ControllerProcess::start(
+        fx.cluster,
         dir.path(),
         "log-text",
         &["--leader-election-id=log-text".to_owned(), "--log-format=text".to_owned()],

@@ -201,9 +201,7 @@ fn node_views(
     template: &TemplateRevision,
 ) -> (Vec<rollout::NodeView>, Vec<String>) {
     let name = name_of(s);
-    let attach_timeout = Duration::from_secs(
-        u64::try_from(rollout::Pacing::of(s.scheduler.spec.rollout.as_ref(), 1).attach_timeout_seconds).unwrap_or(1),
-    );
+    let attach_timeout = attach_timeout(s);
     let mut attached = Vec::new();
     let views = labelled
         .iter()
@@ -222,7 +220,9 @@ fn node_views(
             let ago = s.memory.labelled.get(node).copied();
             let labelling = Labelling { ago, term_age: s.memory.term_age, attach_timeout };
             let view = node_view::node_view(node, pod, report, template, labelling, s.clock.wall.as_second());
-            if ago.is_some() && node_view::runs_attached(&view.kernel, pod) {
+            // Forgotten once the Node watch shows the label too (it may lag behind the pods').
+            let label_seen = s.nodes.owner(node) == Some(Some(name.as_str()));
+            if ago.is_some() && label_seen && node_view::runs_attached(&view.kernel, pod) {
                 attached.push(node.clone());
             }
             rollout::NodeView { unfit: unfit(s, node), ..view }
@@ -261,14 +261,22 @@ fn caught_up(ds: &DaemonSet, applied_generation: i64) -> bool {
 /// The nodes the Scheduler owns, split into those that carry its owner label (sorted) and those
 /// that do not yet, entering from revision zero. An entering node joined on its own when it was
 /// created after the Scheduler and no other Scheduler's label is on it.
+///
+/// A node this term labelled within the attach timeout counts as labelled whatever the Node
+/// watch shows yet: the watch may lag far behind the write (it starts over after an API server
+/// restart), and a node taken for entering again would be let in again, and the next wave with
+/// it, past `maxUnavailable`.
 fn entering_nodes(s: &Snapshot<'_>) -> (Vec<String>, Vec<rollout::Entering>) {
     let name = name_of(s);
     let created = s.scheduler.metadata.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second());
+    let attach_timeout = attach_timeout(s);
     let mut labelled = Vec::new();
     let mut entering = Vec::new();
     for node in &s.placement.owned {
+        let just_written = s.memory.labelled.get(node).is_some_and(|ago| *ago < attach_timeout);
         match s.nodes.owner(node) {
             Some(Some(owner)) if owner == name => labelled.push(node.clone()),
+            Some(_) if just_written => labelled.push(node.clone()),
             Some(owner) => {
                 let node_created = s.nodes.facts(node).and_then(|f| f.created);
                 entering.push(rollout::Entering {
@@ -282,6 +290,12 @@ fn entering_nodes(s: &Snapshot<'_>) -> (Vec<String>, Vec<rollout::Entering>) {
         }
     }
     (labelled, entering)
+}
+
+/// The Scheduler's `attachTimeoutSeconds`.
+fn attach_timeout(s: &Snapshot<'_>) -> Duration {
+    let seconds = rollout::Pacing::of(s.scheduler.spec.rollout.as_ref(), 1).attach_timeout_seconds;
+    Duration::from_secs(u64::try_from(seconds).unwrap_or(1))
 }
 
 /// Why no pod of the Scheduler can run on `node` now, if so: the Node is down, or it has a

@@ -57,6 +57,10 @@ struct Fleet {
     events: Vec<EventSpec>,
     /// What the last reconcile wrote: the DaemonSet, the status, rollout actions, pod conditions.
     last_writes: Vec<&'static str>,
+    /// How many moves an owner label written takes to show in the Node watch (0: at once).
+    label_lag: usize,
+    /// Owner labels written and not shown yet, with the moves left.
+    pending_labels: Vec<(String, Option<String>, usize)>,
 }
 
 fn scheduler(image: &str, generation: i64) -> Scheduler {
@@ -122,6 +126,17 @@ impl Fleet {
             made: Vec::new(),
             events: Vec::new(),
             last_writes: Vec::new(),
+            label_lag: 0,
+            pending_labels: Vec::new(),
+        }
+    }
+
+    /// Writes `node`'s owner label; the Node watch shows it after `label_lag` moves.
+    fn write_label(&mut self, node: &str, owner: Option<&str>) {
+        if self.label_lag == 0 {
+            self.labels.insert(node.to_owned(), owner.map(str::to_owned));
+        } else {
+            self.pending_labels.push((node.to_owned(), owner.map(str::to_owned), self.label_lag));
         }
     }
 
@@ -273,11 +288,11 @@ impl Fleet {
             self.pods.retain(|_, p| !(p.name == *name && p.uid == *uid));
         }
         for node in &step.admit {
-            self.labels.insert(node.clone(), Some("s".into()));
+            self.write_label(node, Some("s"));
             self.labelled_at.insert(node.clone(), self.wall);
         }
         for node in &step.evict {
-            self.labels.insert(node.clone(), None);
+            self.write_label(node, None);
             self.made.push((node.clone(), "revision zero".into()));
         }
     }
@@ -287,10 +302,27 @@ impl Fleet {
     /// agents report: attached unless the image is BAD or the node broken.
     fn settle(&mut self, seconds: i64) {
         self.wall += seconds;
+        // The labels the API server holds; the DaemonSet controller acts on them at once, the
+        // Node watch shows them when their lag ran out.
+        let mut shown = Vec::new();
+        for (node, owner, left) in &mut self.pending_labels {
+            *left -= 1;
+            if *left == 0 {
+                shown.push((node.clone(), owner.clone()));
+            }
+        }
+        self.pending_labels.retain(|(_, _, left)| *left > 0);
+        self.labels.extend(shown);
         let Some(ds) = self.daemonset.clone() else { return };
         let template = crate::node_view::TemplateRevision::of(&ds);
-        self.pods.retain(|node, _| self.labels.get(node).cloned().flatten().as_deref() == Some("s"));
-        for (node, owner) in &self.labels {
+        let api_labels: BTreeMap<String, Option<String>> = self
+            .labels
+            .clone()
+            .into_iter()
+            .chain(self.pending_labels.iter().map(|(n, o, _)| (n.clone(), o.clone())))
+            .collect();
+        self.pods.retain(|node, _| api_labels.get(node).cloned().flatten().as_deref() == Some("s"));
+        for (node, owner) in &api_labels {
             let down = self.facts.get(node).is_some_and(NodeFacts::down);
             if owner.as_deref() != Some("s") || down || self.pods.contains_key(node) {
                 continue;
@@ -481,6 +513,31 @@ fn a_takeover_sends_a_node_where_it_fails_back_to_the_kernels_default() {
     assert_eq!(fleet.labels.get("node-2"), Some(&None), "node-2 lost the owner label");
     assert_eq!(fleet.current(), Some(GOOD), "the current revision stays");
     assert!(fleet.daemonset.is_some(), "the DaemonSet stays for the nodes that run it");
+}
+
+#[test]
+fn a_node_watch_behind_the_label_writes_lets_no_node_in_twice_nor_a_wave_past_the_budget() {
+    let mut fleet = Fleet::new(6, GOOD);
+    // The Node watch starts over (an API server restart): labels show three moves late.
+    fleet.label_lag = 3;
+    let mut admitted: BTreeMap<String, usize> = BTreeMap::new();
+    let mut most_switching = 0;
+    for _ in 0..80 {
+        let plan = fleet.reconcile();
+        for node in plan.rollout.iter().flat_map(|s| &s.admit) {
+            *admitted.entry(node.clone()).or_default() += 1;
+        }
+        let running = |n: &String| fleet.pods.get(n).is_some_and(|p| p.ready_since.is_some());
+        let switching = admitted.keys().filter(|n| !running(n)).count();
+        most_switching = most_switching.max(switching);
+        if complete(&fleet) && admitted.len() == 6 {
+            break;
+        }
+        fleet.settle(BAKE / 2);
+    }
+    assert!(complete(&fleet), "{:?}", fleet.status.rollout);
+    assert!(admitted.values().all(|n| *n == 1), "each node let in once: {admitted:?}");
+    assert!(most_switching <= 1, "at most maxUnavailable (1) nodes switching at once: {most_switching}");
 }
 
 #[test]
