@@ -47,9 +47,12 @@ pub(crate) struct Index {
     /// Each Node's facts: when it was created (a node that joined after a Scheduler was
     /// created enters it at once), whether it is down, the taints that keep pods away.
     node_facts: NodeFactsByName,
+    /// Each Node's resourceVersion as last seen: whether the watch caught up with a write.
+    node_versions: NodeVersions,
 }
 
 type NodeFactsByName = Arc<Mutex<HashMap<String, Arc<NodeFacts>>>>;
+type NodeVersions = Arc<Mutex<HashMap<String, u64>>>;
 
 /// Write side of the index: the Scheduler, Node, pod and DaemonSet feeds, joined in one task
 /// ([`Feeds::run`]).
@@ -60,6 +63,7 @@ pub(crate) struct Feeds {
     daemonsets: reflector::store::Writer<DaemonSet>,
     ownership: Arc<Notify>,
     node_facts: NodeFactsByName,
+    node_versions: NodeVersions,
 }
 
 /// The facts of the scheduler pods, by name (who may report) and by Scheduler (what a reconcile
@@ -109,6 +113,7 @@ pub(crate) fn index() -> (Index, Feeds) {
     let (daemonset_reader, daemonsets) = reflector::store();
     let ownership = Arc::new(Notify::new());
     let node_facts = NodeFactsByName::default();
+    let node_versions = NodeVersions::default();
     (
         Index {
             arbiter: arbiter.clone(),
@@ -117,8 +122,9 @@ pub(crate) fn index() -> (Index, Feeds) {
             daemonsets: daemonset_reader,
             ownership: ownership.clone(),
             node_facts: node_facts.clone(),
+            node_versions: node_versions.clone(),
         },
-        Feeds { arbiter, store, pods, daemonsets, ownership, node_facts },
+        Feeds { arbiter, store, pods, daemonsets, ownership, node_facts, node_versions },
     )
 }
 
@@ -193,14 +199,16 @@ impl Index {
                 .into_iter()
                 .filter_map(|n| {
                     let owner = arbiter.node_labels(n)?.get(OWNER_LABEL).cloned();
-                    Some((n.to_owned(), plan::NodeEntry { owner, facts: None }))
+                    Some((n.to_owned(), plan::NodeEntry { owner, facts: None, version: None }))
                 })
                 .collect();
             (labelled, known)
         };
         let facts = lock(&self.node_facts);
+        let versions = lock(&self.node_versions);
         for (node, entry) in &mut known {
             entry.facts = facts.get(node).cloned();
+            entry.version = versions.get(node).copied();
         }
         plan::Nodes { known, scheduled, labelled }
     }
@@ -362,6 +370,7 @@ impl Feed<Scheduler> for SchedulerFeed<'_> {
 /// The Node feed: labels into the arbiter, and each Node's facts.
 struct NodeFeed {
     facts: NodeFactsByName,
+    versions: NodeVersions,
 }
 
 impl NodeFeed {
@@ -369,6 +378,9 @@ impl NodeFeed {
     fn take(&self, n: Node) -> (String, std::collections::BTreeMap<String, String>, bool) {
         let name = n.name_any();
         let facts = NodeFacts::of(&n);
+        if let Some(version) = n.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()) {
+            lock(&self.versions).insert(name.clone(), version);
+        }
         let before = lock(&self.facts).insert(name.clone(), Arc::new(facts.clone()));
         let changed = before.is_some_and(|b| *b != facts);
         (name, n.metadata.labels.unwrap_or_default(), changed)
@@ -378,6 +390,7 @@ impl NodeFeed {
 impl Feed<Node> for NodeFeed {
     fn relisted(&mut self, arbiter: &mut Arbiter, all: Vec<Node>) -> Changed {
         let before = std::mem::take(&mut *lock(&self.facts));
+        lock(&self.versions).clear();
         let mut moved = Vec::new();
         let nodes = all
             .into_iter()
@@ -414,6 +427,7 @@ impl Feed<Node> for NodeFeed {
 
     fn deleted(&mut self, arbiter: &mut Arbiter, n: Node) -> Changed {
         lock(&self.facts).remove(&n.name_any());
+        lock(&self.versions).remove(&n.name_any());
         arbiter.remove_node(&n.name_any())
     }
 }
@@ -528,7 +542,7 @@ impl Feeds {
         tx: Triggers,
         ready: watch::Sender<bool>,
     ) {
-        let Feeds { arbiter, mut store, pods, daemonsets, ownership, node_facts } = self;
+        let Feeds { arbiter, mut store, pods, daemonsets, ownership, node_facts, node_versions } = self;
         let (schedulers_listed, mut schedulers_ready) = watch::channel(false);
         let (nodes_listed, mut nodes_ready) = watch::channel(false);
         let (pods_listed, mut pods_ready) = watch::channel(false);
@@ -565,7 +579,7 @@ impl Feeds {
                 "Node",
                 &arbiter,
                 nodes.default_backoff(),
-                NodeFeed { facts: node_facts },
+                NodeFeed { facts: node_facts, versions: node_versions },
                 tx.clone(),
                 nodes_listed,
                 &ownership

@@ -13,6 +13,16 @@ use crate::trust::Admitted;
 
 pub(crate) use sked_core::plan::{Applied, SentCondition};
 
+/// An owner label this term wrote on a node.
+#[derive(Clone, Debug)]
+pub(crate) struct LabelWrite {
+    /// The Scheduler it names.
+    pub(crate) owner: String,
+    pub(crate) at: Instant,
+    /// The Node's resourceVersion the write made (the watch caught up once it shows one as new).
+    pub(crate) version: Option<u64>,
+}
+
 /// An image admission kept for one Scheduler, with what it was decided from.
 #[derive(Clone, Debug)]
 pub(crate) struct Admission {
@@ -43,9 +53,10 @@ pub(crate) struct Memo {
     /// The ejections (`node@time`) whose KernelEjected event this term recorded, or found
     /// recorded: each is recorded once however often its node reports it again.
     recorded_exits: Mutex<std::collections::HashSet<String>>,
-    /// When this term set each node's owner label: until its pod appears (or the attach timeout
-    /// passes) the node counts as switching, so the next wave does not start before it.
-    pub(crate) labelled: Mutex<HashMap<String, Instant>>,
+    /// Which Scheduler this term set each node's owner label to, and when: until its pod
+    /// appears (or the attach timeout passes) the node counts as switching, so the next wave
+    /// does not start before it, and as labelled whatever the Node watch shows yet.
+    pub(crate) labelled: Mutex<HashMap<String, LabelWrite>>,
     /// Per Scheduler, the pod conditions this term wrote that the pod watch has not shown yet,
     /// by pod uid: each with what the pod carried when it was written.
     pub(crate) pod_conditions: Mutex<HashMap<String, HashMap<String, SentCondition>>>,

@@ -59,7 +59,7 @@ pub(crate) async fn keep_owner_labels(client: Client, index: Index, leader: crat
                     if !leading.leading() {
                         return (node, owner, Ok(()));
                     }
-                    let result = write_label(&nodes, &node, owner.as_deref()).await;
+                    let result = write_label(&nodes, &node, owner.as_deref()).await.map(|_| ());
                     (node, owner, result)
                 }
             })
@@ -97,8 +97,15 @@ pub(crate) async fn keep_owner_labels(client: Client, index: Index, leader: crat
     }
 }
 
-/// Sets (or, with `None`, removes) the owner label of `node`.
-pub(crate) async fn write_label(nodes: &Api<Node>, node: &str, owner: Option<&str>) -> Result<(), kube::Error> {
+/// Sets (or, with `None`, removes) the owner label of `node`; returns the Node's resourceVersion
+/// after the write, when it is a number (the watch has caught up with the write once it shows
+/// one as new).
+pub(crate) async fn write_label(
+    nodes: &Api<Node>,
+    node: &str,
+    owner: Option<&str>,
+) -> Result<Option<u64>, kube::Error> {
     let patch = json!({ "metadata": { "labels": { OWNER_LABEL: owner } } });
-    nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+    let written = nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(written.metadata.resource_version.and_then(|v| v.parse().ok()))
 }

@@ -109,9 +109,12 @@ fn memory_of(
     nodes: &plan::Nodes,
     reports: &HashMap<String, kernel::NodeReport>,
 ) -> plan::Memory {
-    let labelled = {
+    let (labelled, label_versions) = {
         let labelled = lock(&ctx.memo.labelled);
-        nodes.known.keys().filter_map(|n| Some((n.clone(), labelled.get(n)?.elapsed()))).collect()
+        let ours = |n: &String| labelled.get(n).filter(|w| w.owner == name);
+        let ages = nodes.known.keys().filter_map(|n| Some((n.clone(), ours(n)?.at.elapsed()))).collect();
+        let versions = nodes.known.keys().filter_map(|n| Some((n.clone(), ours(n)?.version?))).collect();
+        (ages, versions)
     };
     let exits_recorded = reports
         .values()
@@ -122,6 +125,7 @@ fn memory_of(
     plan::Memory {
         term_age: ctx.memo.term_age(),
         labelled,
+        label_versions,
         applied: lock(&ctx.memo.applied).get(name).cloned(),
         exits_recorded,
         ejections_on_record: Default::default(),

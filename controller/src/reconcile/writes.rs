@@ -118,14 +118,17 @@ pub(super) async fn write_owner_labels(ctx: &Context, scheduler: &str, admit: &[
             return;
         }
         match crate::owner_labels::write_label(&nodes, node, owner).await {
-            Ok(()) => {
-                if owner.is_some() {
-                    let mut labelled = lock(&ctx.memo.labelled);
+            Ok(version) => {
+                let mut labelled = lock(&ctx.memo.labelled);
+                if let Some(owner) = owner {
                     // Past the longest attach timeout an entry tells nothing any more.
-                    labelled.retain(|_, at| at.elapsed() < Duration::from_secs(86_400));
-                    labelled.insert(node.clone(), std::time::Instant::now());
+                    labelled.retain(|_, w| w.at.elapsed() < Duration::from_secs(86_400));
+                    let write =
+                        crate::memo::LabelWrite { owner: owner.to_owned(), at: std::time::Instant::now(), version };
+                    labelled.insert(node.clone(), write);
                     info!(node = %node, "node enters this Scheduler");
                 } else {
+                    labelled.remove(node);
                     info!(node = %node, "node back on the kernel's default scheduler");
                 }
             }

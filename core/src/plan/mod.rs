@@ -99,6 +99,8 @@ pub struct NodeEntry {
     pub owner: Option<String>,
     /// Whether it is down, its taints, when it was created.
     pub facts: Option<Arc<NodeFacts>>,
+    /// Its `metadata.resourceVersion` as the watch last showed it.
+    pub version: Option<u64>,
 }
 
 impl Nodes {
@@ -117,8 +119,12 @@ impl Nodes {
 pub struct Memory {
     /// How long the term has lasted.
     pub term_age: Duration,
-    /// How long ago this term wrote each node's owner label, for nodes not seen attached since.
+    /// How long ago this term wrote each node's owner label to this Scheduler, for nodes not seen
+    /// attached since.
     pub labelled: HashMap<String, Duration>,
+    /// The Node's resourceVersion that write made: until the watch shows one as new, it shows
+    /// the node from before the write.
+    pub label_versions: HashMap<String, u64>,
     /// The DaemonSet this term last applied for the Scheduler.
     pub applied: Option<Applied>,
     /// The ejections (`kernel_summary::ejection_key`) whose KernelEjected event this term

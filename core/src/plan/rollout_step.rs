@@ -262,10 +262,11 @@ fn caught_up(ds: &DaemonSet, applied_generation: i64) -> bool {
 /// that do not yet, entering from revision zero. An entering node joined on its own when it was
 /// created after the Scheduler and no other Scheduler's label is on it.
 ///
-/// A node this term labelled within the attach timeout counts as labelled whatever the Node
-/// watch shows yet: the watch may lag far behind the write (it starts over after an API server
-/// restart), and a node taken for entering again would be let in again, and the next wave with
-/// it, past `maxUnavailable`.
+/// A node this term labelled within the attach timeout counts as labelled while the Node watch
+/// shows it older than that write (a resourceVersion before the one the write made): the watch
+/// may lag far behind (it starts over after an API server restart), and a node taken for
+/// entering again would be let in again, and the next wave with it, past `maxUnavailable`. Once
+/// the watch caught up, it says what the node carries (someone may have taken the label off).
 fn entering_nodes(s: &Snapshot<'_>) -> (Vec<String>, Vec<rollout::Entering>) {
     let name = name_of(s);
     let created = s.scheduler.metadata.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second());
@@ -273,7 +274,10 @@ fn entering_nodes(s: &Snapshot<'_>) -> (Vec<String>, Vec<rollout::Entering>) {
     let mut labelled = Vec::new();
     let mut entering = Vec::new();
     for node in &s.placement.owned {
-        let just_written = s.memory.labelled.get(node).is_some_and(|ago| *ago < attach_timeout);
+        let written = s.memory.label_versions.get(node);
+        let seen = s.nodes.known.get(node).and_then(|e| e.version);
+        let behind = written.is_some_and(|w| seen.is_none_or(|seen| seen < *w));
+        let just_written = behind && s.memory.labelled.get(node).is_some_and(|ago| *ago < attach_timeout);
         match s.nodes.owner(node) {
             Some(Some(owner)) if owner == name => labelled.push(node.clone()),
             Some(_) if just_written => labelled.push(node.clone()),

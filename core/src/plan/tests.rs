@@ -59,8 +59,13 @@ struct Fleet {
     last_writes: Vec<&'static str>,
     /// How many moves an owner label written takes to show in the Node watch (0: at once).
     label_lag: usize,
-    /// Owner labels written and not shown yet, with the moves left.
-    pending_labels: Vec<(String, Option<String>, usize)>,
+    /// Owner labels written and not shown yet, with the moves left and the version they make.
+    pending_labels: Vec<(String, Option<String>, usize, u64)>,
+    /// Each Node's resourceVersion as the watch shows it, and the last one the API server gave.
+    versions: BTreeMap<String, u64>,
+    version: u64,
+    /// The version each owner label this term wrote made.
+    label_versions: HashMap<String, u64>,
 }
 
 fn scheduler(image: &str, generation: i64) -> Scheduler {
@@ -128,15 +133,24 @@ impl Fleet {
             last_writes: Vec::new(),
             label_lag: 0,
             pending_labels: Vec::new(),
+            versions: names.iter().map(|n| (n.clone(), 1)).collect(),
+            version: 1,
+            label_versions: HashMap::new(),
         }
     }
 
     /// Writes `node`'s owner label; the Node watch shows it after `label_lag` moves.
     fn write_label(&mut self, node: &str, owner: Option<&str>) {
+        self.version += 1;
+        match owner {
+            Some(_) => self.label_versions.insert(node.to_owned(), self.version),
+            None => self.label_versions.remove(node),
+        };
         if self.label_lag == 0 {
             self.labels.insert(node.to_owned(), owner.map(str::to_owned));
+            self.versions.insert(node.to_owned(), self.version);
         } else {
-            self.pending_labels.push((node.to_owned(), owner.map(str::to_owned), self.label_lag));
+            self.pending_labels.push((node.to_owned(), owner.map(str::to_owned), self.label_lag, self.version));
         }
     }
 
@@ -158,7 +172,7 @@ impl Fleet {
                 .iter()
                 .map(|(n, owner)| {
                     let facts = self.facts.get(n).cloned().map(Arc::new);
-                    (n.clone(), NodeEntry { owner: owner.clone(), facts })
+                    (n.clone(), NodeEntry { owner: owner.clone(), facts, version: self.versions.get(n).copied() })
                 })
                 .collect(),
             scheduled: pods.iter().filter(|p| !p.is_terminating()).filter_map(|p| p.node.clone()).collect(),
@@ -167,6 +181,7 @@ impl Fleet {
         let memory = Memory {
             term_age: Duration::from_secs((self.wall - self.term_began).cast_unsigned()),
             labelled: self.labelled_at.iter().map(|(n, at)| (n.clone(), secs(self.wall - at))).collect(),
+            label_versions: self.label_versions.clone(),
             ..self.memory.clone()
         };
         let clock = Clock {
@@ -258,6 +273,7 @@ impl Fleet {
         self.events.extend(plan.events().cloned());
         for node in &plan.remember.attached {
             self.labelled_at.remove(node);
+            self.label_versions.remove(node);
         }
         let recorded =
             plan.remember.exits_recorded.iter().map(|e| crate::kernel_summary::ejection_key(&e.node, &e.time));
@@ -305,21 +321,24 @@ impl Fleet {
         // The labels the API server holds; the DaemonSet controller acts on them at once, the
         // Node watch shows them when their lag ran out.
         let mut shown = Vec::new();
-        for (node, owner, left) in &mut self.pending_labels {
+        for (node, owner, left, version) in &mut self.pending_labels {
             *left -= 1;
             if *left == 0 {
-                shown.push((node.clone(), owner.clone()));
+                shown.push((node.clone(), owner.clone(), *version));
             }
         }
-        self.pending_labels.retain(|(_, _, left)| *left > 0);
-        self.labels.extend(shown);
+        self.pending_labels.retain(|(_, _, left, _)| *left > 0);
+        for (node, owner, version) in shown {
+            self.labels.insert(node.clone(), owner);
+            self.versions.insert(node, version);
+        }
         let Some(ds) = self.daemonset.clone() else { return };
         let template = crate::node_view::TemplateRevision::of(&ds);
         let api_labels: BTreeMap<String, Option<String>> = self
             .labels
             .clone()
             .into_iter()
-            .chain(self.pending_labels.iter().map(|(n, o, _)| (n.clone(), o.clone())))
+            .chain(self.pending_labels.iter().map(|(n, o, _, _)| (n.clone(), o.clone())))
             .collect();
         self.pods.retain(|node, _| api_labels.get(node).cloned().flatten().as_deref() == Some("s"));
         for (node, owner) in &api_labels {
@@ -396,6 +415,7 @@ impl Fleet {
     fn new_term(&mut self) {
         self.memory = Memory::default();
         self.labelled_at.clear();
+        self.label_versions.clear();
         self.term_began = self.wall;
     }
 }
@@ -538,6 +558,21 @@ fn a_node_watch_behind_the_label_writes_lets_no_node_in_twice_nor_a_wave_past_th
     assert!(complete(&fleet), "{:?}", fleet.status.rollout);
     assert!(admitted.values().all(|n| *n == 1), "each node let in once: {admitted:?}");
     assert!(most_switching <= 1, "at most maxUnavailable (1) nodes switching at once: {most_switching}");
+}
+
+#[test]
+fn a_label_taken_off_after_the_watch_caught_up_is_written_again() {
+    let mut fleet = Fleet::new(3, GOOD);
+    let plan = fleet.reconcile();
+    let canary = plan.rollout.iter().flat_map(|s| s.admit.clone()).next().unwrap_or_default();
+    assert!(!canary.is_empty(), "a canary is let in");
+    // Someone takes the label off at once (a newer version of the node, which the watch shows).
+    fleet.version += 1;
+    fleet.labels.insert(canary.clone(), None);
+    fleet.versions.insert(canary.clone(), fleet.version);
+    let plan = fleet.reconcile();
+    let admitted: Vec<String> = plan.rollout.iter().flat_map(|s| s.admit.clone()).collect();
+    assert_eq!(admitted, vec![canary], "the label is written again");
 }
 
 #[test]
