@@ -323,17 +323,7 @@ impl TestCluster {
             key = admin_key.display(),
         );
         fs::write(&cluster.kubeconfig, kubeconfig)?;
-        let kubectl_ready = || {
-            Command::new(tool("kubectl").unwrap_or_default())
-                .env("KUBECONFIG", &cluster.kubeconfig)
-                .args(["get", "--raw", "/readyz"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        };
-        cluster.wait_until("kube-apiserver", Duration::from_secs(90), kubectl_ready)?;
+        cluster.wait_until("kube-apiserver", Duration::from_secs(90), || cluster.apiserver_ready())?;
 
         // The CRDs go in before kube-controller-manager starts: its garbage collector learns
         // about new resource types only through discovery every 30 seconds.
@@ -420,16 +410,18 @@ impl TestCluster {
         if name != "kube-apiserver" {
             return Ok(());
         }
-        let ready = || {
-            Command::new(tool("kubectl").unwrap_or_default())
-                .env("KUBECONFIG", &self.kubeconfig)
-                .args(["get", "--raw", "/readyz"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        self.wait_until(name, Duration::from_secs(90), ready)
+        self.wait_until(name, Duration::from_secs(90), || self.apiserver_ready())
+    }
+
+    /// Whether kube-apiserver answers its readiness check (`kubectl get --raw /readyz`).
+    fn apiserver_ready(&self) -> bool {
+        Command::new(tool("kubectl").unwrap_or_default())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(["get", "--raw", "/readyz"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     pub(crate) fn launch(&self, name: &str, mut cmd: Command) -> Result<()> {
