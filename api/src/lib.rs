@@ -158,6 +158,72 @@ pub struct RolloutSpec {
     /// Stops the rollout before its next wave; running pods are left as they are.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// Judges each bake by the kernel's own accounting of scheduling health on the wave's
+    /// nodes, against the Scheduler's nodes outside the wave and each node's own samples from
+    /// before its switch; a wave that fails is rolled back (reason AnalysisFailed). Unset: no
+    /// analysis. `{}`: the defaults (run delay may rise 50 %, CPU pressure 10 points).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<AnalysisSpec>,
+}
+
+/// What judges a bake, and how much evidence a verdict needs. A signal left unset is not
+/// judged; when none is set, run delay and CPU pressure are judged with their defaults.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisSpec {
+    /// Mean run-queue wait per timeslice (/proc/schedstat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_delay: Option<RunDelayLimit>,
+    /// Share of time some task waited for a CPU (/proc/pressure/cpu, "some").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_pressure: Option<CpuPressureLimit>,
+    /// sched_ext event counters (root/events) and the rate each may reach on a wave's node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub events: Vec<EventLimit>,
+    /// Samples a node needs within a window before it is judged (at the agents'
+    /// --health-interval, 5 s by default: set bakeSeconds to at least this many intervals).
+    /// Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 3, max = 1000))]
+    pub min_samples: Option<i32>,
+    /// Nodes outside the wave, each with enough samples, before they count as a baseline.
+    /// Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub min_control_nodes: Option<i32>,
+}
+
+/// How far run delay may rise over its baseline.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunDelayLimit {
+    /// Percent above the baseline. Default 50.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_increase_percent: Option<i32>,
+}
+
+/// How far CPU pressure may rise over its baseline.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuPressureLimit {
+    /// Percentage points above the baseline. Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_increase_points: Option<i32>,
+}
+
+/// The most a sched_ext event counter may move on a wave's node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventLimit {
+    /// The counter's name in root/events, e.g. SCX_EV_SELECT_CPU_FALLBACK.
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^SCX_EV_[A-Z0-9_]+$"))]
+    pub name: String,
+    /// Most counts per second (the median over the bake).
+    #[schemars(range(min = 0))]
+    pub max_per_second: i64,
 }
 
 fn int_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -377,6 +443,9 @@ pub struct RolloutStatus {
     /// changes (a retry), so a node where the scheduler crashes is not switched over and over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_nodes: Vec<String>,
+    /// The verdict of the analysis of the update revision's last judged bake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<AnalysisStatus>,
 }
 
 /// Why a revision was rolled back.
@@ -393,6 +462,56 @@ pub struct RolloutFailure {
     pub cause: String,
     /// When the rollout was stopped.
     pub time: Time,
+    /// `AnalysisFailed` when the revision attached and the analysis of a bake failed it;
+    /// unset when the kernel or the pod failed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The verdict of the analysis of the last bake (`spec.rollout.analysis`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisStatus {
+    /// The revision judged.
+    pub revision: String,
+    /// Passed, Failed, or Inconclusive (too few samples or no baseline: the wave went on).
+    pub verdict: AnalysisVerdict,
+    /// The verdict in words.
+    pub message: String,
+    /// The nodes judged, failed ones first (at most 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeAnalysis>,
+    /// When the verdict was reached.
+    pub time: Time,
+}
+
+/// One node's verdict, with what it was measured at against its baselines.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAnalysis {
+    pub node: String,
+    pub verdict: AnalysisVerdict,
+    /// Each signal's median over the bake and its baselines, e.g. "run delay 1.9 ms (control
+    /// 1.35 ms over 4 nodes; before its switch 1.3 ms)".
+    pub detail: String,
+}
+
+/// How a bake was judged.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum AnalysisVerdict {
+    Passed,
+    Failed,
+    Inconclusive,
+}
+
+impl AnalysisVerdict {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AnalysisVerdict::Passed => "Passed",
+            AnalysisVerdict::Failed => "Failed",
+            AnalysisVerdict::Inconclusive => "Inconclusive",
+        }
+    }
 }
 
 /// Where a rollout stands.
@@ -468,10 +587,12 @@ pub enum Reason {
     ReportStale,
     /// Event: the kernel threw a node's scheduler out.
     KernelEjected,
+    /// Event: the analysis of a bake failed the revision, which was rolled back.
+    AnalysisFailed,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::RolloutInProgress,
         Reason::RolloutPaused,
         Reason::DaemonSetReady,
@@ -491,6 +612,7 @@ impl Reason {
         Reason::KernelUnsupported,
         Reason::ReportStale,
         Reason::KernelEjected,
+        Reason::AnalysisFailed,
     ];
 
     /// The name written into conditions and events.
@@ -515,6 +637,7 @@ impl Reason {
             Reason::KernelUnsupported => "KernelUnsupported",
             Reason::ReportStale => "ReportStale",
             Reason::KernelEjected => "KernelEjected",
+            Reason::AnalysisFailed => "AnalysisFailed",
         }
     }
 

@@ -22,6 +22,8 @@ pub struct KernelTable {
     /// When a node was last heard from for the first time (or again after its stale report was
     /// forgotten): agents coming back to a new leader.
     last_arrival: Mutex<Option<Instant>>,
+    /// The nodes' health samples, which come with their reports.
+    pub health: crate::health_table::HealthTable,
 }
 
 impl KernelTable {
@@ -84,6 +86,7 @@ impl KernelTable {
         let mut nodes = lock(&self.nodes);
         let before = nodes.len();
         nodes.retain(|node, r| !r.stale || known(node));
+        self.health.retain(|node| nodes.contains_key(node));
         before - nodes.len()
     }
 

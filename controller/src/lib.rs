@@ -26,6 +26,7 @@ mod connections;
 pub mod context;
 pub mod error;
 pub mod handshake_gate;
+pub mod health_table;
 pub mod index;
 pub mod kernel_table;
 pub mod leader;

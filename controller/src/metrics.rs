@@ -38,6 +38,13 @@ struct SchedulerLabel {
     scheduler: String,
 }
 
+/// A verdict of the analysis of a bake, for a Scheduler.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabels {
+    scheduler: String,
+    verdict: &'static str,
+}
+
 /// Why a report stream was refused.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
@@ -105,6 +112,7 @@ pub struct Metrics {
     verifications: Family<VerificationLabels, Counter>,
     policy_reloads: Family<ResultLabel, Counter>,
     rollbacks: Family<SchedulerLabel, Counter>,
+    analysis_verdicts: Family<VerdictLabels, Counter>,
     tls_connections: Family<PortLabel, Counter>,
     tls_dropped: Family<DropLabels, Counter>,
     report_stats: Arc<ReportStats>,
@@ -126,6 +134,7 @@ impl Metrics {
             verifications: Family::default(),
             policy_reloads: Family::default(),
             rollbacks: Family::default(),
+            analysis_verdicts: Family::default(),
             tls_connections: Family::default(),
             tls_dropped: Family::default(),
             report_stats,
@@ -157,6 +166,11 @@ impl Metrics {
             "rollbacks",
             "Rollouts stopped because the new revision failed (rolled back, or nothing to roll back to), by Scheduler",
             self.rollbacks.clone(),
+        );
+        registry.register(
+            "rollout_analysis_verdicts",
+            "Verdicts of the analysis of a bake (spec.rollout.analysis), by Scheduler and verdict: Passed, Failed (rolled back), Inconclusive (too few samples or no baseline; the rollout went on)",
+            self.analysis_verdicts.clone(),
         );
     }
 
@@ -270,6 +284,12 @@ impl Metrics {
     /// Counts a rollout stopped by a failed revision.
     pub fn rolled_back(&self, scheduler: &str) {
         self.rollbacks.get_or_create(&SchedulerLabel { scheduler: scheduler.to_owned() }).inc();
+    }
+
+    pub fn analysis_verdict(&self, scheduler: &str, verdict: sked_api::AnalysisVerdict) {
+        self.analysis_verdicts
+            .get_or_create(&VerdictLabels { scheduler: scheduler.to_owned(), verdict: verdict.as_str() })
+            .inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -522,6 +522,9 @@ impl Session {
             return Err(Some(service.refuse(refusal, Status::permission_denied(why))));
         }
         service.stats.reports.inc();
+        if let Some(health) = &report.health {
+            service.table.health.record(node, health, jiff::Timestamp::now().as_millisecond());
+        }
         let entry = node_report(&report, Instant::now()).from_every_replica(!self.follows_leader);
         for scheduler in service.table.record(node, entry, service.stale_after) {
             debug!(node = %node, scheduler = %scheduler, verdict = kernel_verdict(report.verdict).as_str(), "kernel view changed");

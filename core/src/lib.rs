@@ -4,6 +4,8 @@
 //!
 //! - [`arbiter`]: which Scheduler owns each node;
 //! - [`workload`]: the DaemonSet a Scheduler should have, and its revision;
+//! - [`analysis`]: whether a bake hurt the nodes' scheduling health (the verdict of
+//!   `spec.rollout.analysis`);
 //! - [`rollout`]: which pods a rollout replaces next, which nodes enter, and when a revision
 //!   failed; [`node_view`]: how it sees one node (its pod, its agent's report, when it was
 //!   labelled);
@@ -19,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod analysis;
 pub mod arbiter;
 pub mod conditions;
 pub mod hashing;

@@ -31,10 +31,14 @@
 //! remembered: a label this leader wrote whose pod is not there yet counts as switching; early
 //! in a term every labelled node without a pod does.)
 
+use std::ops::ControlFlow;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use sked_api::{Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatus};
+use sked_api::{AnalysisStatus, Reason, Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatus};
+
+use crate::analysis;
 
 /// Defaults of `spec.rollout`.
 pub const DEFAULT_CANARY: i32 = 1;
@@ -237,8 +241,18 @@ pub struct Input<'a> {
     /// another revision, never judged. (One that runs attached is kept.)
     pub retried_after: Option<i64>,
     pub pacing: Pacing,
+    /// `spec.rollout.analysis`, with the nodes' health samples: each bake is judged by it.
+    pub analysis: Option<Analysis<'a>>,
     /// Seconds since the epoch.
     pub now: i64,
+}
+
+/// What the analysis of a bake reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Analysis<'a> {
+    pub limits: &'a analysis::Limits,
+    /// Each node's health samples, oldest first.
+    pub samples: &'a std::collections::BTreeMap<String, Vec<analysis::Sample>>,
 }
 
 /// Why the target revision failed on a node.
@@ -246,6 +260,8 @@ pub struct Input<'a> {
 pub struct Failure {
     pub node: String,
     pub cause: String,
+    /// The analysis of a bake failed it (the revision attached).
+    pub by_analysis: bool,
 }
 
 /// What to do now.
@@ -283,6 +299,8 @@ pub struct Plan {
     pub broken: Vec<String>,
     /// Decide again after this many seconds (end of a bake, an attach deadline).
     pub recheck_in: Option<i64>,
+    /// The verdict of the analysis of the bake that ended, when one was judged now.
+    pub analysis: Option<analysis::Judgement>,
 }
 
 impl Plan {
@@ -319,6 +337,10 @@ struct Tally {
     newest_attach: Option<i64>,
     /// Skipped nodes that have a pod (the DaemonSet controller counts them).
     skipped_pods: usize,
+    /// The nodes that run the target revision attached, with when their pod was made: what an
+    /// analysis judges; and the nodes that run another revision attached: its control nodes.
+    wave: Vec<(String, i64)>,
+    controls: Vec<String>,
 }
 
 /// Decides the next step of a rollout.
@@ -415,7 +437,10 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
         let earlier_attempt = attached.is_none() && input.retried_after.is_some_and(|t| pod.created < t);
         if pod.revision != target || earlier_attempt {
             match attached {
-                Some(_) => t.old_up.push(pod.name.clone()),
+                Some(_) => {
+                    t.old_up.push(pod.name.clone());
+                    t.controls.push(n.node.clone());
+                }
                 None => {
                     t.unavailable += 1;
                     t.old_down.push(pod.name.clone());
@@ -443,6 +468,7 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             Some(since) => {
                 plan.attached += 1;
                 t.newest_attach = Some(t.newest_attach.map_or(since, |t| t.max(since)));
+                t.wave.push((n.node.clone(), pod.created));
             }
             None => judge_unattached(input, restoring, n, pod, &mut t, plan),
         }
@@ -535,20 +561,20 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
         plan.recheck(deadline - now);
         return None;
     };
-    Some(Failure { node: n.node.clone(), cause })
+    Some(Failure { node: n.node.clone(), cause, by_analysis: false })
 }
 
 /// The next wave: pods of another revision (those down first), then entering nodes, once every
 /// node of the target revision runs it attached and the newest has baked; a canary first.
 fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Plan) -> Plan {
     let Input { stable, nodes, expected_pods, pacing, now, .. } = *input;
-    let Tally { old_down, old_up, unavailable, all_attached, newest_attach, skipped_pods } = tally;
-    let baked_in = newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
+    let baked_in = tally.newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
+    let (all_attached, skipped_pods) = (tally.all_attached, tally.skipped_pods);
     let in_rollout = (nodes.len() + input.entering.len()).saturating_sub(plan.skipped.len());
     let canary = pacing.canary.min(in_rollout);
     let phase_for =
         |updated: usize| if updated <= canary && canary > 0 { RolloutPhase::Canary } else { RolloutPhase::Rolling };
-    if old_down.is_empty() && old_up.is_empty() && waiting.is_empty() {
+    if tally.old_down.is_empty() && tally.old_up.is_empty() && waiting.is_empty() {
         // The last wave bakes too; a first deployment (nothing to go back to) is done once
         // every node runs it attached.
         // Every pod the DaemonSet controller means to run must be there, attached, and at least
@@ -557,6 +583,13 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
         let everywhere =
             plan.attached >= expected_pods.saturating_sub(skipped_pods) && (plan.attached > 0 || in_rollout == 0);
         if all_attached && everywhere && plan.admit.is_empty() && (stable.is_none() || baked_in <= 0) {
+            if stable.is_some() {
+                let holding = phase_for(plan.updated);
+                plan = match after_bake(input, &tally, baked_in, holding, plan) {
+                    ControlFlow::Continue(plan) => plan,
+                    ControlFlow::Break(stopped) => return stopped,
+                };
+            }
             plan.phase = RolloutPhase::Complete;
         } else {
             // The canary's wave when it is the last one too (a fleet of one node): it bakes as
@@ -583,6 +616,14 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
         }
         return plan;
     }
+    if !unpaced {
+        let holding = phase_for(plan.updated);
+        plan = match after_bake(input, &tally, baked_in, holding, plan) {
+            ControlFlow::Continue(plan) => plan,
+            ControlFlow::Break(stopped) => return stopped,
+        };
+    }
+    let Tally { old_down, old_up, unavailable, .. } = tally;
     let wave = if unpaced {
         pacing.max_unavailable
     } else if plan.updated < canary {
@@ -603,6 +644,70 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
     plan.entering -= zero;
     plan.phase = phase_for(plan.updated + plan.replace.len() + zero);
     plan
+}
+
+/// How often a bake's verdict asks again while it waits for samples.
+const ANALYSIS_RECHECK_SECONDS: i64 = 5;
+
+/// The bake that ended (`baked_in` seconds ago, negated), judged by the analysis the spec asks
+/// for: `Continue` with its verdict to go on, `Break` with the plan that stops here, in phase `holding`
+/// while the verdict waits for samples, or rolled back. The stable revision is not judged.
+fn after_bake(
+    input: &Input<'_>,
+    tally: &Tally,
+    baked_in: i64,
+    holding: RolloutPhase,
+    mut plan: Plan,
+) -> ControlFlow<Plan, Plan> {
+    if input.stable == Some(input.target) {
+        return ControlFlow::Continue(plan);
+    }
+    match judge_bake(input, tally, -baked_in) {
+        Some(analysis::Outcome::Waiting) => {
+            // Its samples come with the agents' heartbeats.
+            plan.phase = holding;
+            plan.recheck(ANALYSIS_RECHECK_SECONDS);
+            ControlFlow::Break(plan)
+        }
+        Some(analysis::Outcome::Judged(judgement)) => {
+            if let Some((node, cause)) = judgement.failure.clone() {
+                plan.failure = Some(Failure { node, cause, by_analysis: true });
+                plan.phase = RolloutPhase::RolledBack;
+                plan.analysis = Some(judgement);
+                return ControlFlow::Break(plan);
+            }
+            plan.analysis = Some(judgement);
+            ControlFlow::Continue(plan)
+        }
+        None => ControlFlow::Continue(plan),
+    }
+}
+
+/// The analysis of the bake that just ended (`overdue`: seconds since it ended), when the spec
+/// asks for one: the nodes of the target revision against those of another revision.
+fn judge_bake(input: &Input<'_>, tally: &Tally, overdue: i64) -> Option<analysis::Outcome> {
+    let a = input.analysis?;
+    let newest = tally.newest_attach?;
+    let none = Vec::new();
+    let samples = |node: &str| a.samples.get(node).unwrap_or(&none).as_slice();
+    let case = analysis::Case {
+        revision: input.target,
+        limits: a.limits,
+        from_ms: newest.saturating_mul(1000),
+        to_ms: input.now.saturating_mul(1000),
+        wave: tally
+            .wave
+            .iter()
+            .map(|(node, created)| analysis::WaveNode {
+                node,
+                switched_at_ms: created.saturating_mul(1000),
+                samples: samples(node),
+            })
+            .collect(),
+        controls: tally.controls.iter().map(|n| samples(n)).collect(),
+        may_wait: overdue < analysis::SAMPLE_GRACE_SECONDS,
+    };
+    Some(analysis::judge(&case))
 }
 
 /// The size of the wave after `updated` nodes run the target revision, attached and baked:
@@ -751,7 +856,22 @@ fn planned_status(p: &Progress<'_>) -> RolloutStatus {
         failed: p.failed.cloned().or_else(|| p.tried_again().cloned()),
         // Held while the failure they were held under stands.
         held_nodes: if p.failed.is_some() { p.previous.held_nodes.clone() } else { Vec::new() },
+        analysis: analysis_status(p),
     }
+}
+
+/// The verdict judged now, else the last one of the same revision.
+fn analysis_status(p: &Progress<'_>) -> Option<AnalysisStatus> {
+    let Some(j) = &p.plan.analysis else {
+        return p.previous.analysis.clone().filter(|a| a.revision == p.template.name);
+    };
+    Some(AnalysisStatus {
+        revision: p.template.name.clone(),
+        verdict: j.verdict,
+        message: j.message.clone(),
+        nodes: j.nodes.clone(),
+        time: p.now.clone(),
+    })
 }
 
 impl Progress<'_> {
@@ -843,6 +963,7 @@ impl Step {
             node: failure.node.clone(),
             cause: failure.cause.clone(),
             time: p.now.clone(),
+            reason: failure.by_analysis.then(|| Reason::AnalysisFailed.as_str().to_owned()),
         };
         self.status.phase = p.failed_phase();
         self.status.failed = Some(failure.clone());
@@ -918,6 +1039,7 @@ mod tests {
             expected_pods: expected,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 1000,
         })
     }
@@ -932,6 +1054,7 @@ mod tests {
             expected_pods: nodes.len(),
             retried_after: None,
             pacing,
+            analysis: None,
             now,
         })
     }
@@ -1096,6 +1219,7 @@ mod tests {
             expected_pods: 3,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 0,
         });
         assert_eq!(plan.replace, vec!["b-bad".to_string(), "a-bad".to_string()]);
@@ -1195,7 +1319,7 @@ mod tests {
 
     #[test]
     fn a_failure_rolls_back_when_there_is_something_to_go_back_to() {
-        let failure = Failure { node: "n1".into(), cause: "crash".into() };
+        let failure = Failure { node: "n1".into(), cause: "crash".into(), by_analysis: false };
         let plan = Plan { failure: Some(failure), replace: vec!["p".into()], ..Default::default() };
         let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
         let step = advance(&progress(&previous, &plan, revision(T, 2)));
@@ -1244,6 +1368,7 @@ mod tests {
             expected_pods: nodes.len(),
             retried_after: None,
             pacing,
+            analysis: None,
             now,
         })
     }
@@ -1284,6 +1409,7 @@ mod tests {
             expected_pods: 2,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 1000,
         });
         // The new node at once, and one relabelled node as the next wave (nothing else switches).
@@ -1352,6 +1478,7 @@ mod tests {
             expected_pods: 2,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 100,
         });
         assert_eq!((plan.admit.clone(), plan.skipped.len()), (vec!["ghost".to_string()], 0));
@@ -1366,6 +1493,7 @@ mod tests {
             expected_pods: 2,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 100,
         };
         assert_eq!(decide(&input).admit.len(), 0);
@@ -1416,6 +1544,7 @@ mod tests {
             expected_pods: 2,
             retried_after: Some(225),
             pacing: pacing(1, 1),
+            analysis: None,
             now: 230,
         };
         let plan = decide(&input);
@@ -1429,6 +1558,7 @@ mod tests {
         // The failure tried again stays in the status while the retry runs, so every reconcile
         // of it knows the attempt's time.
         let failed = RolloutFailure {
+            reason: None,
             revision: T.into(),
             generation: 1,
             node: "a".into(),
@@ -1481,6 +1611,7 @@ mod tests {
             expected_pods: 2,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 500,
         });
         assert_eq!(plan.failure, None);
@@ -1515,6 +1646,7 @@ mod tests {
             expected_pods: 0,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 500,
         });
         // Not Rolling for ever: there is nothing to roll, and no timer either.
@@ -1536,6 +1668,7 @@ mod tests {
             expected_pods: 0,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 500,
         });
         assert_eq!(plan.admit, vec!["b".to_string()]);
@@ -1582,6 +1715,7 @@ mod tests {
             expected_pods: 4,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 300,
         };
         let plan = decide(&input);
@@ -1612,6 +1746,7 @@ mod tests {
     fn a_takeover_failing_under_an_updates_recorded_failure_holds_that_node_until_a_retry() {
         // The update T failed and was rolled back to S; c entered under S and crash-loops.
         let failure = RolloutFailure {
+            reason: None,
             revision: T.into(),
             generation: 2,
             node: "a".into(),
@@ -1633,6 +1768,7 @@ mod tests {
             expected_pods: 2,
             retried_after: None,
             pacing: pacing(1, 1),
+            analysis: None,
             now: 300,
         };
         let plan = decide(&input);
@@ -1677,6 +1813,7 @@ mod tests {
             expected_pods: 1,
             retried_after: None,
             pacing: pacing(0, 1),
+            analysis: None,
             now: 1_000,
         };
         let plan = decide(&input);
@@ -1691,6 +1828,7 @@ mod tests {
     #[test]
     fn a_recorded_failure_stops_the_rollout_until_restored_or_recovered() {
         let failure = RolloutFailure {
+            reason: None,
             revision: T.into(),
             generation: 2,
             node: "n1".into(),
@@ -1780,7 +1918,7 @@ mod tests {
             let changed: Vec<String> = sim.nodes.iter().filter(|(_, (r, _))| r == T).map(|(n, _)| n.clone()).collect();
             // The rollback: the template is the stable revision again, every changed node restored.
             let views = sim.views(now);
-            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], held: &[], expected_pods: views.len(), retried_after: None, pacing: p, now });
+            let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], held: &[], expected_pods: views.len(), retried_after: None, pacing: p, analysis: None, now });
             let mut restored: Vec<String> = restore.replace.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
             restored.sort();
             prop_assert_eq!(restored, changed);
@@ -1824,7 +1962,7 @@ mod tests {
                 let waiting: Vec<Entering> = names.iter().filter(|n| !labelled.contains_key(*n))
                     .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false, unfit: None }).collect();
                 let expected = views.iter().filter(|v| v.unfit.is_none()).count();
-                let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, retried_after: None, pacing: p, now });
+                let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, retried_after: None, pacing: p, analysis: None, now });
                 prop_assert!(tainted.is_none() || plan.failure.as_ref().map(|f| &f.node) != tainted.as_ref(), "a tainted node never fails it");
                 let switching = views.iter().filter(|v| v.unfit.is_none() && !matches!(v.kernel, KernelView::Attached { .. })).count();
                 // Leaving revision zero counts against the budget like any switch; in a first

@@ -966,6 +966,7 @@ mod tests {
             phase: RolloutPhase::RolledBack,
             current_revision: Some(running),
             failed: Some(RolloutFailure {
+                reason: None,
                 revision: "bbb".into(),
                 generation: 3,
                 node: "n1".into(),
@@ -1028,6 +1029,7 @@ mod tests {
             }),
             entering_nodes: 1,
             failed: Some(RolloutFailure {
+                reason: None,
                 revision: "bbb".into(),
                 generation: 1,
                 node: "n1".into(),

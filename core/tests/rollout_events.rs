@@ -664,6 +664,7 @@ impl World {
                 .filter(|f| failed.is_none() && f.revision == template)
                 .map(|f| f.time.0.as_second()),
             pacing,
+            analysis: None,
             now: self.now,
         };
         let plan = rollout::decide(&input);

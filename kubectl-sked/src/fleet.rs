@@ -40,6 +40,9 @@ pub struct StatusRow {
     /// condition `unknown`; a node without a pod `no-pod`, `not-owned` (another Scheduler owns
     /// it) or `unsupported`.
     pub kernel: String,
+    /// The node's verdict in the analysis of the last bake, and its values
+    /// (`status.rollout.analysis.nodes`), e.g. "Failed: run delay 1.90 ms (...)".
+    pub analysis: Option<String>,
     pub reason: Option<String>,
     pub message: Option<String>,
     pub ops: Option<String>,
@@ -175,6 +178,7 @@ impl StatusRow {
             revision_role: None,
             ready: None,
             kernel: kernel.to_owned(),
+            analysis: None,
             reason: None,
             message: Some(message),
             ops: None,
@@ -216,6 +220,10 @@ fn pod_row(s: &Scheduler, pod: &Pod) -> StatusRow {
             .filter(|e| e.node == node)
             .map(|e| LastExit { reason: e.reason.clone(), time: e.time.clone() }),
     };
+    let analysis = rollout
+        .and_then(|r| r.analysis.as_ref())
+        .and_then(|a| a.nodes.iter().find(|n| n.node == node))
+        .map(|n| format!("{}: {}", n.verdict.as_str(), n.detail));
     StatusRow {
         scheduler: s.name_any(),
         node,
@@ -224,6 +232,7 @@ fn pod_row(s: &Scheduler, pod: &Pod) -> StatusRow {
         revision_role: role,
         ready: Some(facts.ready_since.is_some()),
         kernel: state.as_ref().map_or("unknown", PodKernel::short).to_owned(),
+        analysis,
         reason: written.as_ref().map(|w| w.reason.clone()),
         message: written.as_ref().map(|w| w.message.clone()),
         ops: state.as_ref().and_then(|k| k.ops()).map(str::to_owned),
@@ -403,6 +412,30 @@ mod tests {
         );
         assert!(rows[4].message.as_deref().is_some_and(|m| m.contains("Scheduler old owns it")));
         assert_eq!((rows[0].restarts, rows[0].ready), (2, Some(true)));
+    }
+
+    #[test]
+    fn a_node_s_row_carries_its_verdict_in_the_last_bake() {
+        let mut f = fleet();
+        let mut status = crate::test_objects::rolling("r1", "r2");
+        status["observedGeneration"] = serde_json::json!(2);
+        status["rollout"]["analysis"] = serde_json::json!({
+            "revision": "r2", "verdict": "Failed", "message": "1 of 1 node(s) failed", "time": "2026-12-04T10:03:00Z",
+            "nodes": [{"node": "n2", "verdict": "Failed", "detail": "run delay 1.90 ms (control 1.35 ms over 4 nodes; before its switch none)"}],
+        });
+        f.schedulers[0].status = serde_json::from_value(status).ok();
+        let rows = f.status_rows(&f.schedulers[0], None);
+        let judged: Vec<(&str, Option<&str>)> = rows.iter().map(|r| (r.node.as_str(), r.analysis.as_deref())).collect();
+        assert!(
+            judged.contains(&(
+                "n2",
+                Some("Failed: run delay 1.90 ms (control 1.35 ms over 4 nodes; before its switch none)")
+            )),
+            "{judged:?}"
+        );
+        assert!(judged.iter().filter(|(_, a)| a.is_some()).count() == 1);
+        let (line, _) = crate::rollout::progress(&f.schedulers[0]);
+        assert!(line.ends_with("; analysis of the last bake: Failed (1 of 1 node(s) failed)"), "{line}");
     }
 
     #[test]

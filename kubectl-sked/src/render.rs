@@ -85,7 +85,15 @@ pub fn status_table(
         }
         writeln!(table, "{line}").map_err(io)?;
     }
-    flush(out, table)
+    flush(out, table)?;
+    let judged: Vec<&StatusRow> = rows.iter().filter(|r| r.analysis.is_some()).collect();
+    if !judged.is_empty() {
+        writeln!(out, "Analysis of the last bake, by node:").map_err(io)?;
+        for r in judged {
+            writeln!(out, "  {}: {}", r.node, or_dash(r.analysis.as_deref())).map_err(io)?;
+        }
+    }
+    Ok(())
 }
 
 /// The `nodes` table.

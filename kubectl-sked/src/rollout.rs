@@ -42,15 +42,24 @@ pub fn progress(s: &Scheduler) -> (String, Option<bool>) {
             format!("Scheduler {name} rolled back to {back}{why}")
         }
         phase => format!(
-            "{}: {} of {desired} nodes updated to revision {revision}, {} attached{}{}",
+            "{}: {} of {desired} nodes updated to revision {revision}, {} attached{}{}{}",
             phase.as_str(),
             r.updated_nodes,
             r.attached_nodes,
             if r.entering_nodes > 0 { format!(", {} entering", r.entering_nodes) } else { String::new() },
             if phase == RolloutPhase::Paused { " (paused: kubectl sked rollout resume resumes it)" } else { "" },
+            last_verdict(r, revision),
         ),
     };
     (line, finished(r.phase))
+}
+
+/// The analysis of the revision's last bake, when there was one: "; last bake Passed (...)".
+fn last_verdict(r: &sked_api::RolloutStatus, revision: &str) -> String {
+    r.analysis
+        .as_ref()
+        .filter(|a| a.revision == revision)
+        .map_or_else(String::new, |a| format!("; analysis of the last bake: {} ({})", a.verdict.as_str(), a.message))
 }
 
 /// Follows the rollout, printing each new state, until it is over or `timeout` (zero: none).

@@ -168,6 +168,7 @@ fn report(id: &AgentIdentity, verdict: Verdict, sequence: u64) -> Report {
         agent_version: "bench".into(),
         sequence,
         last_exit: None,
+        health: None,
     }
 }
 

@@ -18,6 +18,8 @@ pub(super) struct Observed {
     pods: Vec<Arc<SchedulerPod>>,
     nodes: plan::Nodes,
     reports: HashMap<String, kernel::NodeReport>,
+    /// The nodes' health samples, read only when the Scheduler asks for analysis.
+    health: std::collections::BTreeMap<String, Vec<sked_core::analysis::Sample>>,
     memory: plan::Memory,
     settings: plan::Settings,
     clock: plan::Clock,
@@ -34,6 +36,7 @@ impl Observed {
             pods: &self.pods,
             nodes: &self.nodes,
             reports: &self.reports,
+            health: &self.health,
             memory: &self.memory,
             settings: &self.settings,
             clock: self.clock,
@@ -72,6 +75,8 @@ pub(super) async fn observe(ctx: &Context, name: &str) -> Option<Observed> {
     let pods = ctx.index.pods_of(name);
     let nodes = ctx.index.nodes_of(name, &placement, &pods);
     let reports = ctx.kernel.reports_of(placement.owned.iter().chain(&nodes.scheduled));
+    let analysed = scheduler.spec.rollout.as_ref().is_some_and(|r| r.analysis.is_some());
+    let health = if analysed { ctx.kernel.health.samples_of(&placement.owned) } else { Default::default() };
     let clock = plan::Clock {
         now: std::time::Instant::now(),
         wall: jiff::Timestamp::now(),
@@ -96,6 +101,7 @@ pub(super) async fn observe(ctx: &Context, name: &str) -> Option<Observed> {
         pods,
         nodes,
         reports,
+        health,
         memory,
         settings,
         clock,

@@ -59,10 +59,21 @@ pub(super) async fn carry_out(
     save_status(ctx, s.scheduler, &s.scheduler.uid().unwrap_or_default(), s.previous, &plan.status).await?;
     remember(ctx, &plan.remember);
     if let Some(step) = &plan.rollout {
+        count_verdict(ctx, &name, s.previous, step);
         carry_out_step(ctx, s.scheduler, step, deployed.daemonset.as_ref()).await?;
     }
     let retry = crate::pod_conditions::write(ctx, &name, s.pods, &plan.pod_conditions).await;
     Ok([plan.recheck, retry].into_iter().flatten().min())
+}
+
+/// Counts the analysis verdict this step reached, if it reached one (a verdict kept from an
+/// earlier bake is not counted again).
+fn count_verdict(ctx: &Context, name: &str, previous: &sked_api::SchedulerStatus, step: &RolloutActions) {
+    let before = previous.rollout.as_ref().and_then(|r| r.analysis.as_ref());
+    if let Some(now) = step.status.analysis.as_ref().filter(|a| Some(*a) != before) {
+        info!(revision = %now.revision, verdict = now.verdict.as_str(), message = %now.message, "analysis of a bake");
+        ctx.metrics.analysis_verdict(name, now.verdict);
+    }
 }
 
 /// Keeps what the plan says the term remembers: the nodes now seen attached are no longer

@@ -13,7 +13,7 @@
 //! accepted (its template's revision and generation), which only that write returns. The
 //! controller carries each out, fenced by leadership.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,8 @@ pub struct Snapshot<'a> {
     pub nodes: &'a Nodes,
     /// The kernel reports of its nodes (those it owns, and those its pods run on).
     pub reports: &'a HashMap<String, NodeReport>,
+    /// Its nodes' health samples, when `spec.rollout.analysis` asks for them (else empty).
+    pub health: &'a BTreeMap<String, Vec<crate::analysis::Sample>>,
     pub memory: &'a Memory,
     pub settings: &'a Settings,
     pub clock: Clock,

@@ -79,6 +79,7 @@ pub(super) fn decide(
     let wall = s.clock.wall.as_second();
     let (labelled, entering) = entering_nodes(s);
     let (nodes, attached) = node_views(s, &labelled, &template);
+    let limits = s.scheduler.spec.rollout.as_ref().and_then(|r| r.analysis.as_ref()).map(crate::analysis::Limits::of);
     let plan = rollout::decide(&rollout::Input {
         target: &template.name,
         stable,
@@ -95,6 +96,7 @@ pub(super) fn decide(
             .filter(|f| intent.failed.is_none() && f.revision == template.name)
             .map(|f| f.time.0.as_second()),
         pacing: rollout::Pacing::of(s.scheduler.spec.rollout.as_ref(), nodes.len() + entering.len()),
+        analysis: limits.as_ref().map(|limits| rollout::Analysis { limits, samples: s.health }),
         now: wall,
     });
     let step = rollout::advance(&rollout::Progress {
@@ -176,12 +178,20 @@ impl RolloutActions {
     }
 }
 
+/// The reason of a RolledBack event: AnalysisFailed when the analysis of a bake failed it.
+fn rollback_reason(failure: &RolloutFailure) -> Reason {
+    match failure.reason.as_deref() {
+        Some(r) if r == Reason::AnalysisFailed.as_str() => Reason::AnalysisFailed,
+        _ => Reason::RolledBack,
+    }
+}
+
 fn rolled_back_to(failure: &RolloutFailure, to: &Revision) -> EventSpec {
     let message = format!(
         "Revision {} failed on node {}: {}. Rolled back to revision {} ({})",
         failure.revision, failure.node, failure.cause, to.name, to.image
     );
-    EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }
+    EventSpec { kind: EventKind::Warning, reason: rollback_reason(failure), message }
 }
 
 fn back_to_zero(failure: &RolloutFailure, which: &str, nodes: usize) -> EventSpec {
@@ -189,7 +199,7 @@ fn back_to_zero(failure: &RolloutFailure, which: &str, nodes: usize) -> EventSpe
         "Revision {} failed on node {}: {}. Rolled back to the kernel's default scheduler on {which} ({nodes})",
         failure.revision, failure.node, failure.cause
     );
-    EventSpec { kind: EventKind::Warning, reason: Reason::RolledBack, message }
+    EventSpec { kind: EventKind::Warning, reason: rollback_reason(failure), message }
 }
 
 /// Each labelled node with its pod (a live one before a terminating one) and what that pod's

@@ -23,6 +23,8 @@ const GOOD: &str = "r.io/scx@sha256:aaaa";
 const BETTER: &str = "r.io/scx@sha256:cccc";
 /// An image whose scheduler never attaches.
 const BAD: &str = "r.io/scx@sha256:bbbb";
+/// An image whose scheduler attaches and doubles the run delay of its node.
+const SLOW: &str = "r.io/scx@sha256:dddd";
 /// When the Scheduler was created (seconds since the epoch).
 const CREATED: i64 = 1_800_000_000;
 const BAKE: i64 = 10;
@@ -43,6 +45,8 @@ struct Fleet {
     broken: BTreeSet<String>,
     pods: BTreeMap<String, SchedulerPod>,
     reports: HashMap<String, NodeReport>,
+    /// Each node's health samples (what the agents sent).
+    health: std::collections::BTreeMap<String, Vec<crate::analysis::Sample>>,
     memory: Memory,
     /// When each node was labelled by this term (seconds since the epoch).
     labelled_at: HashMap<String, i64>,
@@ -121,6 +125,7 @@ impl Fleet {
             broken: BTreeSet::new(),
             pods: BTreeMap::new(),
             reports: HashMap::new(),
+            health: Default::default(),
             memory: Memory::default(),
             labelled_at: HashMap::new(),
             settings: settings(),
@@ -156,7 +161,31 @@ impl Fleet {
 
     fn set_image(&mut self, image: &str) {
         let generation = self.scheduler.metadata.generation.unwrap_or(0) + 1;
+        let analysis = self.scheduler.spec.rollout.as_ref().and_then(|r| r.analysis.clone());
         self.scheduler = scheduler(image, generation);
+        if let Some(rollout) = self.scheduler.spec.rollout.as_mut() {
+            rollout.analysis = analysis;
+        }
+    }
+
+    /// The agents' samples over the last `seconds`, one a second: run delay 1 ms (2 ms under
+    /// SLOW) within ±5 %, CPU pressure 10 %.
+    fn sample_health(&mut self, seconds: i64) {
+        for (node, pod) in &self.pods {
+            let level = if image_of(&pod.revision) == Some(SLOW) { 2000.0 } else { 1000.0 };
+            let samples = self.health.entry(node.clone()).or_default();
+            for at in (self.wall - seconds + 1)..=self.wall {
+                let noise = f64::from(u32::try_from((at * 7919 + node.len() as i64) % 11).unwrap_or(0)) / 100.0 - 0.05;
+                samples.push(crate::analysis::Sample {
+                    at_ms: at * 1000,
+                    run_delay_us: Some(level * (1.0 + noise)),
+                    cpu_pressure: Some(10.0),
+                    events: Some(BTreeMap::new()),
+                });
+            }
+            let excess = samples.len().saturating_sub(300);
+            samples.drain(..excess);
+        }
     }
 
     /// Reads a snapshot as the controller's `observe` does, and hands it to `f`.
@@ -198,6 +227,7 @@ impl Fleet {
             pods: &pods,
             nodes: &nodes,
             reports: &self.reports,
+            health: &self.health,
             memory: &memory,
             settings: &self.settings,
             clock,
@@ -367,6 +397,7 @@ impl Fleet {
             report.attached_since = attaches.then_some(pod.created.unwrap_or(self.wall));
             self.reports.insert(node.clone(), report);
         }
+        self.sample_health(seconds);
         self.count_pods();
     }
 
@@ -423,7 +454,7 @@ impl Fleet {
 /// The image of a revision this fleet made.
 fn image_of(revision: &PodRevision) -> Option<&'static str> {
     let PodRevision::Labelled(r) = revision else { return None };
-    [GOOD, BETTER, BAD].into_iter().find(|image| *r == crate::workload::revision(&scheduler(image, 1), image))
+    [GOOD, BETTER, BAD, SLOW].into_iter().find(|image| *r == crate::workload::revision(&scheduler(image, 1), image))
 }
 
 fn secs(s: i64) -> Duration {
@@ -486,6 +517,51 @@ fn a_revision_that_never_attaches_is_rolled_back_to_the_current_one_with_the_cau
     let bad: Vec<_> =
         fleet.made.iter().filter(|(_, r)| image_of(&PodRevision::Labelled(r.clone())) == Some(BAD)).collect();
     assert_eq!(bad.len(), 1, "the canary alone ran it: {bad:?}");
+}
+
+/// A fleet that finished deploying GOOD, with `spec.rollout.analysis` at its defaults.
+fn analysed(nodes: usize) -> Fleet {
+    let mut fleet = deployed(nodes);
+    if let Some(rollout) = fleet.scheduler.spec.rollout.as_mut() {
+        rollout.analysis = Some(sked_api::AnalysisSpec::default());
+    }
+    fleet
+}
+
+#[test]
+fn a_revision_that_doubles_run_delay_is_rolled_back_by_analysis_after_the_canary_s_bake() {
+    let mut fleet = analysed(6);
+    fleet.set_image(SLOW);
+    let failed = |f: &Fleet| f.status.rollout.as_ref().is_some_and(|r| r.failed.is_some());
+    assert!(fleet.run_until(40, 2, failed), "the slow revision fails: {:?}", fleet.status.rollout);
+    let rollout = fleet.status.rollout.clone().unwrap_or_default();
+    let failure = rollout.failed.clone().unwrap_or_else(|| panic!("a failure"));
+    assert_eq!(failure.reason.as_deref(), Some("AnalysisFailed"));
+    assert!(
+        failure.cause.starts_with(&format!("run delay on {} rose to ", failure.node))
+            && failure.cause.contains("over 5 control nodes")
+            && failure.cause.contains("the limit is 50 %"),
+        "{}",
+        failure.cause
+    );
+    let verdict = rollout.analysis.unwrap_or_else(|| panic!("a verdict in status"));
+    assert_eq!(verdict.verdict, sked_api::AnalysisVerdict::Failed);
+    let events: Vec<&EventSpec> = fleet.events.iter().filter(|e| e.reason == Reason::AnalysisFailed).collect();
+    assert_eq!(events.len(), 1, "{:?}", fleet.events);
+    assert!(events[0].message.contains("Rolled back to revision"), "{}", events[0].message);
+    assert!(fleet.run_until(20, BAKE, |f| all_run(f, GOOD)), "the canary runs the good revision again");
+    let slow = fleet.made.iter().filter(|(_, r)| image_of(&PodRevision::Labelled(r.clone())) == Some(SLOW)).count();
+    assert_eq!(slow, 1, "the canary alone ran it");
+}
+
+#[test]
+fn a_revision_within_its_limits_passes_each_bake_and_completes() {
+    let mut fleet = analysed(6);
+    fleet.set_image(BETTER);
+    assert!(fleet.run_until(80, 2, |f| complete(f) && f.current() == Some(BETTER)), "{:?}", fleet.status.rollout);
+    let verdict = fleet.status.rollout.and_then(|r| r.analysis).unwrap_or_else(|| panic!("a verdict"));
+    assert_eq!(verdict.verdict, sked_api::AnalysisVerdict::Passed, "{}", verdict.message);
+    assert!(fleet.events.iter().all(|e| e.reason != Reason::AnalysisFailed));
 }
 
 #[test]
