@@ -8,6 +8,7 @@
 //! - [`reactor`] holds the agent's only unsafe call (handing a descriptor it owns to tokio);
 //! - [`kmsg`] reads the kernel log's lines on why a scheduler left the kernel (followed by [`kernel_watch`]);
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
+//! - [`health`] samples the node's scheduling health (run delay, CPU pressure, event rates) for the reports;
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`;
 //! - [`scx_stats`] speaks the schedulers' statistics protocol; [`stats_relay`] relays them to
 //!   `/metrics` while this pod's scheduler is attached, as the series [`relayed_series`] keeps.
@@ -16,6 +17,7 @@
 #![deny(unsafe_code)]
 
 pub mod attacher;
+pub mod health;
 pub mod http;
 pub mod kernel_watch;
 pub mod kmsg;

@@ -1,4 +1,5 @@
-//! sked-agent's binary: flags, then the kernel watch, the report stream and the HTTP server.
+//! sked-agent's binary: flags, then the kernel watch, the health sampling, the report stream and
+//! the HTTP server.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -9,11 +10,14 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
 use sked_agent::attacher::Capabilities;
+use sked_agent::health;
 use sked_agent::kernel_watch::{self, Observer};
 use sked_agent::metrics::Metrics;
+use sked_agent::observation::Observation;
 use sked_agent::privileges;
 use sked_agent::report::{self, Identity, ReporterConfig};
 use sked_agent::stats_relay::{self, RelayConfig};
+use sked_proto::Health;
 use sked_proto::contract::{self, env};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
@@ -84,6 +88,11 @@ struct Cli {
     /// schedulers count since the previous request: such a series is a count per interval.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     stats_interval: Duration,
+    /// Sample the node's scheduling health (run delay, CPU pressure, sched_ext event rates) this
+    /// often (at least 1s), and send the newest samples with every report. 0s: not sampled, no
+    /// health sent.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    health_interval: Duration,
     /// Address of /readyz, /healthz and /metrics.
     #[arg(long, default_value_t = SocketAddr::from(([0, 0, 0, 0], contract::AGENT_PORT)))]
     listen_address: SocketAddr,
@@ -122,6 +131,23 @@ fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
+/// Starts sampling the node's scheduling health, unless `--health-interval` is 0s. Returns the
+/// newest samples, for the reports.
+fn spawn_health(
+    cli: &Cli,
+    observations: watch::Receiver<Observation>,
+    metrics: Arc<Metrics>,
+) -> Option<watch::Receiver<Health>> {
+    if cli.health_interval.is_zero() {
+        info!("scheduling health is not sampled (--health-interval 0s)");
+        return None;
+    }
+    let (tx, rx) = watch::channel(Health::default());
+    let interval = cli.health_interval.max(Duration::from_secs(1));
+    tokio::spawn(health::run(interval, cli.proc_root.clone(), observations, tx, metrics));
+    Some(rx)
+}
+
 async fn run(cli: Cli) -> ExitCode {
     let observer = Observer {
         sysfs_root: cli.sysfs_root.clone(),
@@ -153,6 +179,7 @@ async fn run(cli: Cli) -> ExitCode {
         }
     }
     tokio::spawn(observer.run(tx, exits_rx, metrics.clone(), cli.poll_interval, cli.uevents));
+    let health = spawn_health(&cli, rx.clone(), metrics.clone());
     if let Some(address) = cli.controller_address.clone() {
         let cfg = ReporterConfig {
             address,
@@ -163,7 +190,7 @@ async fn run(cli: Cli) -> ExitCode {
             heartbeat: cli.heartbeat_interval,
         };
         let id = Identity { node: cli.node_name.clone(), pod: cli.pod_name.clone(), scheduler: cli.scheduler.clone() };
-        tokio::spawn(report::run(cfg, id, rx.clone(), metrics.clone()));
+        tokio::spawn(report::run(cfg, id, rx.clone(), health, metrics.clone()));
     }
 
     if !cli.stats_socket.as_os_str().is_empty() {

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the agent, served on `/metrics`.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
@@ -8,13 +9,14 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use sked_proto::HealthSample;
 
 use crate::observation::Observation;
 use crate::relayed_series::Relayed;
 use crate::sysfs::KernelRead;
 use crate::verdict::Verdict;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 
 /// The node's sched_ext `state`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,6 +48,19 @@ struct ReasonLabel {
 struct CapabilityLabel {
     capability: String,
 }
+/// No labels: the one series of a family that exists only while its value is known.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Unlabelled;
+
+impl EncodeLabelSet for Unlabelled {
+    fn encode(&self, _encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        Ok(())
+    }
+}
+
+/// A gauge that is exported only while its value is known (an unknown value is no series, not 0).
+type KnownGauge = Family<Unlabelled, Gauge<f64, AtomicU64>>;
+
 /// An events counter: (ops name, event name).
 type EventKey = (String, String);
 /// The enable an events counter was last read under, and its value then.
@@ -91,6 +106,10 @@ pub struct Metrics {
     scx_stats_failures: Family<ReasonLabel, Counter>,
     scx_stats_series: Gauge,
     scx_stats_dropped: Counter,
+    /// Mean run delay per timeslice over the last health interval (see [`crate::health`]).
+    run_delay: KnownGauge,
+    cpu_pressure: KnownGauge,
+    pub health_samples: Counter,
 }
 
 impl Default for Metrics {
@@ -127,11 +146,15 @@ impl Metrics {
             scx_stats_failures: Family::default(),
             scx_stats_series: Gauge::default(),
             scx_stats_dropped: Counter::default(),
+            run_delay: Family::default(),
+            cpu_pressure: Family::default(),
+            health_samples: Counter::default(),
             registry: Registry::default(),
         };
         m.register_kernel(registry);
         m.register_streams(registry);
         m.register_stats(registry);
+        m.register_health(registry);
         // The relayed series keep their own names (scx_...), outside the agent's prefix.
         root.register_collector(Box::new(m.scx_stats.clone()));
         Self { registry: root, ..m }
@@ -231,6 +254,43 @@ impl Metrics {
             "Series of the scheduler's stats replies not relayed (past the cap of series per reply)",
             self.scx_stats_dropped.clone(),
         );
+    }
+
+    /// Registers the node's scheduling health, as the agent samples it.
+    fn register_health(&self, registry: &mut Registry) {
+        registry.register(
+            "run_delay_microseconds",
+            "Mean time a task waited on a run queue per timeslice, over every CPU and the last health interval (/proc/schedstat); absent when unknown",
+            self.run_delay.clone(),
+        );
+        registry.register(
+            "cpu_pressure_percent",
+            "Share of the last health interval in which some task waited for a CPU (/proc/pressure/cpu); absent when unknown",
+            self.cpu_pressure.clone(),
+        );
+        registry.register(
+            "health_samples",
+            "Scheduling-health samples taken (one per health interval)",
+            self.health_samples.clone(),
+        );
+    }
+
+    /// Records the newest health sample: each gauge takes its value, or is removed when the
+    /// sample lacks it (never set to 0 for an unknown value).
+    pub fn health_sampled(&self, sample: &HealthSample) {
+        self.health_samples.inc();
+        for (gauge, value) in
+            [(&self.run_delay, sample.run_delay_us), (&self.cpu_pressure, sample.cpu_pressure_percent)]
+        {
+            match value {
+                Some(v) => {
+                    gauge.get_or_create(&Unlabelled).set(v);
+                }
+                None => {
+                    gauge.remove(&Unlabelled);
+                }
+            }
+        }
     }
 
     /// Counts a report stream that opened; `report_stream_connected` follows.
@@ -401,6 +461,27 @@ mod tests {
         m.observe(&observation("rusty", 1, &[("SCX_EV_REFILL_SLICE_DFL", 5)]));
         m.observe(&observation("rusty", 2, &[("SCX_EV_REFILL_SLICE_DFL", 7)]));
         assert_eq!(value(&m.encode(), series), Some(49));
+    }
+
+    #[test]
+    fn health_gauges_exist_only_while_known() {
+        let m = Metrics::new();
+        let text = m.encode();
+        assert!(!text.contains("sked_agent_run_delay_microseconds "), "no sample yet: {text}");
+        assert!(text.contains("sked_agent_health_samples_total 0"), "{text}");
+        m.health_sampled(&HealthSample {
+            run_delay_us: Some(42.5),
+            cpu_pressure_percent: Some(3.0),
+            ..HealthSample::default()
+        });
+        let text = m.encode();
+        assert!(text.contains("sked_agent_run_delay_microseconds 42.5\n"), "{text}");
+        assert!(text.contains("sked_agent_cpu_pressure_percent 3.0\n"), "{text}");
+        m.health_sampled(&HealthSample { run_delay_us: Some(7.0), ..HealthSample::default() });
+        let text = m.encode();
+        assert!(text.contains("sked_agent_run_delay_microseconds 7.0\n"), "{text}");
+        assert!(!text.contains("sked_agent_cpu_pressure_percent "), "unknown is no series, not 0: {text}");
+        assert!(text.contains("sked_agent_health_samples_total 2"), "{text}");
     }
 
     #[test]

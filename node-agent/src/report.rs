@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sked_proto::contract::EVERY_REPLICA_METADATA;
 use sked_proto::v1::reports_client::ReportsClient;
-use sked_proto::{KernelExit, KernelState, Report};
+use sked_proto::{Health, KernelExit, KernelState, Report};
 use tokio::sync::watch;
 use tonic::codegen::http::Uri;
 use tonic::metadata::MetadataValue;
@@ -51,8 +51,9 @@ pub struct ReporterConfig {
 
 use sked_logging::BoxError;
 
-/// Builds the wire report for an observation.
-pub fn to_report(id: &Identity, o: &Observation, sequence: u64) -> Report {
+/// Builds the wire report for an observation, with the node's scheduling health when the agent
+/// samples it.
+pub fn to_report(id: &Identity, o: &Observation, sequence: u64, health: Option<Health>) -> Report {
     let r = &o.read;
     Report {
         node: id.node.clone(),
@@ -79,6 +80,7 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64) -> Report {
             sequence: e.seq,
             ejected: e.ejected,
         }),
+        health,
     }
 }
 
@@ -134,19 +136,27 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// Keeps a report stream open to every controller replica until the process ends.
+/// Keeps a report stream open to every controller replica until the process ends. Each report
+/// carries the newest `health` (when the agent samples it), read as the report is built: a new
+/// sample does not send a report.
 ///
 /// A replica that resolves no more keeps its stream while the stream lasts (a DNS answer that
 /// misses a replica for a moment costs nothing); it is not dialled again once the stream ends.
 /// The stream to the reports Service, held while no replica resolves, ends as soon as one does:
 /// it reaches the leader, which would otherwise count two streams of this node.
-pub async fn run(cfg: ReporterConfig, id: Identity, rx: watch::Receiver<Observation>, metrics: Arc<Metrics>) {
+pub async fn run(
+    cfg: ReporterConfig,
+    id: Identity,
+    rx: watch::Receiver<Observation>,
+    health: Option<watch::Receiver<Health>>,
+    metrics: Arc<Metrics>,
+) {
     let cfg = Arc::new(cfg);
     let (wanted_tx, wanted) = watch::channel(BTreeSet::new());
     let Some(replicas) = cfg.replicas.clone() else {
         let target = Target::Leader(cfg.address.clone());
         wanted_tx.send_replace(BTreeSet::from([target.clone()]));
-        return keep_stream(cfg.clone(), target, wanted, id, rx, metrics).await;
+        return keep_stream(cfg.clone(), target, wanted, id, rx, health, metrics).await;
     };
     let default_port = cfg.address.parse::<Uri>().ok().and_then(|u| u.port_u16()).unwrap_or(443);
     let entries = replica_entries(&replicas, default_port);
@@ -166,8 +176,15 @@ pub async fn run(cfg: ReporterConfig, id: Identity, rx: watch::Receiver<Observat
         });
         for target in &chosen {
             if !streams.contains_key(target) {
-                let task =
-                    keep_stream(cfg.clone(), target.clone(), wanted.clone(), id.clone(), rx.clone(), metrics.clone());
+                let task = keep_stream(
+                    cfg.clone(),
+                    target.clone(),
+                    wanted.clone(),
+                    id.clone(),
+                    rx.clone(),
+                    health.clone(),
+                    metrics.clone(),
+                );
                 streams.insert(target.clone(), tokio::spawn(task));
             }
         }
@@ -238,12 +255,13 @@ async fn keep_stream(
     wanted: watch::Receiver<BTreeSet<Target>>,
     id: Identity,
     rx: watch::Receiver<Observation>,
+    health: Option<watch::Receiver<Health>>,
     metrics: Arc<Metrics>,
 ) {
     let mut delay = Duration::ZERO;
     loop {
         let mut accepted = false;
-        match session(&cfg, &target, &id, rx.clone(), &metrics, &mut accepted).await {
+        match session(&cfg, &target, &id, rx.clone(), health.clone(), &metrics, &mut accepted).await {
             Ok(()) => info!(%target, "report stream closed by the controller; reconnecting"),
             Err(e) => {
                 metrics.stream_failures.inc();
@@ -288,6 +306,7 @@ async fn session(
     target: &Target,
     id: &Identity,
     rx: watch::Receiver<Observation>,
+    health: Option<watch::Receiver<Health>>,
     metrics: &Arc<Metrics>,
     accepted: &mut bool,
 ) -> Result<(), BoxError> {
@@ -311,6 +330,7 @@ async fn session(
     let bearer = MetadataValue::try_from(format!("Bearer {}", token.trim()))?;
 
     let heartbeat = cfg.heartbeat;
+    // Sent on a change of the observation or a heartbeat; the health is read, never waited on.
     let outbound = futures::stream::unfold(
         (
             rx,
@@ -318,17 +338,19 @@ async fn session(
             0u64,
             metrics.clone(),
             id.clone(),
+            health,
         ),
-        |(mut rx, mut tick, seq, metrics, id)| async move {
+        |(mut rx, mut tick, seq, metrics, id, health)| async move {
             if seq > 0 {
                 tokio::select! {
                     changed = rx.changed() => changed.ok()?,
                     _ = tick.tick() => {}
                 }
             }
-            let report = to_report(&id, &rx.borrow_and_update(), seq + 1);
+            let newest = health.as_ref().map(|h| h.borrow().clone());
+            let report = to_report(&id, &rx.borrow_and_update(), seq + 1, newest);
             metrics.reports_sent.inc();
-            Some((report, (rx, tick, seq + 1, metrics, id)))
+            Some((report, (rx, tick, seq + 1, metrics, id, health)))
         },
     );
     let mut request = tonic::Request::new(outbound);
@@ -352,6 +374,32 @@ async fn session(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_carries_the_health_it_is_given() {
+        let id = Identity { node: "n1".into(), pod: "p1".into(), scheduler: "s".into() };
+        let o = Observation {
+            read: crate::sysfs::KernelRead {
+                supported: true,
+                state: crate::sysfs::SchedState::Disabled,
+                ops: None,
+                enable_seq: Some(0),
+                switch_all: Some(false),
+                nr_rejected: Some(0),
+                hotplug_seq: Some(1),
+                events: Default::default(),
+                problems: Vec::new(),
+            },
+            verdict: crate::verdict::Verdict::NotAttached,
+            reason: "no scheduler attached".into(),
+            last_exit: None,
+        };
+        assert_eq!(to_report(&id, &o, 1, None).health, None, "the agent does not sample");
+        let sample = sked_proto::HealthSample { time_unix_ms: 5, run_delay_us: Some(12.5), ..Default::default() };
+        let health = Health { samples: vec![sample], unavailable: "/proc/pressure/cpu: gone".into() };
+        let report = to_report(&id, &o, 2, Some(health.clone()));
+        assert_eq!((report.sequence, report.health), (2, Some(health)));
+    }
 
     #[test]
     fn an_accepted_stream_resets_the_backoff_however_it_ended() {

@@ -197,6 +197,8 @@ pub struct AgentProcess {
     child: Child,
     pub node: String,
     pub sysfs: PathBuf,
+    /// The agent's `--proc-root` (see [`write_health`]).
+    proc_root: PathBuf,
     pub http: SocketAddr,
     pub log: PathBuf,
     /// The agent's kernel log: a pipe the test writes `/dev/kmsg` records into (held open for
@@ -293,6 +295,7 @@ impl AgentProcess {
             .arg("--proc-root")
             .arg(&proc_root)
             .args(["--poll-interval", "200ms", "--uevents=false", "--heartbeat-interval", "1s"])
+            .args(["--health-interval", "1s"])
             .args(["--controller-address", spec.controller])
             .arg("--ca-file")
             .arg(spec.ca)
@@ -315,7 +318,7 @@ impl AgentProcess {
             cmd.args(["--controller-replicas", replicas]);
         }
         let child = cmd.spawn().context("starting sked-agent")?;
-        Ok(Self { child, node: spec.node.to_owned(), sysfs, http, log, kernel_log })
+        Ok(Self { child, node: spec.node.to_owned(), sysfs, proc_root, http, log, kernel_log })
     }
 
     /// Logs `record` (a `/dev/kmsg` record: `PRI,SEQ,USEC,-;TEXT`) in the agent's kernel log.
@@ -347,6 +350,11 @@ impl AgentProcess {
         Ok((code, body))
     }
 
+    /// The agent's fake proc root, where [`write_health`] puts its scheduling-health counters.
+    pub fn proc_root(&self) -> &Path {
+        &self.proc_root
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -372,6 +380,30 @@ impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Writes stand-ins for `/proc/schedstat` (one CPU with `run_delay_ns` of run delay over
+/// `timeslices`) and `/proc/pressure/cpu` (`pressure_total_us` in its `some` line) under
+/// `proc_root`, each replaced by a rename so the agent never reads half a file. The counters are
+/// cumulative, as the kernel's: an agent samples how much they grow per interval.
+pub fn write_health(proc_root: &Path, run_delay_ns: u64, timeslices: u64, pressure_total_us: u64) -> Result<()> {
+    let put = |path: PathBuf, body: String| -> Result<()> {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, body)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    };
+    std::fs::create_dir_all(proc_root.join("pressure"))?;
+    put(
+        proc_root.join("schedstat"),
+        format!("version 17\ntimestamp 4295347006\ncpu0 0 0 0 0 0 0 1000000000 {run_delay_ns} {timeslices}\n"),
+    )?;
+    put(
+        proc_root.join("pressure/cpu"),
+        format!(
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total={pressure_total_us}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+        ),
+    )
 }
 
 /// Fails with the agent's log when it exited.

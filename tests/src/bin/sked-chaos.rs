@@ -250,6 +250,7 @@ fn spec(pool: &str, image: &str) -> SchedulerSpec {
         bake_seconds: Some(1),
         attach_timeout_seconds: Some(60),
         paused: false,
+        analysis: None,
     };
     SchedulerSpec { expected_ops: Some("rusty".into()), rollout: Some(rollout), ..spec_on(image, &[("pool", pool)]) }
 }
