@@ -10,7 +10,10 @@
 // as a scheduler started by hand). -DSKED_STALL builds a scheduler that never runs tasks named
 // sked-stall* once they wake up, with a one-second watchdog: the kernel ejects it for a
 // "runnable task stall" as soon as such a task waits (the tests use it to see the kernel's own
-// reason reach a Scheduler's status).
+// reason reach a Scheduler's status). -DSKED_SLOW builds a scheduler that attaches, stays
+// attached and hurts: every task waits in one global FIFO and runs for 250 ms once it gets a
+// CPU, so under a CPU-bound load each task waits about that long for its turn (the tests use
+// it to see the analysis of a bake roll back a revision the kernel never ejects).
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -22,8 +25,19 @@
 
 char _license[] SEC("license") = "GPL";
 
-#ifdef SKED_STALL
+#if defined(SKED_STALL) || defined(SKED_SLOW)
 void scx_bpf_dsq_insert(struct task_struct *p, u64 dsq_id, u64 slice, u64 enq_flags) __ksym;
+#endif
+
+#ifdef SKED_SLOW
+SEC("struct_ops/slow_enqueue")
+void BPF_PROG(slow_enqueue, struct task_struct *p, u64 enq_flags)
+{
+	scx_bpf_dsq_insert(p, SCX_DSQ_GLOBAL, 250ULL * 1000 * 1000, enq_flags);
+}
+#endif
+
+#ifdef SKED_STALL
 
 static bool victim(const struct task_struct *p)
 {
@@ -57,6 +71,9 @@ struct sched_ext_ops sked_canary_ops = {
 	.select_cpu = (void *)stall_select_cpu,
 	.enqueue = (void *)stall_enqueue,
 	.timeout_ms = 1000,
+#endif
+#ifdef SKED_SLOW
+	.enqueue = (void *)slow_enqueue,
 #endif
 	.name = SKED_OPS_NAME,
 };

@@ -113,6 +113,7 @@ prepare() {
   clang "${cflags[@]}" -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_canary.bpf.o"
   clang "${cflags[@]}" -DSKED_OPS_NAME='"sked_intruder"' -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_intruder.bpf.o"
   clang "${cflags[@]}" -DSKED_STALL -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_stall.bpf.o"
+  clang "${cflags[@]}" -DSKED_SLOW -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_slow.bpf.o"
   log "prepared $out ($(cat "$out/kernel-sched-ext.txt"), $(cat "$out/kernel-no-sched-ext.txt"))"
 }
 

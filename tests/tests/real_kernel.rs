@@ -127,7 +127,8 @@ async fn start_agent_for(vm: &mut TestVm, tls: &ReportsTls, token: &str, pod: &s
         "if [ -f /run/agent.pid ]; then kill $(cat /run/agent.pid) 2>/dev/null; sleep 0.2; fi; \
          /bin/sked-agent --node-name {NODE} --pod-name {pod} --scheduler {SCHEDULER} --expected-ops sked_canary \
          --controller-address https://127.0.0.1:8443 --ca-file /run/sked/ca.crt --token-file /run/sked/token \
-         --poll-interval 1h --listen-address 127.0.0.1:9464 >> /run/agent.log 2>&1 & echo $! > /run/agent.pid"
+         --poll-interval 1h --health-interval 1s --heartbeat-interval 2s --listen-address 127.0.0.1:9464 \
+         >> /run/agent.log 2>&1 & echo $! > /run/agent.pid"
     ))
     .await?;
     Ok(())
@@ -498,5 +499,102 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
     assert_eq!(args, Some(vec!["--retry".to_owned()]), "the retried revision is back");
     s.wait_kernel("the good revision attached again", 1, "KernelAttached").await?;
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
+async fn a_revision_that_slows_a_real_kernel_is_rolled_back_by_analysis() -> Result<()> {
+    let started = Instant::now();
+    let dir = tempfile::Builder::new().prefix("sked-kernel-analysis-").tempdir()?;
+    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
+    let s = setup(dir.path()).await?;
+    let (kernel, initramfs) = artifacts.kernel("sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-analysis"), s.reports).await?;
+    diagnosed(&mut vm, async |vm| analysis(&s, vm).await).await?;
+    vm.shutdown().await?;
+    eprintln!("measured: real-kernel analysis test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// How many health samples the VM's agent has taken.
+async fn samples_taken(vm: &mut TestVm) -> Result<u64> {
+    let out = vm.run("wget -qO- http://127.0.0.1:9464/metrics | grep '^sked_agent_health_samples_total'").await?;
+    Ok(out.split_whitespace().last().and_then(|n| n.parse::<f64>().ok()).map_or(0, |n| n as u64))
+}
+
+/// Waits until the VM's agent took `n` more samples: the node's own baseline before a switch.
+async fn more_samples(vm: &mut TestVm, n: u64) -> Result<()> {
+    let from = samples_taken(vm).await?;
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    while samples_taken(vm).await? < from + n {
+        anyhow::ensure!(Instant::now() < deadline, "the VM's agent took fewer than {n} samples in 120 s");
+        // Polling pace (the agent samples once a second).
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// Under a CPU-bound load (four spinning shells on two CPUs), a revision of the canary passes
+/// the analysis of its bake; the slow variant (one FIFO, 250 ms slices) attaches, stays
+/// attached, and is rolled back by the analysis, with a cause naming the risen run delay.
+async fn analysis(s: &Setup, vm: &mut TestVm) -> Result<()> {
+    use sked_controller::api::{AnalysisVerdict, RolloutPhase};
+    let params = kube::api::PatchParams::default();
+    let good = "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o";
+    let first = run_pod(s, vm, "", good).await?;
+    s.wait_kernel("the canary attached", 1, "KernelAttached").await?;
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", |s| {
+        rollout_phase(s) == Some(RolloutPhase::Complete)
+    })
+    .await?;
+    vm.run("for i in 1 2 3 4; do sh -c 'while :; do :; done' >/dev/null 2>&1 & done").await?;
+    more_samples(vm, 8).await?;
+
+    // A good revision: its bake is judged against the node's own samples before its switch.
+    let analysed = |args: &str| {
+        serde_json::json!({"spec": {"args": [args], "rollout": {
+            "bakeSeconds": 10, "attachTimeoutSeconds": 60,
+            "analysis": {"runDelay": {"maxIncreasePercent": 50}, "cpuPressure": {"maxIncreasePoints": 10}, "minSamples": 5},
+        }}})
+    };
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&analysed("--again"))).await?;
+    let second = run_pod(s, vm, &first.name_any(), good).await?;
+    s.wait_kernel("the good revision attached", 1, "KernelAttached").await?;
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    let passed =
+        s.fx.wait_scheduler(SCHEDULER, "the good revision passed its bake", |s| {
+            rollout_phase(s) == Some(RolloutPhase::Complete)
+                && s.status.as_ref().and_then(|st| st.rollout.as_ref()).and_then(|r| r.analysis.as_ref()).is_some()
+        })
+        .await?;
+    let verdict = passed.status.and_then(|st| st.rollout).and_then(|r| r.analysis).context("a verdict")?;
+    eprintln!("measured: canary under load: {} ({:?})", verdict.message, verdict.nodes);
+    assert_eq!(verdict.verdict, AnalysisVerdict::Passed, "{verdict:?}");
+
+    // The slow revision: attached all along, rolled back by the analysis of its bake.
+    more_samples(vm, 8).await?;
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&analysed("--slow"))).await?;
+    let slow = "/bin/sked-canary-loader hold /sked/sked_slow.bpf.o";
+    let third = run_pod(s, vm, &second.name_any(), slow).await?;
+    s.wait_kernel("the slow revision attached", 1, "KernelAttached").await?;
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    let failed =
+        s.fx.wait_scheduler(SCHEDULER, "rolled back", |s| rollout_phase(s) == Some(RolloutPhase::RolledBack)).await?;
+    let rollout = failed.status.and_then(|st| st.rollout).context("a rollout")?;
+    let failure = rollout.failed.context("failure recorded")?;
+    eprintln!("measured: slow variant under load: {}", failure.cause);
+    assert_eq!((failure.node.as_str(), failure.reason.as_deref()), (NODE, Some("AnalysisFailed")));
+    assert!(failure.cause.starts_with(&format!("run delay on {NODE} rose to ")), "{}", failure.cause);
+    assert!(failure.cause.contains("on the node before its switch"), "{}", failure.cause);
+    assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary", "attached until rolled back");
+    s.fx.wait_event(SCHEDULER, "Warning", "AnalysisFailed", 1).await?;
+
+    // The good revision comes back.
+    let fourth = run_pod(s, vm, &third.name_any(), good).await?;
+    let args = fourth.spec.as_ref().and_then(|p| p.containers.first()).and_then(|c| c.args.clone());
+    assert_eq!(args, Some(vec!["--again".to_owned()]), "the revision that passed is back");
+    s.wait_kernel("the good revision attached again", 1, "KernelAttached").await?;
     Ok(())
 }
