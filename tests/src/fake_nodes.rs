@@ -33,6 +33,45 @@ pub enum Kernel {
     Foreign,
     /// It attaches, then the kernel ejects it for a runnable task stall, as its log says.
     AttachesThenEjected,
+    /// It attaches and stays attached, and the node's tasks wait four times as long for a CPU
+    /// while it runs (the stand-in kernel's run delay per timeslice).
+    AttachesSlow,
+}
+
+/// The stand-in kernel's scheduling accounting of one node: the counters its agent samples
+/// (/proc/schedstat, /proc/pressure/cpu), moved on as time passes.
+struct Accounting {
+    at: Instant,
+    run_delay_ns: u64,
+    timeslices: u64,
+    pressure_us: u64,
+}
+
+/// A thousand timeslices a second, each waiting 1 ms for its CPU (4 ms under a slow
+/// scheduler), within ±4 %; CPU pressure 10 %.
+const TIMESLICES_PER_SECOND: f64 = 1000.0;
+const RUN_DELAY_NS: f64 = 1_000_000.0;
+const SLOWDOWN: f64 = 4.0;
+
+impl Accounting {
+    fn new() -> Self {
+        Self { at: Instant::now(), run_delay_ns: 0, timeslices: 0, pressure_us: 0 }
+    }
+
+    /// Moves the counters on to now, `slow` or not, and writes them under `proc_root`.
+    fn advance(&mut self, proc_root: &Path, slow: bool) -> Result<()> {
+        let seconds = self.at.elapsed().as_secs_f64();
+        self.at = Instant::now();
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+        let jitter = 1.0 + f64::from(nanos % 80) / 1000.0 - 0.04;
+        let per_slice = RUN_DELAY_NS * if slow { SLOWDOWN } else { 1.0 } * jitter;
+        let slices = seconds * TIMESLICES_PER_SECOND;
+        self.timeslices += slices as u64;
+        self.run_delay_ns += (slices * per_slice) as u64;
+        self.pressure_us += (seconds * 100_000.0) as u64;
+        crate::agents::write_health(proc_root, self.run_delay_ns, self.timeslices, self.pressure_us)
+    }
 }
 
 /// How each node's kernel treats a pod's scheduler, by node and pod.
@@ -81,6 +120,13 @@ struct Played {
     probe_failures: u32,
 }
 
+impl Played {
+    /// Whether its scheduler runs attached and slows the node down.
+    fn slowing(&self) -> bool {
+        self.play == Kernel::AttachesSlow && self.stage != Stage::Started
+    }
+}
+
 /// The nodes of one test or demo, played one move at a time by [`FakeNodes::drive`].
 pub struct FakeNodes {
     client: Client,
@@ -118,6 +164,8 @@ pub struct FakeNodes {
     /// nothing that saw the pod Ready can have happened earlier (sub-second, unlike the
     /// condition's own time).
     pub first_ready: BTreeMap<String, jiff::Timestamp>,
+    /// Each node's stand-in scheduling accounting.
+    accounting: BTreeMap<String, Accounting>,
 }
 
 impl FakeNodes {
@@ -151,6 +199,7 @@ impl FakeNodes {
             most_down_at: Vec::new(),
             absent: std::collections::BTreeSet::new(),
             first_ready: BTreeMap::new(),
+            accounting: BTreeMap::new(),
         }
     }
 
@@ -271,6 +320,7 @@ impl FakeNodes {
                 self.start_agent(node, pod).await?;
             }
             self.move_kernel(node)?;
+            self.account(node)?;
             let status = pod.status.as_ref();
             let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
             let was_ready = status
@@ -330,7 +380,8 @@ impl FakeNodes {
         }
         let play = (self.kernel)(node, pod);
         let ops = ops_of_image(&image_of(pod));
-        let at_once = self.attach_after.is_zero() && matches!(play, Kernel::Attaches | Kernel::AttachesThenEjected);
+        let at_once = self.attach_after.is_zero()
+            && matches!(play, Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow);
         // The pod's kernel first: its agent's first report is about this pod's scheduler.
         match play {
             Kernel::Foreign => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(FOREIGN_OPS), 1)?,
@@ -383,18 +434,28 @@ impl FakeNodes {
         })
     }
 
+    /// Moves `node`'s scheduling accounting on to now, for its agent to sample.
+    fn account(&mut self, node: &str) -> Result<()> {
+        let Some(p) = self.agents.get(node) else { return Ok(()) };
+        let accounting = self.accounting.entry(node.to_owned()).or_insert_with(Accounting::new);
+        accounting.advance(p.agent.proc_root(), p.slowing())
+    }
+
     /// Moves `node`'s fake kernel on: attaches the scheduler once its time came, ejects it
     /// once it ran for [`FakeNodes::eject_after`] when the play says so.
     fn move_kernel(&mut self, node: &str) -> Result<()> {
         let (attach_after, eject_after) = (self.attach_after, self.eject_after);
         let Some(p) = self.agents.get_mut(node) else { return Ok(()) };
         match (p.play, p.stage) {
-            (Kernel::Attaches | Kernel::AttachesThenEjected, Stage::Started) if p.started.elapsed() >= attach_after => {
+            (Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow, Stage::Started)
+                if p.started.elapsed() >= attach_after =>
+            {
                 p.agent.set_kernel("enabled", Some(&p.ops), 1)?;
                 p.stage = Stage::Attached(Instant::now());
             }
             (Kernel::AttachesThenEjected, Stage::Attached(since)) if since.elapsed() >= eject_after => eject(p)?,
             (Kernel::Attaches, Stage::Attached(_)) | (Kernel::Refuses | Kernel::Foreign, _) => p.stage = Stage::Settled,
+            (Kernel::AttachesSlow, _) => {}
             _ => {}
         }
         Ok(())

@@ -81,38 +81,56 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     assert_eq!(most_down(three), Some(1), "{three}");
     assert_eq!(line_after(three, "revisions running: "), Some(stable), "{three}");
 
-    // 4. Paused: nothing moves; resumed: the new revision everywhere, attached.
+    // 4. A revision that attaches and slows its nodes: the analysis of the canary's bake rolls
+    // it back, with the run delay against the nodes it left alone as the cause.
     let four = section(&stdout, 4);
-    assert!(four.contains("phases seen: Paused"), "{four}");
-    let resumed = four.rsplit("phases seen: ").next().unwrap_or_default();
-    assert!(resumed.starts_with("Canary") && resumed.contains("Complete"), "{four}");
-    let last = line_after(resumed, "revisions running: ").context("revisions after the resume")?;
-    assert!(last.ends_with(" on 5 nodes") && last != stable, "{four}");
+    assert!(line_after(four, "phases seen: ").is_some_and(|p| p.ends_with("RolledBack")), "{four}");
+    assert_eq!(most_down(four), Some(1), "only the canary switched: {four}");
+    assert!(
+        four.contains("Degraded=True RolloutFailed: Revision") && four.contains(": run delay on demo-node-"),
+        "{four}"
+    );
+    assert!(four.contains("over 4 control nodes") && four.contains("the limit is 50 %"), "{four}");
+    assert!(four.contains("AnalysisFailed"), "the AnalysisFailed event: {four}");
+    assert_eq!(line_after(four, "revisions running: "), Some(stable), "the stable revision again everywhere: {four}");
 
-    // 5. Deleted: no scheduler pod is left.
+    // 5. Paused: nothing moves; resumed: the new revision everywhere, attached, each bake
+    // judged by the analysis and passed.
     let five = section(&stdout, 5);
-    assert!(five.contains("deleted"), "{five}");
+    assert!(five.contains("phases seen: Paused"), "{five}");
+    let resumed = five.rsplit("phases seen: ").next().unwrap_or_default();
+    assert!(resumed.starts_with("Canary") && resumed.contains("Complete"), "{five}");
+    let last = line_after(resumed, "revisions running: ").context("revisions after the resume")?;
+    assert!(last.ends_with(" on 5 nodes") && last != stable, "{five}");
+    assert!(
+        resumed.contains("Analysis of the last bake, by node:") && resumed.contains(": Passed: run delay"),
+        "{five}"
+    );
 
-    // 6. A first deployment that fails: only the canary left the kernel's default, and it went
-    // back to it; no node carries the label, no pod is left.
+    // 6. Deleted: no scheduler pod is left.
     let six = section(&stdout, 6);
-    let phases = line_after(six, "phases seen: ").context("phases of step 6")?;
-    assert!(phases.starts_with("Canary") && phases.ends_with("Failed"), "{six}");
-    assert_eq!(most_down(six), Some(1), "only the canary switched: {six}");
-    assert!(six.contains("Stalled=True RolloutFailed"), "{six}");
-    assert!(six.contains("run the kernel's default scheduler again"), "{six}");
-    assert_eq!(line_after(six, "revisions running: "), Some(""), "no pod of the failed revision: {six}");
-    assert!(six.contains("Rolled back to the kernel's default scheduler on every node it reached (1)"), "{six}");
+    assert!(six.contains("deleted"), "{six}");
 
-    // 7. A node with no kubelet in the pool: the first deployment completes around it, canary
-    // first, and says which node it skipped and why.
+    // 7. A first deployment that fails: only the canary left the kernel's default, and it went
+    // back to it; no node carries the label, no pod is left.
     let seven = section(&stdout, 7);
     let phases = line_after(seven, "phases seen: ").context("phases of step 7")?;
-    assert!(phases.starts_with("Canary") && phases.ends_with("Complete"), "{seven}");
+    assert!(phases.starts_with("Canary") && phases.ends_with("Failed"), "{seven}");
+    assert_eq!(most_down(seven), Some(1), "only the canary switched: {seven}");
+    assert!(seven.contains("Stalled=True RolloutFailed"), "{seven}");
+    assert!(seven.contains("run the kernel's default scheduler again"), "{seven}");
+    assert_eq!(line_after(seven, "revisions running: "), Some(""), "no pod of the failed revision: {seven}");
+    assert!(seven.contains("Rolled back to the kernel's default scheduler on every node it reached (1)"), "{seven}");
+
+    // 8. A node with no kubelet in the pool: the first deployment completes around it, canary
+    // first, and says which node it skipped and why.
+    let eight = section(&stdout, 8);
+    let phases = line_after(eight, "phases seen: ").context("phases of step 8")?;
+    assert!(phases.starts_with("Canary") && phases.ends_with("Complete"), "{eight}");
     assert!(
-        seven.contains(r#"skipped: ["demo-node-6-no-kubelet"] {"NodeNotReady":1}"#),
-        "the skipped node and its reason: {seven}"
+        eight.contains(r#"skipped: ["demo-node-6-no-kubelet"] {"NodeNotReady":1}"#),
+        "the skipped node and its reason: {eight}"
     );
-    assert!(seven.contains("demo-node-6-no-kubelet   Registering"), "kubectl sked nodes says why: {seven}");
+    assert!(eight.contains("demo-node-6-no-kubelet   Registering"), "kubectl sked nodes says why: {eight}");
     Ok(())
 }

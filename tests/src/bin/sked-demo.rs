@@ -4,7 +4,8 @@
 //! fake sched_ext tree, the fake kernel attaches the pod's scheduler a moment after it starts,
 //! and the pod is Ready when its agent says so. A revision whose args hold
 //! `--demo-never-attach` never attaches; one with `--demo-eject` attaches and is then ejected
-//! for a runnable task stall. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
+//! for a runnable task stall; one with `--demo-slow` attaches and makes its nodes' tasks wait
+//! four times as long for a CPU (the stand-in kernel's run delay), for the analysis of its bake. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
 //! itself (its last step adds a sixth Node that no kubelet reports on) and exits.
 
 use std::path::PathBuf;
@@ -33,6 +34,10 @@ const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeou
 /// and a first deployment that fails leaves nothing to show.
 const FIRST_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":90,"maxUnavailable":2}}}"#;
 const MAX_UNAVAILABLE: usize = 2;
+/// A revision whose scheduler slows its nodes down, with the analysis of each bake on: run
+/// delay may rise 50 % over the nodes left alone and over the node's own past.
+const SLOW_REVISION: &str =
+    r#"{"spec":{"args":["--demo-slow"],"rollout":{"analysis":{"runDelay":{"maxIncreasePercent":50}}}}}"#;
 
 /// One line per step of the demo's start.
 fn step(what: &str) {
@@ -46,6 +51,8 @@ fn demo_kernel(_node: &str, pod: &Pod) -> Kernel {
         Kernel::Refuses
     } else if args.iter().any(|a| a == "--demo-eject") {
         Kernel::AttachesThenEjected
+    } else if args.iter().any(|a| a == "--demo-slow") {
+        Kernel::AttachesSlow
     } else {
         Kernel::Attaches
     }
@@ -180,6 +187,12 @@ fn show(cluster: &TestCluster, args: &[&str]) -> Result<()> {
 
 /// Prints `kubectl sked ARGS` as typed and what the plugin printed.
 fn show_sked(cluster: &TestCluster, args: &[&str]) -> Result<()> {
+    show_sked_exiting(cluster, args, 0)
+}
+
+/// The same, for a command expected to exit with `code` (`rollout status` of a rolled-back
+/// rollout exits 1), which is printed as a shell would show it.
+fn show_sked_exiting(cluster: &TestCluster, args: &[&str], code: i32) -> Result<()> {
     println!("\n$ kubectl sked {}", args.join(" "));
     let plugin = sked_tests::agents::workspace_binary("kubectl-sked", "SKED_KUBECTL_SKED_BIN")?;
     let out = Command::new(plugin)
@@ -189,8 +202,16 @@ fn show_sked(cluster: &TestCluster, args: &[&str]) -> Result<()> {
         .args(args)
         .output()?;
     print!("{}", String::from_utf8_lossy(&out.stdout));
-    if !out.status.success() {
-        bail!("kubectl sked {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    if out.status.code() != Some(code) {
+        bail!(
+            "kubectl sked {} exited with {:?}: {}",
+            args.join(" "),
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if code != 0 {
+        println!("(exit code {code})");
     }
     Ok(())
 }
@@ -289,6 +310,8 @@ fn what_to_try(cluster: &TestCluster) -> String {
          - A revision whose scheduler never attaches: the canary fails after 15 s and is rolled back\n    \
          (PHASE RolledBack, Degraded=True RolloutFailed, a RolledBack event; 4 nodes never touched):\n    {broken}\n\
          - A revision the kernel ejects during its bake (the kernel's reason in the cause):\n    {eject}\n\
+         - A revision that attaches and slows its nodes down, judged by the analysis of its bake\n    \
+         (the canary's run delay against the 4 nodes it left alone; reason AnalysisFailed):\n    {slow}\n\
          - Pause, change, resume:\n    {pause}\n    {paused_args}\n    {resume}\n\
          - Events:  kubectl get events -n default --field-selector involvedObject.name={NAME}\n\
          - Delete it (every node back on the kernel's default scheduler at once):\n    kubectl delete scheduler {NAME}\n\
@@ -302,6 +325,7 @@ fn what_to_try(cluster: &TestCluster) -> String {
         args = patch(r#"{"spec":{"args":["--slice-us","8000"]}}"#),
         broken = patch(r#"{"spec":{"args":["--demo-never-attach"]}}"#),
         eject = patch(r#"{"spec":{"args":["--demo-eject"]}}"#),
+        slow = patch(SLOW_REVISION),
         pause = patch(r#"{"spec":{"rollout":{"paused":true}}}"#),
         paused_args = patch(r#"{"spec":{"args":["--slice-us","9000"]}}"#),
         resume = patch(r#"{"spec":{"rollout":{"paused":false}}}"#),
@@ -366,7 +390,13 @@ async fn tour(demo: &Demo) -> Result<()> {
     let phases = wait_scheduler(demo, "rolled back after the ejection", rolled_back).await?;
     tour_report(demo, &phases).await?;
 
-    tour_step(demo, "4. pause, change, resume", r#"{"spec":{"rollout":{"paused":true},"args":["--slice-us","9000"]}}"#)
+    tour_step(demo, "4. a revision that slows its nodes, judged by the analysis of its bake", SLOW_REVISION).await?;
+    let phases = wait_scheduler(demo, "rolled back by the analysis", rolled_back).await?;
+    tour_report(demo, &phases).await?;
+    show_sked_exiting(&demo.cluster, &["rollout", "status", NAME], 1)?;
+    show(&demo.cluster, &["get", "events", "-n", "default", "--field-selector", "reason=AnalysisFailed"])?;
+
+    tour_step(demo, "5. pause, change, resume", r#"{"spec":{"rollout":{"paused":true},"args":["--slice-us","9000"]}}"#)
         .await?;
     let paused = |s: &Scheduler| {
         phase(s) == Some(RolloutPhase::Paused)
@@ -382,7 +412,7 @@ async fn tour(demo: &Demo) -> Result<()> {
     let phases = wait_scheduler(demo, "the resumed revision complete", complete).await?;
     tour_report(demo, &phases).await?;
 
-    println!("\n== 5. delete the Scheduler");
+    println!("\n== 6. delete the Scheduler");
     show(&demo.cluster, &["delete", "scheduler", NAME])?;
     wait_pods_gone(demo).await?;
     show(&demo.cluster, &["get", "pods", "-n", NAMESPACE])?;
@@ -393,11 +423,11 @@ async fn tour(demo: &Demo) -> Result<()> {
     Ok(())
 }
 
-/// Tour step 6: the example again, as a first deployment whose scheduler never attaches. The
+/// Tour step 7: the example again, as a first deployment whose scheduler never attaches. The
 /// canary fails and goes back to revision zero, the kernel's default scheduler; the other
 /// nodes never leave it.
 async fn first_deployment_that_fails(demo: &Demo) -> Result<()> {
-    println!("\n== 6. a first deployment whose scheduler never attaches");
+    println!("\n== 7. a first deployment whose scheduler never attaches");
     demo.nodes.lock().await.most_down = 0;
     let manifest = demo.cluster.dir.join("scx-rusty-never-attaches.yaml");
     std::fs::write(
@@ -421,14 +451,14 @@ async fn first_deployment_that_fails(demo: &Demo) -> Result<()> {
     show(&demo.cluster, &["get", "events", "-n", "default", "--field-selector", "reason=RolledBack"])
 }
 
-/// The Node of tour step 7: no kubelet ever reported on it.
+/// The Node of tour step 8: no kubelet ever reported on it.
 const GHOST: &str = "demo-node-6-no-kubelet";
 
-/// Tour step 7: a Node no kubelet ever reported on (as one looks while it registers) joins the
+/// Tour step 8: a Node no kubelet ever reported on (as one looks while it registers) joins the
 /// pool, and the example is deployed again (its spec fixed): the first deployment goes canary
 /// first over the five demo nodes, skips the sixth with its reason, and completes around it.
 async fn a_node_that_cannot_run_a_pod(demo: &Demo) -> Result<()> {
-    println!("\n== 7. a node with no kubelet in the pool");
+    println!("\n== 8. a node with no kubelet in the pool");
     sked_tests::create_registering_node(&demo.client, GHOST, &[("schedkit.io/pool", "batch")]).await?;
     println!("(Node {GHOST} joins the pool: no kubelet has reported on it, as a node looks while it registers)");
     demo.nodes.lock().await.most_down = 0;
