@@ -517,6 +517,26 @@ async fn a_revision_that_slows_a_real_kernel_is_rolled_back_by_analysis() -> Res
     Ok(())
 }
 
+/// Prints what the VM's agent costs: its resident memory, and its CPU time over its life as a
+/// share of one CPU (under emulation, so more than on hardware).
+async fn agent_cost(vm: &mut TestVm) -> Result<()> {
+    let out = vm
+        .run("pid=$(cat /run/agent.pid); grep VmRSS /proc/$pid/status; cut -d' ' -f14,15,22 /proc/$pid/stat; cut -d' ' -f1 /proc/uptime")
+        .await?;
+    let lines: Vec<&str> = out.lines().collect();
+    let numbers = |i: usize| -> Vec<f64> {
+        lines.get(i).map(|l| l.split_whitespace().filter_map(|w| w.parse().ok()).collect()).unwrap_or_default()
+    };
+    let (stat, uptime) = (numbers(1), numbers(2));
+    if let ([user, system, start], [up]) = (stat.as_slice(), uptime.as_slice()) {
+        // Clock ticks at USER_HZ, 100 on x86.
+        let life = up - start / 100.0;
+        let share = (user + system) / 100.0 / life * 100.0;
+        eprintln!("measured: VM agent at a 1 s sample: {}; CPU {share:.2} % of one core over {life:.0} s", lines[0].trim());
+    }
+    Ok(())
+}
+
 /// How many health samples the VM's agent has taken.
 async fn samples_taken(vm: &mut TestVm) -> Result<u64> {
     let out = vm.run("wget -qO- http://127.0.0.1:9464/metrics | grep '^sked_agent_health_samples_total'").await?;
@@ -590,6 +610,8 @@ async fn analysis(s: &Setup, vm: &mut TestVm) -> Result<()> {
     assert!(failure.cause.contains("on the node before its switch"), "{}", failure.cause);
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary", "attached until rolled back");
     s.fx.wait_event(SCHEDULER, "Warning", "AnalysisFailed", 1).await?;
+
+    agent_cost(vm).await?;
 
     // The good revision comes back.
     let fourth = run_pod(s, vm, &third.name_any(), good).await?;
