@@ -532,7 +532,10 @@ async fn agent_cost(vm: &mut TestVm) -> Result<()> {
         // Clock ticks at USER_HZ, 100 on x86.
         let life = up - start / 100.0;
         let share = (user + system) / 100.0 / life * 100.0;
-        eprintln!("measured: VM agent at a 1 s sample: {}; CPU {share:.2} % of one core over {life:.0} s", lines[0].trim());
+        eprintln!(
+            "measured: VM agent at a 1 s sample: {}; CPU {share:.2} % of one core over {life:.0} s",
+            lines[0].trim()
+        );
     }
     Ok(())
 }
