@@ -168,8 +168,26 @@ fn report(id: &AgentIdentity, verdict: Verdict, sequence: u64) -> Report {
         agent_version: "bench".into(),
         sequence,
         last_exit: None,
-        health: None,
+        health: Some(health()),
     }
+}
+
+/// The newest 16 samples of an agent sampling every second (the most a report carries, and the
+/// shortest interval: the controller's memory for them is at its largest).
+fn health() -> sked_proto::Health {
+    let now = jiff::Timestamp::now().as_millisecond();
+    let samples = (0..16)
+        .rev()
+        .map(|ago| sked_proto::HealthSample {
+            time_unix_ms: now - ago * 1000,
+            interval_ms: 1000,
+            run_delay_us: Some(1000.0 + (ago % 7) as f64),
+            cpu_pressure_percent: Some(10.0),
+            events_known: true,
+            ..sked_proto::HealthSample::default()
+        })
+        .collect();
+    sked_proto::Health { samples, unavailable: String::new() }
 }
 
 async fn session(
