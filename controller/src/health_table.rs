@@ -1,6 +1,6 @@
 //! Each node's scheduling-health samples, as its agents sent them: what the analysis of a bake
-//! reads (`sked_core::analysis`). Filled by the reports server beside the kernel table; read by
-//! a reconcile only when its Scheduler asks for analysis. A sample never wakes a reconcile: the
+//! reads (`sked_core::analysis`). Filled by the reports server beside the kernel table, for the
+//! nodes of Schedulers that ask for analysis; read by their reconciles. A sample never wakes a reconcile: the
 //! rollout asks at the end of each bake.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

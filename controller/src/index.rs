@@ -142,6 +142,13 @@ impl Index {
         Some((scheduler, arbiter.placement(name)))
     }
 
+    /// Whether the Scheduler `name` asks for the analysis of its bakes (its nodes' health samples
+    /// are worth keeping).
+    pub(crate) fn analysed(&self, name: &str) -> bool {
+        let scheduler = self.schedulers.get(&ObjectRef::new(name));
+        scheduler.is_some_and(|s| s.spec.rollout.as_ref().is_some_and(|r| r.analysis.is_some()))
+    }
+
     /// The DaemonSet of the Scheduler `name`, as last seen (it may lag behind a write just made).
     pub(crate) fn daemonset(&self, name: &str, namespace: &str) -> Option<Arc<DaemonSet>> {
         self.daemonsets.get(&ObjectRef::new(name).within(namespace))

@@ -522,7 +522,10 @@ impl Session {
             return Err(Some(service.refuse(refusal, Status::permission_denied(why))));
         }
         service.stats.reports.inc();
-        if let Some(health) = &report.health {
+        // Kept only for the nodes of Schedulers that ask for analysis: a fleet that does not
+        // use it spends no memory on it.
+        let analysed = service.index.get().is_none_or(|i| i.analysed(&report.scheduler));
+        if let Some(health) = report.health.as_ref().filter(|_| analysed) {
             service.table.health.record(node, health, jiff::Timestamp::now().as_millisecond());
         }
         let entry = node_report(&report, Instant::now()).from_every_replica(!self.follows_leader);

@@ -572,16 +572,19 @@ async fn analysis(s: &Setup, vm: &mut TestVm) -> Result<()> {
         rollout_phase(s) == Some(RolloutPhase::Complete)
     })
     .await?;
+    // The analysis first, alone: pacing changes no revision, and the controller keeps the
+    // node's samples from then on (its own baseline before the next switch).
+    let rollout = serde_json::json!({
+        "bakeSeconds": 10, "attachTimeoutSeconds": 60,
+        "analysis": {"runDelay": {"maxIncreasePercent": 50}, "cpuPressure": {"maxIncreasePoints": 10}, "minSamples": 5},
+    });
+    let pacing = serde_json::json!({"spec": {"rollout": rollout}});
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&pacing)).await?;
     vm.run("for i in 1 2 3 4; do sh -c 'while :; do :; done' >/dev/null 2>&1 & done").await?;
     more_samples(vm, 8).await?;
 
     // A good revision: its bake is judged against the node's own samples before its switch.
-    let analysed = |args: &str| {
-        serde_json::json!({"spec": {"args": [args], "rollout": {
-            "bakeSeconds": 10, "attachTimeoutSeconds": 60,
-            "analysis": {"runDelay": {"maxIncreasePercent": 50}, "cpuPressure": {"maxIncreasePoints": 10}, "minSamples": 5},
-        }}})
-    };
+    let analysed = |args: &str| serde_json::json!({"spec": {"args": [args], "rollout": rollout}});
     s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&analysed("--again"))).await?;
     let second = run_pod(s, vm, &first.name_any(), good).await?;
     s.wait_kernel("the good revision attached", 1, "KernelAttached").await?;

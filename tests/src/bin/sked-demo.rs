@@ -5,7 +5,8 @@
 //! and the pod is Ready when its agent says so. A revision whose args hold
 //! `--demo-never-attach` never attaches; one with `--demo-eject` attaches and is then ejected
 //! for a runnable task stall; one with `--demo-slow` attaches and makes its nodes' tasks wait
-//! four times as long for a CPU (the stand-in kernel's run delay), for the analysis of its bake. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
+//! four times as long for a CPU (the stand-in kernel's run delay), which the analysis of its
+//! bake catches. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
 //! itself (its last step adds a sixth Node that no kubelet reports on) and exits.
 
 use std::path::PathBuf;
@@ -27,17 +28,16 @@ const NODES: [&str; 5] = ["demo-node-1", "demo-node-2", "demo-node-3", "demo-nod
 const NAME: &str = "scx-rusty";
 const NAMESPACE: &str = "sked-system";
 /// The example's rollout, made quick enough to watch: bake 5 s, give up on an attach after 15 s,
-/// two nodes at a time after the canary.
-const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2}}}"#;
+/// two nodes at a time after the canary; each bake judged by the analysis (run delay may rise
+/// 50 % over the nodes left alone and over the node's own past).
+const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"runDelay":{"maxIncreasePercent":50}}}}}"#;
 /// The same for the example's first deployment, with more time to attach: on a machine still
 /// busy (the first build, a test run beside it) its agents may take longer than 15 s to start,
 /// and a first deployment that fails leaves nothing to show.
 const FIRST_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":90,"maxUnavailable":2}}}"#;
 const MAX_UNAVAILABLE: usize = 2;
-/// A revision whose scheduler slows its nodes down, with the analysis of each bake on: run
-/// delay may rise 50 % over the nodes left alone and over the node's own past.
-const SLOW_REVISION: &str =
-    r#"{"spec":{"args":["--demo-slow"],"rollout":{"analysis":{"runDelay":{"maxIncreasePercent":50}}}}}"#;
+/// A revision whose scheduler slows its nodes down (the example's rollout analyses each bake).
+const SLOW_REVISION: &str = r#"{"spec":{"args":["--demo-slow"]}}"#;
 
 /// One line per step of the demo's start.
 fn step(what: &str) {
@@ -93,7 +93,7 @@ async fn start() -> Result<Demo> {
     step("starting sked-controller with its reports server");
     let controller = start_controller(&cluster, &tls, reports_port)?;
 
-    step("applying examples/scx-rusty.yaml, with a rollout quick enough to watch (bake 5 s)");
+    step("applying examples/scx-rusty.yaml, with a rollout quick enough to watch (bake 5 s), each bake analysed");
     let example = cluster::workspace_root().join("examples/scx-rusty.yaml");
     kubectl(&cluster, &["apply", "-f", &example.to_string_lossy()])?;
     kubectl(&cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", FIRST_ROLLOUT])?;
