@@ -162,6 +162,9 @@ async fn a_new_leader_keeps_kernel_conditions_until_agents_report() -> Result<()
     let mut s = setup("failover").await?;
     let (_a1, _a2, before) = s.both_attached().await?;
     s.fx.wait_event(&s.name, "Normal", "KernelAttached", 1).await?;
+    // The first deployment's completion is recorded after its status: every event of the old
+    // leader is in before the count is taken.
+    s.fx.wait_event(&s.name, "Normal", "DaemonSetReady", 1).await?;
     let events = s.fx.scheduler_events(&s.name).await?;
 
     // The leader goes; the next one has heard no agent (these reach the leader alone), and they cannot
