@@ -259,7 +259,7 @@ impl Metrics {
     /// Registers the node's scheduling health, as the agent samples it.
     fn register_health(&self, registry: &mut Registry) {
         registry.register(
-            "run_delay_microseconds",
+            "run_delay_seconds",
             "Mean time a task waited on a run queue per timeslice, over every CPU and the last health interval (/proc/schedstat); absent when unknown",
             self.run_delay.clone(),
         );
@@ -279,8 +279,8 @@ impl Metrics {
     /// sample lacks it (never set to 0 for an unknown value).
     pub fn health_sampled(&self, sample: &HealthSample) {
         self.health_samples.inc();
-        for (gauge, value) in
-            [(&self.run_delay, sample.run_delay_us), (&self.cpu_pressure, sample.cpu_pressure_percent)]
+        let run_delay_seconds = sample.run_delay_us.map(|us| us / 1_000_000.0);
+        for (gauge, value) in [(&self.run_delay, run_delay_seconds), (&self.cpu_pressure, sample.cpu_pressure_percent)]
         {
             match value {
                 Some(v) => {
@@ -467,19 +467,22 @@ mod tests {
     fn health_gauges_exist_only_while_known() {
         let m = Metrics::new();
         let text = m.encode();
-        assert!(!text.contains("sked_agent_run_delay_microseconds "), "no sample yet: {text}");
+        let run_delay = |text: &str| {
+            text.lines().find_map(|l| l.strip_prefix("sked_agent_run_delay_seconds ")?.parse::<f64>().ok())
+        };
+        assert_eq!(run_delay(&text), None, "no sample yet: {text}");
         assert!(text.contains("sked_agent_health_samples_total 0"), "{text}");
         m.health_sampled(&HealthSample {
-            run_delay_us: Some(42.5),
+            run_delay_us: Some(42_500.0),
             cpu_pressure_percent: Some(3.0),
             ..HealthSample::default()
         });
         let text = m.encode();
-        assert!(text.contains("sked_agent_run_delay_microseconds 42.5\n"), "{text}");
+        assert_eq!(run_delay(&text), Some(0.0425), "{text}");
         assert!(text.contains("sked_agent_cpu_pressure_percent 3.0\n"), "{text}");
-        m.health_sampled(&HealthSample { run_delay_us: Some(7.0), ..HealthSample::default() });
+        m.health_sampled(&HealthSample { run_delay_us: Some(7000.0), ..HealthSample::default() });
         let text = m.encode();
-        assert!(text.contains("sked_agent_run_delay_microseconds 7.0\n"), "{text}");
+        assert_eq!(run_delay(&text), Some(0.007), "{text}");
         assert!(!text.contains("sked_agent_cpu_pressure_percent "), "unknown is no series, not 0: {text}");
         assert!(text.contains("sked_agent_health_samples_total 2"), "{text}");
     }

@@ -122,9 +122,19 @@ async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
     assert!(has_condition(&sched, "KernelAttached", "True", "KernelAttached"));
     s.ran_everywhere().await?;
 
-    // The agents say so on /readyz and /metrics.
+    // The agents say so on /readyz and /metrics, with the node's scheduling health once its
+    // counters move.
     let (code, body) = a1.get("/readyz")?;
     assert_eq!(code, 200, "{body}");
+    let mut moved = 0;
+    wait_for("a1's scheduling health on /metrics", || {
+        moved += 1;
+        let written =
+            sked_tests::agents::write_health(a1.proc_root(), moved * 1_000_000, moved * 1000, moved * 100_000);
+        let seen = a1.get("/metrics").map(|(_, m)| m.contains("\nsked_agent_run_delay_"));
+        async move { Ok((written.is_ok() && seen.unwrap_or(false)).then_some(())) }
+    })
+    .await?;
     let (code, metrics) = a1.get("/metrics")?;
     assert_eq!(code, 200);
     for line in [
