@@ -77,11 +77,12 @@ test-integration: setup
 # Cargo then resolves the features `make test` built with and builds no dependency twice.
 
 # Boots Debian kernels under qemu (one with sched_ext, one without) and attaches a real BPF
-# scheduler; installs qemu, clang, bpftool, busybox with apt when missing.
+# scheduler; installs qemu, clang, bpftool, busybox with apt when missing. Two tests at a time:
+# each VM is one emulated thread, so two share the two cores (151 s one at a time, 103 s so).
 test-kernel: setup
 	$(call build_tools,$(TOOLS_KERNEL))
 	bash hack/kernel-e2e.sh deps
-	$(CARGO_TEST) --workspace --test real_kernel -- --ignored --nocapture --test-threads=1
+	$(CARGO_TEST) --workspace --test real_kernel -- --ignored --nocapture --test-threads=2
 
 ## test-node: sked on a real node: the sched_ext kernel under qemu with containerd, runc and
 ## the pinned kubelet; the agent (the workspace's build, as the other suites run it) and the

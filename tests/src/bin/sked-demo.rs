@@ -29,8 +29,9 @@ const NAME: &str = "scx-rusty";
 const NAMESPACE: &str = "sked-system";
 /// The example's rollout, made quick enough to watch: bake 5 s, give up on an attach after 15 s,
 /// two nodes at a time after the canary; each bake judged by the analysis (run delay may rise
-/// 50 % over the nodes left alone and over the node's own past).
-const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"runDelay":{"maxIncreasePercent":50}}}}}"#;
+/// 50 % over the nodes left alone and over the node's own past; 3 samples a node, which a bake
+/// of 5 s at the demo agents' 1 s interval holds).
+const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"runDelay":{"maxIncreasePercent":50},"minSamples":3}}}}"#;
 /// The same for the example's first deployment, with more time to attach: on a machine still
 /// busy (the first build, a test run beside it) its agents may take longer than 15 s to start,
 /// and a first deployment that fails leaves nothing to show.
