@@ -325,10 +325,18 @@ INIT
   log "node initramfs $out/node.cpio ($(du -m "$out/node.cpio" | cut -f1) MB; containerd, runc, CNI from $(basename "$(fetch_package containerd unstable)" .deb))"
 }
 
+# The VM tests run two at a time (make test-kernel), each preparing its artifacts: whatever
+# touches the shared cache does so one at a time.
+lock_cache() {
+  mkdir -p "$cache"
+  exec 9>"$cache/.lock"
+  flock 9
+}
+
 case ${1:-} in
   deps) deps ;;
-  prepare) prepare "${2:?OUT}" ;;
-  initramfs) initramfs "${2:?OUT}" "${3:?NAME}" "${4:?MODULES}" "${@:5}" ;;
-  node) node "${2:?OUT}" "${3:?KUBELET}" "${@:4}" ;;
+  prepare) lock_cache && prepare "${2:?OUT}" ;;
+  initramfs) lock_cache && initramfs "${2:?OUT}" "${3:?NAME}" "${4:?MODULES}" "${@:5}" ;;
+  node) lock_cache && node "${2:?OUT}" "${3:?KUBELET}" "${@:4}" ;;
   *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

@@ -253,6 +253,10 @@ pub struct Analysis<'a> {
     pub limits: &'a analysis::Limits,
     /// Each node's health samples, oldest first.
     pub samples: &'a std::collections::BTreeMap<String, Vec<analysis::Sample>>,
+    /// When the target revision's last verdict that let it go on was reached (seconds since the
+    /// epoch): a bake that ended before it is judged already, and not again (a rollout held
+    /// after its bake, by its budget, would otherwise write a new verdict at every reconcile).
+    pub judged_at: Option<i64>,
 }
 
 /// Why the target revision failed on a node.
@@ -338,7 +342,8 @@ struct Tally {
     /// Skipped nodes that have a pod (the DaemonSet controller counts them).
     skipped_pods: usize,
     /// The nodes that run the target revision attached, with when their pod was made: what an
-    /// analysis judges; and the nodes that run another revision attached: its control nodes.
+    /// analysis judges; and the nodes that run another revision attached: its control nodes
+    /// (both only when the spec asks for analysis).
     wave: Vec<(String, i64)>,
     controls: Vec<String>,
 }
@@ -439,7 +444,9 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             match attached {
                 Some(_) => {
                     t.old_up.push(pod.name.clone());
-                    t.controls.push(n.node.clone());
+                    if input.analysis.is_some() {
+                        t.controls.push(n.node.clone());
+                    }
                 }
                 None => {
                     t.unavailable += 1;
@@ -468,7 +475,9 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             Some(since) => {
                 plan.attached += 1;
                 t.newest_attach = Some(t.newest_attach.map_or(since, |t| t.max(since)));
-                t.wave.push((n.node.clone(), pod.created));
+                if input.analysis.is_some() {
+                    t.wave.push((n.node.clone(), pod.created));
+                }
             }
             None => judge_unattached(input, restoring, n, pod, &mut t, plan),
         }
@@ -660,6 +669,10 @@ fn after_bake(
     mut plan: Plan,
 ) -> ControlFlow<Plan, Plan> {
     if input.stable == Some(input.target) {
+        return ControlFlow::Continue(plan);
+    }
+    let bake_end = tally.newest_attach.map(|t| t + input.pacing.bake_seconds);
+    if input.analysis.and_then(|a| a.judged_at).zip(bake_end).is_some_and(|(judged, end)| judged >= end) {
         return ControlFlow::Continue(plan);
     }
     match judge_bake(input, tally, -baked_in) {
@@ -1045,7 +1058,11 @@ mod tests {
     }
 
     fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Plan {
-        decide(&Input {
+        decide(&input_at(nodes, pacing, now))
+    }
+
+    fn input_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Input<'_> {
+        Input {
             target: T,
             stable: Some(S),
             nodes,
@@ -1056,7 +1073,27 @@ mod tests {
             pacing,
             analysis: None,
             now,
-        })
+        }
+    }
+
+    #[test]
+    fn a_bake_judged_already_is_not_judged_again() {
+        let mut nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
+        nodes[0] = node("n0", T, KernelView::Attached { since: 110 });
+        let limits = analysis::Limits::of(&sked_api::AnalysisSpec::default());
+        let samples = std::collections::BTreeMap::new();
+        let at = |judged_at| {
+            decide(&Input {
+                analysis: Some(Analysis { limits: &limits, samples: &samples, judged_at }),
+                ..input_at(&nodes, pacing(1, 2), 140)
+            })
+        };
+        let waiting = at(None);
+        assert_eq!((waiting.replace.len(), waiting.recheck_in), (0, Some(5)), "no samples yet: the verdict waits");
+        let judged = at(Some(140));
+        assert_eq!(judged.replace.len(), 2, "judged when this bake ended: the next wave, no new verdict");
+        assert!(judged.analysis.is_none());
+        assert_eq!(at(Some(139)).replace.len(), 0, "a verdict from before this bake ended judged another bake");
     }
 
     #[test]

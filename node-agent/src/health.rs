@@ -81,10 +81,10 @@ pub fn parse_schedstat(text: &str) -> Result<(u64, u64), String> {
         let numbers: Result<Vec<u64>, _> = fields.map(str::parse::<u64>).collect();
         let numbers = match numbers {
             Ok(numbers) if numbers.len() >= SCHEDSTAT_CPU_FIELDS => numbers,
-            _ => return Err(format!("malformed line {:?}", truncate(line, 80))),
+            _ => return Err(format!("malformed line {:?}", escape_and_cap(line, 80))),
         };
         let [.., _running, delay, slices] = numbers.as_slice() else {
-            return Err(format!("malformed line {:?}", truncate(line, 80)));
+            return Err(format!("malformed line {:?}", escape_and_cap(line, 80)));
         };
         run_delay_ns = run_delay_ns.saturating_add(*delay);
         timeslices = timeslices.saturating_add(*slices);
@@ -103,7 +103,7 @@ pub fn parse_pressure(text: &str) -> Result<u64, String> {
     let total = some.split_whitespace().find_map(|f| f.strip_prefix("total="));
     match total.map(str::parse::<u64>) {
         Some(Ok(total)) => Ok(total),
-        _ => Err(format!("no total in {:?}", truncate(some, 80))),
+        _ => Err(format!("no total in {:?}", escape_and_cap(some, 80))),
     }
 }
 
@@ -247,10 +247,6 @@ fn read_small(path: &Path) -> io::Result<String> {
         return Err(io::Error::other(format!("larger than {MAX_FILE} bytes")));
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-fn truncate(s: &str, n: usize) -> String {
-    s.chars().take(n).collect()
 }
 
 /// Samples every `interval` for as long as the task runs: reads the counters under `proc_root`

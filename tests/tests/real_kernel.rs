@@ -318,16 +318,7 @@ async fn wait_exit(s: &Setup, reason: &str) -> Result<sked_controller::api::Kern
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
 async fn the_kernel_s_reasons_for_ejecting_a_scheduler_reach_its_status() -> Result<()> {
-    let started = Instant::now();
-    let dir = tempfile::Builder::new().prefix("sked-kernel-exits-").tempdir()?;
-    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
-    let s = setup(dir.path()).await?;
-    let (kernel, initramfs) = artifacts.kernel("sched-ext");
-    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-exits"), s.reports).await?;
-    diagnosed(&mut vm, async |vm| stall_and_sysrq(&s, vm).await).await?;
-    vm.shutdown().await?;
-    eprintln!("measured: real-kernel exits test: {:?}", started.elapsed());
-    Ok(())
+    in_sched_ext_vm("exits", async |s, vm| stall_and_sysrq(s, vm).await).await
 }
 
 /// A stall and SysRq-S eject the canary; the kernel's reasons reach the Scheduler.
@@ -393,6 +384,21 @@ async fn stall_and_sysrq(s: &Setup, vm: &mut TestVm) -> Result<()> {
     Ok(())
 }
 
+/// Runs `body` in a sched_ext VM of its own, with a control plane, the canary Scheduler and its
+/// pod bound to the VM's Node (`what` names the test in its directory and its time).
+async fn in_sched_ext_vm(what: &str, body: impl AsyncFnOnce(&Setup, &mut TestVm) -> Result<()>) -> Result<()> {
+    let started = Instant::now();
+    let dir = tempfile::Builder::new().prefix(&format!("sked-kernel-{what}-")).tempdir()?;
+    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
+    let s = setup(dir.path()).await?;
+    let (kernel, initramfs) = artifacts.kernel("sched-ext");
+    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join(format!("vm-{what}")), s.reports).await?;
+    diagnosed(&mut vm, async |vm| body(&s, vm).await).await?;
+    vm.shutdown().await?;
+    eprintln!("measured: real-kernel {what} test: {:?}", started.elapsed());
+    Ok(())
+}
+
 /// Plays the kubelet for the VM's Node: waits for the live pod of the canary Scheduler that is
 /// not `old`, starts the agent for it and runs `scheduler` (a shell command) as its process.
 async fn run_pod(s: &Setup, vm: &mut TestVm, old: &str, scheduler: &str) -> Result<k8s_openapi::api::core::v1::Pod> {
@@ -428,16 +434,7 @@ fn rollout_phase(s: &Scheduler) -> Option<sked_controller::api::RolloutPhase> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
 async fn a_revision_that_fails_to_attach_in_a_real_kernel_is_rolled_back() -> Result<()> {
-    let started = Instant::now();
-    let dir = tempfile::Builder::new().prefix("sked-kernel-rollback-").tempdir()?;
-    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
-    let s = setup(dir.path()).await?;
-    let (kernel, initramfs) = artifacts.kernel("sched-ext");
-    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-rollback"), s.reports).await?;
-    diagnosed(&mut vm, async |vm| roll_back(&s, vm).await).await?;
-    vm.shutdown().await?;
-    eprintln!("measured: real-kernel rollback test: {:?}", started.elapsed());
-    Ok(())
+    in_sched_ext_vm("rollback", async |s, vm| roll_back(s, vm).await).await
 }
 
 /// A first revision the kernel ejects goes back to the kernel's default; retried, a good
@@ -505,16 +502,7 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
 async fn a_revision_that_slows_a_real_kernel_is_rolled_back_by_analysis() -> Result<()> {
-    let started = Instant::now();
-    let dir = tempfile::Builder::new().prefix("sked-kernel-analysis-").tempdir()?;
-    let artifacts = tokio::task::block_in_place(|| Artifacts::build(&dir.path().join("artifacts")))?;
-    let s = setup(dir.path()).await?;
-    let (kernel, initramfs) = artifacts.kernel("sched-ext");
-    let mut vm = TestVm::boot(&kernel, &initramfs, &dir.path().join("vm-analysis"), s.reports).await?;
-    diagnosed(&mut vm, async |vm| analysis(&s, vm).await).await?;
-    vm.shutdown().await?;
-    eprintln!("measured: real-kernel analysis test: {:?}", started.elapsed());
-    Ok(())
+    in_sched_ext_vm("analysis", async |s, vm| analysis(s, vm).await).await
 }
 
 /// Prints what the VM's agent costs: its resident memory, and its CPU time over its life as a

@@ -96,7 +96,15 @@ pub(super) fn decide(
             .filter(|f| intent.failed.is_none() && f.revision == template.name)
             .map(|f| f.time.0.as_second()),
         pacing: rollout::Pacing::of(s.scheduler.spec.rollout.as_ref(), nodes.len() + entering.len()),
-        analysis: limits.as_ref().map(|limits| rollout::Analysis { limits, samples: s.health }),
+        analysis: limits.as_ref().map(|limits| rollout::Analysis {
+            limits,
+            samples: s.health,
+            judged_at: previous
+                .analysis
+                .as_ref()
+                .filter(|a| a.revision == template.name && a.verdict != sked_api::AnalysisVerdict::Failed)
+                .map(|a| a.time.0.as_second()),
+        }),
         now: wall,
     });
     let step = rollout::advance(&rollout::Progress {
