@@ -158,72 +158,139 @@ pub struct RolloutSpec {
     /// Stops the rollout before its next wave; running pods are left as they are.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
-    /// Judges each bake by the kernel's own accounting of scheduling health on the wave's
-    /// nodes, against the Scheduler's nodes outside the wave and each node's own samples from
-    /// before its switch; a wave that fails is rolled back (reason AnalysisFailed). Unset: no
-    /// analysis. `{}`: the defaults (run delay may rise 50 %, CPU pressure 10 points).
+    /// Judges the wave of each bake by the kernel's own accounting of scheduling health: each
+    /// wave node's change from its own window before its switch, against the change of the
+    /// Scheduler's nodes outside the wave over the same clock range; a wave that fails is
+    /// rolled back (reason AnalysisFailed). Unset: no analysis. `{}`: the defaults (waiting
+    /// tasks per CPU may rise 50 % more than the controls', idle CPUs beside waiting tasks 10
+    /// points, CPU pressure 10 points).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<AnalysisSpec>,
 }
 
 /// What judges a bake, and how much evidence a verdict needs. A signal left unset is not
-/// judged; when none is set, run delay and CPU pressure are judged with their defaults.
+/// judged; when none is set, waiting tasks, idle CPUs beside waiting tasks and CPU pressure are
+/// judged with their defaults. Every limit is on a node's change beyond the control nodes'
+/// change over the same time.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AnalysisSpec {
-    /// Mean run-queue wait per timeslice (/proc/schedstat).
+    /// Tasks waiting for a CPU, per CPU (/proc/schedstat: run delay over wall time and CPUs):
+    /// how much work waits, whatever the slice length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_delay: Option<RunDelayLimit>,
-    /// Share of time some task waited for a CPU (/proc/pressure/cpu, "some").
+    pub waiting_tasks: Option<IncreasePercent>,
+    /// Idle CPUs beside waiting tasks (/proc/schedstat per CPU), in points of the CPUs' time: a
+    /// scheduler that strands tasks on busy CPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_pressure: Option<CpuPressureLimit>,
-    /// sched_ext event counters (root/events) and the rate each may reach on a wave's node.
+    pub idle_while_waiting: Option<IncreasePoints>,
+    /// Share of the CPUs' time spent running tasks (/proc/schedstat), in points: a fall while
+    /// work waits is work not done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilisation: Option<DecreasePoints>,
+    /// Timeslices per CPU-second (/proc/schedstat): context-switch overhead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_rate: Option<IncreasePercent>,
+    /// Mean run-queue wait per timeslice (/proc/schedstat), a latency signal: it scales with
+    /// the slice length, so a scheduler with longer slices raises it without harm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_delay: Option<IncreasePercent>,
+    /// Share of time some task waited for a CPU (/proc/pressure/cpu, "some"), in points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_pressure: Option<IncreasePoints>,
+    /// sched_ext event counters (root/events) and the most each may move on a wave's node
+    /// (absolute: another scheduler's counters are no baseline). A name this kernel does not
+    /// count holds the rollout with an error.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub events: Vec<EventLimit>,
-    /// Samples a node needs within a window before it is judged (at the agents'
+    /// Samples a node needs within each window before it is judged (at the agents'
     /// --health-interval, 5 s by default: set bakeSeconds to at least this many intervals).
     /// Default 5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 3, max = 1000))]
     pub min_samples: Option<i32>,
-    /// Nodes outside the wave, each with enough samples, before they count as a baseline.
+    /// Nodes outside the wave, each with enough samples in both windows, before their change
+    /// counts as the baseline. Default 3. 0 judges each node by its own change alone, against
+    /// the limit, when there are no control nodes: only for pools too small to have them (a
+    /// change of load during the bake then fails a node as surely as its scheduler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min_control_nodes: Option<i32>,
+    /// Share of a wave's judged nodes that must fail before the wave fails (at least one
+    /// node). Default 20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failed_nodes_percent: Option<i32>,
+    /// A single node fails its wave when its change is this many times its limit's: the
+    /// controls' change times this factor for a percentage, this many times the points.
     /// Default 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1000))]
-    pub min_control_nodes: Option<i32>,
+    #[schemars(range(min = 2, max = 100))]
+    pub critical_factor: Option<i32>,
+    /// What a wave that could not be judged (no samples, too few control nodes, no window
+    /// before its switch) does: Pause (the default: it waits for `kubectl sked rollout
+    /// proceed`) or Proceed. A first deployment has no window before its switch and proceeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_inconclusive: Option<OnInconclusive>,
 }
 
-/// How far run delay may rise over its baseline.
+/// What an Inconclusive verdict does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+pub enum OnInconclusive {
+    #[default]
+    Pause,
+    Proceed,
+}
+
+/// How far a signal may rise, in percent, beyond the controls' change.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RunDelayLimit {
-    /// Percent above the baseline. Default 50.
+pub struct IncreasePercent {
+    /// Percent above the controls' change. Default 50.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000))]
     pub max_increase_percent: Option<i32>,
 }
 
-/// How far CPU pressure may rise over its baseline.
+/// How far a share of time may rise, in percentage points, beyond the controls' change.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct CpuPressureLimit {
-    /// Percentage points above the baseline. Default 10.
+pub struct IncreasePoints {
+    /// Points above the controls' change. Default 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub max_increase_points: Option<i32>,
 }
 
-/// The most a sched_ext event counter may move on a wave's node.
+/// How far a share of time may fall, in percentage points, beyond the controls' change.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+pub struct DecreasePoints {
+    /// Points below the controls' change. Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_decrease_points: Option<i32>,
+}
+
+/// The most a sched_ext event counter may move on a wave's node: a count per second, or for
+/// a duration counter (its name ends in `_DURATION`, nanoseconds) a share of time.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "self.name.endsWith('_DURATION') ? (has(self.maxPercentOfTime) && !has(self.maxPerSecond)) : (has(self.maxPerSecond) && !has(self.maxPercentOfTime))"
+).message("a duration counter (name ending in _DURATION, nanoseconds) takes maxPercentOfTime; every other counter takes maxPerSecond"))]
 pub struct EventLimit {
     /// The counter's name in root/events, e.g. SCX_EV_SELECT_CPU_FALLBACK.
     #[schemars(length(min = 1, max = 63), regex(pattern = "^SCX_EV_[A-Z0-9_]+$"))]
     pub name: String,
     /// Most counts per second (the median over the bake).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
-    pub max_per_second: i64,
+    pub max_per_second: Option<i64>,
+    /// For a duration counter: most percent of wall time (the median over the bake).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_percent_of_time: Option<i32>,
 }
 
 fn int_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -446,6 +513,50 @@ pub struct RolloutStatus {
     /// The verdict of the analysis of the update revision's last judged bake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<AnalysisStatus>,
+    /// The wave in flight, when its bake will be judged: each node's summary of the window
+    /// before its switch, frozen when its old pod was deleted, and the control nodes' over the
+    /// same clock range (kept here so a new leader judges the same wave the same way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<WaveBaseline>,
+}
+
+/// The window before a wave's switch, frozen when its pods were replaced.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaveBaseline {
+    /// The revision the wave switched to.
+    pub revision: String,
+    /// When the wave's first old pod was deleted: the window before it ends here, and a pod of
+    /// the revision made since is of this wave.
+    pub taken_at: Time,
+    /// How long the window before it is, in seconds.
+    pub window_seconds: i64,
+    /// The wave's nodes (at most 256, the others are judged without a window of their own) and
+    /// the control nodes (at most 50), each with its signals' summaries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeBaseline>,
+}
+
+/// One node's window before a wave's switch.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBaseline {
+    pub node: String,
+    /// A control node (outside the wave) rather than one of the wave.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control: bool,
+    /// Each signal's summary, by signal name (waitingTasks, idleWhileWaiting, utilisation,
+    /// switchRate, runDelay, cpuPressure).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub signals: std::collections::BTreeMap<String, SignalSummary>,
+}
+
+/// A signal's samples in a window: their median, their median absolute deviation, how many.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, schemars::JsonSchema)]
+pub struct SignalSummary {
+    pub median: f64,
+    pub spread: f64,
+    pub samples: i32,
 }
 
 /// Why a revision was rolled back.
@@ -474,8 +585,17 @@ pub struct RolloutFailure {
 pub struct AnalysisStatus {
     /// The revision judged.
     pub revision: String,
-    /// Passed, Failed, or Inconclusive (too few samples or no baseline: the wave went on).
+    /// Passed, Failed, or Inconclusive (too few samples, no control nodes, no window before
+    /// the switch: the rollout pauses, or goes on with `onInconclusive: Proceed`).
     pub verdict: AnalysisVerdict,
+    /// The Scheduler generation the verdict was reached under: a rollout paused on an
+    /// Inconclusive verdict goes on once the generation moves (`kubectl sked rollout proceed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The rollout waits on this verdict (Inconclusive, `onInconclusive: Pause`) until the
+    /// generation moves.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds: bool,
     /// The verdict in words.
     pub message: String,
     /// The nodes judged, failed ones first (at most 10).

@@ -6,37 +6,46 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
-use sked_core::analysis::Sample;
+use sked_core::analysis::{NodeHealth, Sample};
 use sked_proto::{Health, HealthSample};
 
 use crate::mutex::lock;
 
 /// Samples kept per node: about 10 minutes at the agents' default interval (5 s), 2 at 1 s.
-/// The controller's memory for them grows with the fleet: 32 bytes a sample ([`Kept`]), 4 KiB a
-/// node once full, 20 MiB for 5,000 nodes.
+/// The controller's memory for them grows with the fleet: 56 bytes a sample ([`Kept`]), 7 KiB a
+/// node once full, 35 MiB for 5,000 nodes (only for the nodes of Schedulers with analysis).
 pub const SAMPLES_PER_NODE: usize = 128;
-/// Most event counters kept per sample (the kernel has about a dozen).
+/// Most event counters kept per sample (the kernel has about a dozen), and most counter names
+/// kept per node.
 const MAX_EVENTS: usize = 32;
-/// A sample from further ahead of the controller's clock than this is refused: it would
-/// hold back every later one.
-const MAX_AHEAD_MS: i64 = 5 * 60 * 1000;
+/// A sample from further ahead of the controller's clock than this, once rebased, is refused:
+/// it would hold back every later one.
+const MAX_AHEAD_MS: i64 = 60 * 1000;
+/// The longest sampling interval believed (an agent's --health-interval is seconds).
+const MAX_INTERVAL_MS: i64 = 10 * 60 * 1000;
 
-/// Health samples by node, oldest first.
+/// Health samples by node, oldest first, and the counter names each node's kernel counts.
 #[derive(Debug, Default)]
 pub struct HealthTable {
-    nodes: Mutex<HashMap<String, VecDeque<Kept>>>,
+    nodes: Mutex<HashMap<String, Node>>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    samples: VecDeque<Kept>,
+    counters: Box<[Box<str>]>,
 }
 
 /// Event counters that moved, and their rates.
 type Rates = Box<[(Box<str>, f32)]>;
 
-/// A sample as the table keeps it: single precision (a microsecond in a minute of run delay, a
-/// thousandth of a point of pressure), NaN for unknown, event rates only when some counter moved.
+/// A sample as the table keeps it: single precision, NaN for unknown, event rates only when
+/// some counter moved.
 #[derive(Clone, Debug, PartialEq)]
 struct Kept {
     at_ms: i64,
-    run_delay_us: f32,
-    cpu_pressure: f32,
+    interval_ms: u32,
+    values: [f32; 6],
     /// `None`: the counters were not known; `Some` of nothing: known, and none moved.
     events: Option<Rates>,
 }
@@ -46,18 +55,31 @@ impl Kept {
         let narrow = |v: Option<f64>| v.map_or(f32::NAN, |v| v as f32);
         Self {
             at_ms: s.at_ms,
-            run_delay_us: narrow(s.run_delay_us),
-            cpu_pressure: narrow(s.cpu_pressure),
+            interval_ms: u32::try_from(s.interval_ms.clamp(0, MAX_INTERVAL_MS)).unwrap_or(0),
+            values: [
+                narrow(s.waiting_per_cpu),
+                narrow(s.utilisation),
+                narrow(s.switches_per_cpu_second),
+                narrow(s.idle_while_waiting),
+                narrow(s.run_delay_us),
+                narrow(s.cpu_pressure),
+            ],
             events: s.events.as_ref().map(|e| e.iter().map(|(n, r)| (n.as_str().into(), *r as f32)).collect()),
         }
     }
 
     fn sample(&self) -> Sample {
         let wide = |v: f32| (!v.is_nan()).then_some(f64::from(v));
+        let [waiting, utilisation, switches, idle, run_delay, pressure] = self.values;
         Sample {
             at_ms: self.at_ms,
-            run_delay_us: wide(self.run_delay_us),
-            cpu_pressure: wide(self.cpu_pressure),
+            interval_ms: i64::from(self.interval_ms),
+            waiting_per_cpu: wide(waiting),
+            utilisation: wide(utilisation),
+            switches_per_cpu_second: wide(switches),
+            idle_while_waiting: wide(idle),
+            run_delay_us: wide(run_delay),
+            cpu_pressure: wide(pressure),
             events: self.events.as_ref().map(|e| e.iter().map(|(n, r)| (n.to_string(), f64::from(*r))).collect()),
         }
     }
@@ -66,18 +88,32 @@ impl Kept {
 impl HealthTable {
     /// Keeps the samples of `health` newer than the node's newest (a report repeats the
     /// previous one's), after checking each: a value that is not a finite, non-negative
-    /// number, or an event name that is not a sched_ext counter's, is dropped.
+    /// number, or an event name that is not a sched_ext counter's, is dropped. Sample times are
+    /// rebased on the controller's clock: shifted by the difference between `now_ms` (when the
+    /// report arrived) and when the agent sent it, so every node's windows are on one clock.
     pub fn record(&self, node: &str, health: &Health, now_ms: i64) -> usize {
+        let offset = if health.sent_unix_ms > 0 { now_ms.saturating_sub(health.sent_unix_ms) } else { 0 };
         let mut nodes = lock(&self.nodes);
-        let samples = nodes.entry(node.to_owned()).or_default();
+        let entry = nodes.entry(node.to_owned()).or_default();
+        if !health.event_names.is_empty() {
+            entry.counters = health
+                .event_names
+                .iter()
+                .filter(|n| sched_ext_counter(n))
+                .take(MAX_EVENTS)
+                .map(|n| n.as_str().into())
+                .collect();
+        }
+        let samples = &mut entry.samples;
         let mut newest = samples.back().map_or(i64::MIN, |s| s.at_ms);
         let mut added = 0;
         for wire in &health.samples {
-            if wire.time_unix_ms <= newest || wire.time_unix_ms > now_ms.saturating_add(MAX_AHEAD_MS) {
+            let at = wire.time_unix_ms.saturating_add(offset);
+            if at <= newest || at > now_ms.saturating_add(MAX_AHEAD_MS) {
                 continue;
             }
-            newest = wire.time_unix_ms;
-            samples.push_back(Kept::of(&sample_of(wire)));
+            newest = at;
+            samples.push_back(Kept::of(&Sample { at_ms: at, ..sample_of(wire) }));
             added += 1;
         }
         while samples.len() > SAMPLES_PER_NODE {
@@ -86,10 +122,22 @@ impl HealthTable {
         added
     }
 
-    /// The samples of `nodes`, copied under one lock.
-    pub fn samples_of<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) -> BTreeMap<String, Vec<Sample>> {
+    /// The samples and counter names of `nodes`, copied under one lock.
+    pub fn samples_of<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) -> BTreeMap<String, NodeHealth> {
         let table = lock(&self.nodes);
-        nodes.into_iter().filter_map(|n| Some((n.clone(), table.get(n)?.iter().map(Kept::sample).collect()))).collect()
+        nodes
+            .into_iter()
+            .filter_map(|n| {
+                let node = table.get(n)?;
+                Some((
+                    n.clone(),
+                    NodeHealth {
+                        samples: node.samples.iter().map(Kept::sample).collect(),
+                        counters: node.counters.iter().map(|c| c.to_string()).collect(),
+                    },
+                ))
+            })
+            .collect()
     }
 
     /// Drops the samples of nodes `keep` does not name (nodes gone from the kernel table).
@@ -118,7 +166,7 @@ fn sched_ext_counter(name: &str) -> bool {
         })
 }
 
-/// A wire sample as the analysis reads it.
+/// A wire sample as the analysis reads it (its time still the node's).
 fn sample_of(wire: &HealthSample) -> Sample {
     let events = wire.events_known.then(|| {
         wire.event_rates
@@ -130,6 +178,11 @@ fn sample_of(wire: &HealthSample) -> Sample {
     });
     Sample {
         at_ms: wire.time_unix_ms,
+        interval_ms: i64::from(wire.interval_ms).min(MAX_INTERVAL_MS),
+        waiting_per_cpu: value(wire.waiting_per_cpu, 1e6),
+        utilisation: value(wire.utilisation, 1.0),
+        switches_per_cpu_second: value(wire.switches_per_cpu_second, 1e9),
+        idle_while_waiting: value(wire.idle_while_waiting, 1.0),
         run_delay_us: value(wire.run_delay_us, f64::MAX),
         cpu_pressure: value(wire.cpu_pressure_percent, 100.0),
         events,
@@ -149,14 +202,15 @@ mod tests {
         let t = HealthTable::default();
         let health = |range: std::ops::Range<i64>| Health {
             samples: range.map(|i| wire(i * 1000, 10.0)).collect(),
-            unavailable: String::new(),
+            ..Health::default()
         };
-        assert_eq!(t.record("n", &health(1..17), 0), 16);
-        assert_eq!(t.record("n", &health(10..26), 0), 9, "a report repeats the previous one's samples");
+        let now = 1_000_000;
+        assert_eq!(t.record("n", &health(1..17), now), 16);
+        assert_eq!(t.record("n", &health(10..26), now), 9, "a report repeats the previous one's samples");
         for k in 0..20 {
-            t.record("n", &health(26 + k * 16..42 + k * 16), 0);
+            t.record("n", &health(26 + k * 16..42 + k * 16), now);
         }
-        let kept = t.samples_of([&"n".to_owned()]).remove("n").unwrap_or_default();
+        let kept = t.samples_of([&"n".to_owned()]).remove("n").unwrap_or_default().samples;
         assert_eq!(kept.len(), SAMPLES_PER_NODE);
         assert!(kept.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
         t.retain(|n| n != "n");
@@ -164,17 +218,38 @@ mod tests {
     }
 
     #[test]
-    fn a_sample_is_kept_in_32_bytes_and_read_back_as_sent() {
-        assert_eq!(std::mem::size_of::<Kept>(), 32);
+    fn a_sample_is_kept_in_56_bytes_and_read_back_as_sent() {
+        assert_eq!(std::mem::size_of::<Kept>(), 56);
         let sent = Sample {
             at_ms: 7,
+            interval_ms: 5000,
+            waiting_per_cpu: Some(0.5),
+            utilisation: Some(0.25),
+            idle_while_waiting: Some(0.125),
             run_delay_us: Some(1350.25),
-            cpu_pressure: None,
             events: Some(BTreeMap::from([("SCX_EV_A".to_owned(), 2.5)])),
+            ..Sample::default()
         };
         assert_eq!(Kept::of(&sent).sample(), sent);
         let unknown = Sample { events: None, ..sent };
         assert_eq!(Kept::of(&unknown).sample(), unknown);
+    }
+
+    #[test]
+    fn sample_times_are_rebased_on_the_controller_s_clock_and_counter_names_kept() {
+        let t = HealthTable::default();
+        // The node's clock is 30 s behind: it sent at 70 s what arrived at 100 s.
+        let health = Health {
+            samples: vec![wire(60_000, 10.0), wire(65_000, 10.0)],
+            sent_unix_ms: 70_000,
+            event_names: vec!["SCX_EV_A".into(), "not a counter".into()],
+            ..Health::default()
+        };
+        t.record("n", &health, 100_000);
+        let kept = t.samples_of([&"n".to_owned()]).remove("n").unwrap_or_default();
+        let times: Vec<i64> = kept.samples.iter().map(|s| s.at_ms).collect();
+        assert_eq!(times, [90_000, 95_000]);
+        assert_eq!(kept.counters, ["SCX_EV_A"]);
     }
 
     #[test]
@@ -186,8 +261,8 @@ mod tests {
         bad.event_rates =
             [("SCX_EV_X".to_owned(), -1.0), ("rm -rf".to_owned(), 1.0), ("SCX_EV_OK".to_owned(), 2.0)].into();
         let ahead = wire(MAX_AHEAD_MS + 10_000, 1.0);
-        t.record("n", &Health { samples: vec![bad, ahead], unavailable: String::new() }, 0);
-        let kept = t.samples_of([&"n".to_owned()]).remove("n").unwrap_or_default();
+        t.record("n", &Health { samples: vec![bad, ahead], ..Health::default() }, 0);
+        let kept = t.samples_of([&"n".to_owned()]).remove("n").unwrap_or_default().samples;
         assert_eq!(kept.len(), 1, "a sample from far ahead of the controller's clock is refused");
         assert_eq!((kept[0].run_delay_us, kept[0].cpu_pressure), (None, Some(100.0)));
         assert_eq!(kept[0].events, Some(BTreeMap::from([("SCX_EV_OK".to_owned(), 2.0)])));

@@ -36,7 +36,10 @@ use std::ops::ControlFlow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use sked_api::{AnalysisStatus, Reason, Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatus};
+use sked_api::{
+    AnalysisStatus, AnalysisVerdict, Reason, Revision, RolloutFailure, RolloutPhase, RolloutSpec, RolloutStatus,
+    WaveBaseline,
+};
 
 use crate::analysis;
 
@@ -251,12 +254,25 @@ pub struct Input<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct Analysis<'a> {
     pub limits: &'a analysis::Limits,
-    /// Each node's health samples, oldest first.
-    pub samples: &'a std::collections::BTreeMap<String, Vec<analysis::Sample>>,
-    /// When the target revision's last verdict that let it go on was reached (seconds since the
-    /// epoch): a bake that ended before it is judged already, and not again (a rollout held
-    /// after its bake, by its budget, would otherwise write a new verdict at every reconcile).
-    pub judged_at: Option<i64>,
+    /// Each node's health samples and counter names.
+    pub health: &'a std::collections::BTreeMap<String, analysis::NodeHealth>,
+    /// The target revision's last verdict that did not fail it, and when it was reached
+    /// (seconds since the epoch): a bake that ended before it is judged already, and not again
+    /// (a rollout held after its bake, by its budget, would otherwise write a new verdict at
+    /// every reconcile); only nodes switched after it are of the next wave.
+    pub last: Option<(&'a AnalysisStatus, i64)>,
+    /// The window before the switch of the wave in flight, frozen when its pods were replaced
+    /// (the target revision's, and not judged yet).
+    pub baseline: Option<&'a WaveBaseline>,
+    /// The Scheduler's generation: a verdict that holds the rollout holds it under the
+    /// generation it was reached in.
+    pub generation: i64,
+}
+
+impl Analysis<'_> {
+    fn judged_at(&self) -> Option<i64> {
+        self.last.map(|(_, at)| at)
+    }
 }
 
 /// Why the target revision failed on a node.
@@ -269,7 +285,7 @@ pub struct Failure {
 }
 
 /// What to do now.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     pub phase: RolloutPhase,
     /// Pods to delete now (each comes back as the target revision).
@@ -305,6 +321,10 @@ pub struct Plan {
     pub recheck_in: Option<i64>,
     /// The verdict of the analysis of the bake that ended, when one was judged now.
     pub analysis: Option<analysis::Judgement>,
+    /// The rollout waits on that verdict (Inconclusive, and the spec says Pause).
+    pub analysis_holds: bool,
+    /// The window before the switch of the wave replaced now, frozen (with analysis).
+    pub baseline: Option<WaveBaseline>,
 }
 
 impl Plan {
@@ -341,11 +361,18 @@ struct Tally {
     newest_attach: Option<i64>,
     /// Skipped nodes that have a pod (the DaemonSet controller counts them).
     skipped_pods: usize,
-    /// The nodes that run the target revision attached, with when their pod was made: what an
-    /// analysis judges; and the nodes that run another revision attached: its control nodes
-    /// (both only when the spec asks for analysis).
-    wave: Vec<(String, i64)>,
-    controls: Vec<String>,
+    /// The nodes that run the target revision attached, with when their pod was made and when
+    /// it attached: what an analysis judges; and the nodes that run another revision attached,
+    /// with when: with the target's nodes of earlier waves, its control nodes (both only when
+    /// the spec asks for analysis).
+    wave: Vec<(String, i64, i64)>,
+    controls: Vec<(String, i64)>,
+    /// The node of each pod of another revision (with analysis): whose window to freeze when
+    /// it is replaced.
+    pod_nodes: Vec<(String, String)>,
+    /// Nodes of the target revision that went NotReady within two bakes of their switch (with
+    /// analysis), with when their pod was made.
+    fallen: Vec<(String, i64)>,
 }
 
 /// Decides the next step of a rollout.
@@ -416,6 +443,15 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             && n.pod.as_ref().is_some_and(|p| p.revision == target && p.terminating_since.is_none())
     });
     for n in nodes {
+        if !restoring && fell_after_switch(input, n) {
+            if let Some(pod) = &n.pod {
+                t.fallen.push((n.node.clone(), pod.created));
+            }
+            plan.updated += 1;
+            t.unavailable += 1;
+            t.all_attached = false;
+            continue;
+        }
         if let Some(why) = skip_reason(n) {
             plan.skip(&n.node, why);
             t.skipped_pods += usize::from(n.pod.is_some());
@@ -441,11 +477,14 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
         // A pod the failed attempt made that does not run attached is made again, not judged.
         let earlier_attempt = attached.is_none() && input.retried_after.is_some_and(|t| pod.created < t);
         if pod.revision != target || earlier_attempt {
+            if input.analysis.is_some() {
+                t.pod_nodes.push((pod.name.clone(), n.node.clone()));
+            }
             match attached {
-                Some(_) => {
+                Some(since) => {
                     t.old_up.push(pod.name.clone());
                     if input.analysis.is_some() {
-                        t.controls.push(n.node.clone());
+                        t.controls.push((n.node.clone(), since));
                     }
                 }
                 None => {
@@ -476,7 +515,7 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
                 plan.attached += 1;
                 t.newest_attach = Some(t.newest_attach.map_or(since, |t| t.max(since)));
                 if input.analysis.is_some() {
-                    t.wave.push((n.node.clone(), pod.created));
+                    t.wave.push((n.node.clone(), pod.created, since));
                 }
             }
             None => judge_unattached(input, restoring, n, pod, &mut t, plan),
@@ -484,7 +523,51 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
     }
     t.old_down.sort();
     t.old_up.sort();
+    fallen_failure(input, &t, plan);
     t
+}
+
+/// How long after its switch a node of the wave that goes NotReady counts against the
+/// revision (with analysis): its attach timeout and two bakes.
+fn fall_window(pacing: Pacing) -> i64 {
+    pacing.attach_timeout_seconds + 2 * pacing.bake_seconds
+}
+
+/// Whether node `n` runs a pod of the target revision made moments ago (within
+/// [`fall_window`]) and is NotReady now, with analysis on: a scheduler that starves the kubelet
+/// must not roll through a fleet as "the node's trouble". A node NotReady before its wave never
+/// got the pod.
+fn fell_after_switch(input: &Input<'_>, n: &NodeView) -> bool {
+    let recent = |p: &PodView| input.now - p.created <= fall_window(input.pacing);
+    input.analysis.is_some()
+        && n.unfit == Some(Skip::NodeNotReady)
+        && !matches!(n.kernel, KernelView::Unsupported | KernelView::Foreign)
+        && n.pod.as_ref().is_some_and(|p| p.revision == input.target && p.terminating_since.is_none() && recent(p))
+}
+
+/// Nodes that went NotReady after their switch hold the next wave, and fail the revision when
+/// the canary is one of them or two or more did; a lone one stops counting once its window
+/// passes (it is skipped, as any node that is not Ready).
+fn fallen_failure(input: &Input<'_>, t: &Tally, plan: &mut Plan) {
+    let Some((node, created)) = t.fallen.first() else { return };
+    let canary = plan.updated <= input.pacing.canary.max(1);
+    if plan.failure.is_some() || (t.fallen.len() < 2 && !canary) {
+        plan.recheck(created + fall_window(input.pacing) - input.now + 1);
+        return;
+    }
+    let others = t.fallen.len() - 1;
+    let cause = format!(
+        "node {node} went NotReady {}s after its switch to revision {}{}: the scheduler may starve the kubelet; {} fail a revision",
+        input.now - created,
+        input.target,
+        if others > 0 { format!(", and {others} more node(s) of its wave did too") } else { String::new() },
+        if canary {
+            "a canary that goes NotReady within two bakes of its switch does"
+        } else {
+            "two or more nodes of a wave that go NotReady within two bakes of their switch"
+        }
+    );
+    plan.failure = Some(Failure { node: node.clone(), cause, by_analysis: true });
 }
 
 /// How many labelled nodes without a live pod are waited for. Only as far as the DaemonSet
@@ -632,7 +715,8 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
             ControlFlow::Break(stopped) => return stopped,
         };
     }
-    let Tally { old_down, old_up, unavailable, .. } = tally;
+    let Tally { old_down, old_up, unavailable, .. } = &tally;
+    let (old_down, old_up, unavailable) = (old_down.clone(), old_up.clone(), *unavailable);
     let wave = if unpaced {
         pacing.max_unavailable
     } else if plan.updated < canary {
@@ -649,6 +733,7 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
     let up = old_up.len().min(wave - down).min(budget);
     let zero = waiting.len().min(wave - down - up).min(budget - up);
     plan.replace = old_down.into_iter().take(down).chain(old_up.into_iter().take(up)).collect();
+    plan.baseline = freeze_wave(input, &tally, &plan.replace);
     plan.admit.extend(waiting.into_iter().take(zero));
     plan.entering -= zero;
     plan.phase = phase_for(plan.updated + plan.replace.len() + zero);
@@ -659,8 +744,9 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
 const ANALYSIS_RECHECK_SECONDS: i64 = 5;
 
 /// The bake that ended (`baked_in` seconds ago, negated), judged by the analysis the spec asks
-/// for: `Continue` with its verdict to go on, `Break` with the plan that stops here, in phase `holding`
-/// while the verdict waits for samples, or rolled back. The stable revision is not judged.
+/// for: `Continue` with its verdict to go on, `Break` with the plan that stops here: in phase
+/// `holding` while the verdict waits for samples, Paused on a verdict that holds the rollout,
+/// or rolled back. The stable revision is not judged.
 fn after_bake(
     input: &Input<'_>,
     tally: &Tally,
@@ -668,59 +754,122 @@ fn after_bake(
     holding: RolloutPhase,
     mut plan: Plan,
 ) -> ControlFlow<Plan, Plan> {
-    if input.stable == Some(input.target) {
+    let Some(a) = input.analysis.filter(|_| input.stable != Some(input.target)) else {
         return ControlFlow::Continue(plan);
-    }
+    };
     let bake_end = tally.newest_attach.map(|t| t + input.pacing.bake_seconds);
-    if input.analysis.and_then(|a| a.judged_at).zip(bake_end).is_some_and(|(judged, end)| judged >= end) {
+    if a.judged_at().zip(bake_end).is_some_and(|(judged, end)| judged >= end) {
+        // Judged already: a verdict that holds the rollout holds it until the generation moves.
+        let held = a.last.is_some_and(|(last, _)| last.holds && last.generation == Some(a.generation));
+        if held {
+            plan.phase = RolloutPhase::Paused;
+            return ControlFlow::Break(plan);
+        }
         return ControlFlow::Continue(plan);
     }
-    match judge_bake(input, tally, -baked_in) {
+    match judge_bake(input, a, tally, -baked_in) {
+        None => ControlFlow::Continue(plan),
         Some(analysis::Outcome::Waiting) => {
             // Its samples come with the agents' heartbeats.
             plan.phase = holding;
             plan.recheck(ANALYSIS_RECHECK_SECONDS);
             ControlFlow::Break(plan)
         }
-        Some(analysis::Outcome::Judged(judgement)) => {
+        Some(analysis::Outcome::Judged(mut judgement)) => {
             if let Some((node, cause)) = judgement.failure.clone() {
                 plan.failure = Some(Failure { node, cause, by_analysis: true });
                 plan.phase = RolloutPhase::RolledBack;
                 plan.analysis = Some(judgement);
                 return ControlFlow::Break(plan);
             }
+            let holds = judgement.verdict == AnalysisVerdict::Inconclusive && holds(input, a, judgement.doubt);
+            if judgement.verdict == AnalysisVerdict::Inconclusive {
+                judgement.message.push_str(if holds {
+                    "; the rollout is paused until `kubectl sked rollout proceed` (or spec.rollout.analysis.onInconclusive: Proceed)"
+                } else if judgement.doubt == Some(analysis::Doubt::NothingBefore) || input.stable.is_none() {
+                    "; the rollout goes on (nothing ran there before to compare with)"
+                } else {
+                    "; the rollout goes on (spec.rollout.analysis.onInconclusive: Proceed)"
+                });
+            }
             plan.analysis = Some(judgement);
+            if holds {
+                plan.analysis_holds = true;
+                plan.phase = RolloutPhase::Paused;
+                return ControlFlow::Break(plan);
+            }
             ControlFlow::Continue(plan)
         }
-        None => ControlFlow::Continue(plan),
     }
 }
 
-/// The analysis of the bake that just ended (`overdue`: seconds since it ended), when the spec
-/// asks for one: the nodes of the target revision against those of another revision.
-fn judge_bake(input: &Input<'_>, tally: &Tally, overdue: i64) -> Option<analysis::Outcome> {
-    let a = input.analysis?;
+/// Whether an Inconclusive verdict holds the rollout: always for a spec error (a counter the
+/// kernel does not count); for missing data unless the spec says Proceed or the revision is a
+/// first deployment (nothing ran before it); never when no node had a window before its switch.
+fn holds(input: &Input<'_>, a: Analysis<'_>, doubt: Option<analysis::Doubt>) -> bool {
+    match doubt {
+        Some(analysis::Doubt::UnknownCounter) => true,
+        Some(analysis::Doubt::Missing) => !a.limits.proceed_on_inconclusive && input.stable.is_some(),
+        Some(analysis::Doubt::NothingBefore) | None => false,
+    }
+}
+
+/// The analysis of the wave that just baked (`overdue`: seconds since its bake ended): the
+/// nodes switched to the target revision since the last verdict (and since the wave's window
+/// was frozen), against the control nodes.
+fn judge_bake(input: &Input<'_>, a: Analysis<'_>, tally: &Tally, overdue: i64) -> Option<analysis::Outcome> {
     let newest = tally.newest_attach?;
-    let none = Vec::new();
-    let samples = |node: &str| a.samples.get(node).unwrap_or(&none).as_slice();
+    let baseline = a.baseline.filter(|b| b.revision == input.target);
+    let since = [a.judged_at(), baseline.map(|b| b.taken_at.0.as_second())].into_iter().flatten().max();
+    let in_wave = |created: i64| since.is_none_or(|s| created >= s);
+    let wave: Vec<&str> = tally.wave.iter().filter(|(_, c, _)| in_wave(*c)).map(|(n, _, _)| n.as_str()).collect();
+    if wave.is_empty() {
+        // Every node of the revision was judged with an earlier wave.
+        return None;
+    }
     let case = analysis::Case {
         revision: input.target,
         limits: a.limits,
+        baseline,
         from_ms: newest.saturating_mul(1000),
         to_ms: input.now.saturating_mul(1000),
-        wave: tally
-            .wave
-            .iter()
-            .map(|(node, created)| analysis::WaveNode {
-                node,
-                switched_at_ms: created.saturating_mul(1000),
-                samples: samples(node),
-            })
-            .collect(),
-        controls: tally.controls.iter().map(|n| samples(n)).collect(),
+        wave,
+        controls: control_nodes(tally).map(|(n, _)| n).collect(),
+        health: a.health,
         may_wait: overdue < analysis::SAMPLE_GRACE_SECONDS,
     };
     Some(analysis::judge(&case))
+}
+
+/// The attached nodes outside the wave being judged: those of another revision, and those of
+/// the target revision (earlier waves, and when judging, the nodes of the wave are left out by
+/// the caller's baseline), with when each attached (seconds).
+fn control_nodes(tally: &Tally) -> impl Iterator<Item = (&str, i64)> {
+    tally.controls.iter().map(|(n, s)| (n.as_str(), *s)).chain(tally.wave.iter().map(|(n, _, s)| (n.as_str(), *s)))
+}
+
+/// The window before the switch of the pods replaced now, frozen with the control nodes' over
+/// the same time (with analysis, for a revision that is not the stable one): merged into the
+/// wave in flight when that one is not judged yet (its pods replaced over two reconciles).
+fn freeze_wave(input: &Input<'_>, tally: &Tally, replace: &[String]) -> Option<WaveBaseline> {
+    let a = input.analysis?;
+    if replace.is_empty() || input.stable == Some(input.target) {
+        return None;
+    }
+    let wave: Vec<&str> =
+        tally.pod_nodes.iter().filter(|(pod, _)| replace.contains(pod)).map(|(_, node)| node.as_str()).collect();
+    let controls: Vec<(&str, i64)> = control_nodes(tally)
+        .filter(|(c, _)| !wave.contains(c))
+        .map(|(c, since)| (c, since.saturating_mul(1000)))
+        .collect();
+    let taken_at = Time(jiff::Timestamp::from_second(input.now).unwrap_or_default());
+    let fresh = analysis::freeze(a.limits, input.target, taken_at, &wave, &controls, a.health);
+    let in_flight =
+        a.baseline.filter(|b| b.revision == input.target && a.judged_at().is_none_or(|j| b.taken_at.0.as_second() > j));
+    Some(match in_flight {
+        Some(previous) => analysis::merge(previous, fresh),
+        None => fresh,
+    })
 }
 
 /// The size of the wave after `updated` nodes run the target revision, attached and baked:
@@ -870,6 +1019,7 @@ fn planned_status(p: &Progress<'_>) -> RolloutStatus {
         // Held while the failure they were held under stands.
         held_nodes: if p.failed.is_some() { p.previous.held_nodes.clone() } else { Vec::new() },
         analysis: analysis_status(p),
+        baseline: baseline_status(p),
     }
 }
 
@@ -881,10 +1031,21 @@ fn analysis_status(p: &Progress<'_>) -> Option<AnalysisStatus> {
     Some(AnalysisStatus {
         revision: p.template.name.clone(),
         verdict: j.verdict,
+        generation: Some(p.template.generation),
+        holds: p.plan.analysis_holds,
         message: j.message.clone(),
         nodes: j.nodes.clone(),
         time: p.now.clone(),
     })
+}
+
+/// The window before the switch of the wave in flight: frozen now, else kept while the
+/// rollout of its revision goes on (dropped once it completes or fails).
+fn baseline_status(p: &Progress<'_>) -> Option<WaveBaseline> {
+    if p.plan.complete() || p.plan.failure.is_some() {
+        return None;
+    }
+    p.plan.baseline.clone().or_else(|| p.previous.baseline.clone().filter(|b| b.revision == p.template.name))
 }
 
 impl Progress<'_> {
@@ -1076,15 +1237,53 @@ mod tests {
         }
     }
 
+    /// A baseline frozen at 0 s for `wave`, each node with 60 samples of waiting tasks.
+    fn baseline_of(wave: &[&str]) -> WaveBaseline {
+        let summary = sked_api::SignalSummary { median: 0.5, spread: 0.05, samples: 60 };
+        WaveBaseline {
+            revision: T.into(),
+            taken_at: Time(jiff::Timestamp::UNIX_EPOCH),
+            window_seconds: 300,
+            nodes: wave
+                .iter()
+                .map(|n| sked_api::NodeBaseline {
+                    node: (*n).into(),
+                    control: false,
+                    signals: [("waitingTasks".to_owned(), summary)].into(),
+                })
+                .collect(),
+        }
+    }
+
+    fn verdict(verdict: sked_api::AnalysisVerdict, holds: bool, generation: i64) -> AnalysisStatus {
+        AnalysisStatus {
+            revision: T.into(),
+            verdict,
+            generation: Some(generation),
+            holds,
+            message: String::new(),
+            nodes: Vec::new(),
+            time: Time(jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
     #[test]
     fn a_bake_judged_already_is_not_judged_again() {
         let mut nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
         nodes[0] = node("n0", T, KernelView::Attached { since: 110 });
         let limits = analysis::Limits::of(&sked_api::AnalysisSpec::default());
-        let samples = std::collections::BTreeMap::new();
-        let at = |judged_at| {
+        let health = std::collections::BTreeMap::new();
+        let baseline = baseline_of(&["n0"]);
+        let passed = verdict(sked_api::AnalysisVerdict::Passed, false, 1);
+        let at = |judged_at: Option<i64>| {
             decide(&Input {
-                analysis: Some(Analysis { limits: &limits, samples: &samples, judged_at }),
+                analysis: Some(Analysis {
+                    limits: &limits,
+                    health: &health,
+                    last: judged_at.map(|t| (&passed, t)),
+                    baseline: Some(&baseline),
+                    generation: 1,
+                }),
                 ..input_at(&nodes, pacing(1, 2), 140)
             })
         };
@@ -1093,7 +1292,105 @@ mod tests {
         let judged = at(Some(140));
         assert_eq!(judged.replace.len(), 2, "judged when this bake ended: the next wave, no new verdict");
         assert!(judged.analysis.is_none());
-        assert_eq!(at(Some(139)).replace.len(), 0, "a verdict from before this bake ended judged another bake");
+        let before = at(Some(139));
+        assert_eq!(
+            before.replace.len(),
+            2,
+            "the node switched before the last verdict was judged by it: no wave to judge"
+        );
+        assert!(before.analysis.is_none());
+    }
+
+    #[test]
+    fn an_inconclusive_verdict_that_holds_pauses_until_the_generation_moves() {
+        let mut nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
+        nodes[0] = node("n0", T, KernelView::Attached { since: 110 });
+        let limits = analysis::Limits::of(&sked_api::AnalysisSpec::default());
+        let health = std::collections::BTreeMap::new();
+        let baseline = baseline_of(&["n0"]);
+        let at = |generation: i64, last: &AnalysisStatus, now: i64| {
+            decide(&Input {
+                analysis: Some(Analysis {
+                    limits: &limits,
+                    health: &health,
+                    last: Some((last, 140)),
+                    baseline: Some(&baseline),
+                    generation,
+                }),
+                ..input_at(&nodes, pacing(1, 2), now)
+            })
+        };
+        let held = verdict(sked_api::AnalysisVerdict::Inconclusive, true, 1);
+        let paused = at(1, &held, 200);
+        assert_eq!((paused.phase, paused.replace.len()), (RolloutPhase::Paused, 0));
+        let proceeded = at(2, &held, 200);
+        assert_eq!(proceeded.replace.len(), 2, "a new generation (kubectl sked rollout proceed) goes on");
+        let let_go = verdict(sked_api::AnalysisVerdict::Inconclusive, false, 1);
+        assert_eq!(at(1, &let_go, 200).replace.len(), 2, "an Inconclusive verdict that did not hold");
+    }
+
+    #[test]
+    fn a_silent_node_fails_and_missing_controls_pause_the_rollout() {
+        let mut nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
+        nodes[0] = node("n0", T, KernelView::Attached { since: 110 });
+        let limits = analysis::Limits::of(&sked_api::AnalysisSpec::default());
+        let baseline = baseline_of(&["n0"]);
+        let sample = |at: i64| analysis::Sample {
+            at_ms: at * 1000,
+            interval_ms: 5000,
+            waiting_per_cpu: Some(0.5),
+            idle_while_waiting: Some(0.02),
+            cpu_pressure: Some(30.0),
+            ..analysis::Sample::default()
+        };
+        let decide_with = |health: &std::collections::BTreeMap<String, analysis::NodeHealth>| {
+            decide(&Input {
+                analysis: Some(Analysis {
+                    limits: &limits,
+                    health,
+                    last: None,
+                    baseline: Some(&baseline),
+                    generation: 1,
+                }),
+                ..input_at(&nodes, pacing(1, 2), 200)
+            })
+        };
+        let silent = decide_with(&std::collections::BTreeMap::new());
+        let failure = silent.failure.unwrap_or_else(|| panic!("a silent node fails"));
+        assert!(failure.by_analysis && failure.cause.starts_with("n0 sent 0 sample(s)"), "{}", failure.cause);
+        let heard: std::collections::BTreeMap<String, analysis::NodeHealth> = [(
+            "n0".to_owned(),
+            analysis::NodeHealth { samples: (115..=200).step_by(5).map(sample).collect(), counters: Vec::new() },
+        )]
+        .into();
+        let paused = decide_with(&heard);
+        assert_eq!((paused.phase, paused.replace.len(), paused.analysis_holds), (RolloutPhase::Paused, 0, true));
+        let message = paused.analysis.map(|j| j.message).unwrap_or_default();
+        assert!(
+            message.contains("could not be judged") && message.contains("kubectl sked rollout proceed"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_canary_that_goes_not_ready_within_its_bake_fails_the_revision_with_analysis() {
+        let mut nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
+        nodes[0] = NodeView { unfit: Some(Skip::NodeNotReady), ..node("n0", T, KernelView::Attached { since: 20 }) };
+        let limits = analysis::Limits::of(&sked_api::AnalysisSpec::default());
+        let health = std::collections::BTreeMap::new();
+        let with = decide(&Input {
+            analysis: Some(Analysis { limits: &limits, health: &health, last: None, baseline: None, generation: 1 }),
+            ..input_at(&nodes, pacing(1, 2), 60)
+        });
+        let failure = with.failure.unwrap_or_else(|| panic!("the canary fell"));
+        assert!(failure.cause.starts_with("node n0 went NotReady 60s after its switch"), "{}", failure.cause);
+        let without = decide(&input_at(&nodes, pacing(1, 2), 60));
+        assert!(without.failure.is_none() && without.skipped == ["n0"], "without analysis it is the node's trouble");
+        let later = decide(&Input {
+            analysis: Some(Analysis { limits: &limits, health: &health, last: None, baseline: None, generation: 1 }),
+            ..input_at(&nodes, pacing(1, 2), 60 + 181)
+        });
+        assert!(later.failure.is_none() && later.skipped == ["n0"], "past two bakes and its attach timeout");
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub enum Rollout {
     Resume { scheduler: String },
     /// Try a failed revision again (what a pause and a resume do, in one command).
     Retry { scheduler: String },
+    /// Go on past an Inconclusive analysis that paused the rollout (a pause and a resume: the
+    /// verdict holds only under the generation it was reached in).
+    Proceed { scheduler: String },
     /// Set the spec back to the revision sked last ran attached everywhere (its recorded image
     /// digest and fields).
     Undo { scheduler: String },

@@ -60,6 +60,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Rollout(Rollout::Pause { scheduler }) => rollout::set_paused(&cluster, &scheduler, true).await,
         Command::Rollout(Rollout::Resume { scheduler }) => rollout::set_paused(&cluster, &scheduler, false).await,
         Command::Rollout(Rollout::Retry { scheduler }) => rollout::retry(&cluster, &scheduler).await,
+        Command::Rollout(Rollout::Proceed { scheduler }) => rollout::proceed(&cluster, &scheduler).await,
         Command::Rollout(Rollout::Undo { scheduler }) => rollout::undo(&cluster, &scheduler).await,
         Command::Completion { .. } => Ok(()),
     }

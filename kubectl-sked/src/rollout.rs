@@ -169,6 +169,34 @@ pub async fn retry(cluster: &Cluster, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Goes on past an Inconclusive verdict that holds the rollout: a pause and a resume, each a
+/// new generation of the spec, after which the verdict (reached under its generation) no
+/// longer holds.
+pub async fn proceed(cluster: &Cluster, name: &str) -> Result<()> {
+    let s = cluster.scheduler(name).await?;
+    let rollout = s.status.as_ref().and_then(|st| st.rollout.as_ref());
+    let Some(held) =
+        rollout.and_then(|r| r.analysis.as_ref()).filter(|a| a.holds && a.generation == s.metadata.generation)
+    else {
+        let phase = rollout.map_or("none yet", |r| r.phase.as_str());
+        return Err(Error::NotFound(format!(
+            "the rollout of Scheduler {name} does not wait on an Inconclusive analysis (rollout phase: {phase})"
+        )));
+    };
+    if s.spec.rollout.as_ref().is_some_and(|r| r.paused) {
+        return Err(Error::NotFound(format!(
+            "Scheduler {name} is paused: kubectl sked rollout resume {name} resumes it, which goes on past the analysis too"
+        )));
+    }
+    patch_paused(cluster, name, true).await?;
+    patch_paused(cluster, name, false).await?;
+    println!(
+        "scheduler.sked.schedkit.io/{name} proceeding past the analysis of revision {} ({})",
+        held.revision, held.message
+    );
+    Ok(())
+}
+
 /// Sets the spec back to the current revision: the one sked last ran attached everywhere.
 pub async fn undo(cluster: &Cluster, name: &str) -> Result<()> {
     let mut s = cluster.scheduler(name).await?;

@@ -8,7 +8,8 @@
 //! - [`reactor`] holds the agent's only unsafe call (handing a descriptor it owns to tokio);
 //! - [`kmsg`] reads the kernel log's lines on why a scheduler left the kernel (followed by [`kernel_watch`]);
 //! - [`privileges`] drops the capabilities the agent does not use, at start;
-//! - [`health`] samples the node's scheduling health (run delay, CPU pressure, event rates) for the reports;
+//! - [`health`] samples the node's scheduling health (run delay, CPU pressure, event rates) for the reports,
+//!   with [`schedstat`] reading `/proc/schedstat`'s CPU lines (waiting tasks, utilisation, switch rate);
 //! - [`report`] streams reports to the controller; [`http`] serves `/readyz` and `/metrics`;
 //! - [`scx_stats`] speaks the schedulers' statistics protocol; [`stats_relay`] relays them to
 //!   `/metrics` while this pod's scheduler is attached, as the series [`relayed_series`] keeps.
@@ -27,6 +28,7 @@ pub mod privileges;
 pub mod reactor;
 pub mod relayed_series;
 pub mod report;
+pub mod schedstat;
 pub mod scx_stats;
 pub mod stats_relay;
 pub mod sysfs;

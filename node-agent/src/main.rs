@@ -13,7 +13,6 @@ use sked_agent::attacher::Capabilities;
 use sked_agent::health;
 use sked_agent::kernel_watch::{self, Observer};
 use sked_agent::metrics::Metrics;
-use sked_agent::observation::Observation;
 use sked_agent::privileges;
 use sked_agent::report::{self, Identity, ReporterConfig};
 use sked_agent::stats_relay::{self, RelayConfig};
@@ -88,9 +87,9 @@ struct Cli {
     /// schedulers count since the previous request: such a series is a count per interval.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     stats_interval: Duration,
-    /// Sample the node's scheduling health (run delay, CPU pressure, sched_ext event rates) this
-    /// often (at least 1s), and send the newest samples with every report. 0s: not sampled, no
-    /// health sent.
+    /// Sample the node's scheduling health (run delay, waiting tasks and utilisation per CPU,
+    /// CPU pressure, sched_ext event rates) this often (at least 1s), and send the newest samples
+    /// with every report. 0s: not sampled, no health sent.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     health_interval: Duration,
     /// Address of /readyz, /healthz and /metrics.
@@ -133,18 +132,14 @@ fn main() -> ExitCode {
 
 /// Starts sampling the node's scheduling health, unless `--health-interval` is 0s. Returns the
 /// newest samples, for the reports.
-fn spawn_health(
-    cli: &Cli,
-    observations: watch::Receiver<Observation>,
-    metrics: Arc<Metrics>,
-) -> Option<watch::Receiver<Health>> {
+fn spawn_health(cli: &Cli, metrics: Arc<Metrics>) -> Option<watch::Receiver<Health>> {
     if cli.health_interval.is_zero() {
         info!("scheduling health is not sampled (--health-interval 0s)");
         return None;
     }
     let (tx, rx) = watch::channel(Health::default());
     let interval = cli.health_interval.max(Duration::from_secs(1));
-    tokio::spawn(health::run(interval, cli.proc_root.clone(), observations, tx, metrics));
+    tokio::spawn(health::run(interval, cli.proc_root.clone(), cli.sysfs_root.clone(), tx, metrics));
     Some(rx)
 }
 
@@ -179,7 +174,7 @@ async fn run(cli: Cli) -> ExitCode {
         }
     }
     tokio::spawn(observer.run(tx, exits_rx, metrics.clone(), cli.poll_interval, cli.uevents));
-    let health = spawn_health(&cli, rx.clone(), metrics.clone());
+    let health = spawn_health(&cli, metrics.clone());
     if let Some(address) = cli.controller_address.clone() {
         let cfg = ReporterConfig {
             address,

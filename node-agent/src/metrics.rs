@@ -109,6 +109,10 @@ pub struct Metrics {
     /// Mean run delay per timeslice over the last health interval (see [`crate::health`]).
     run_delay: KnownGauge,
     cpu_pressure: KnownGauge,
+    /// Mean tasks waiting per CPU over the last health interval.
+    waiting_tasks: KnownGauge,
+    /// Share of the CPUs' time spent running tasks over the last health interval.
+    utilisation: KnownGauge,
     pub health_samples: Counter,
 }
 
@@ -148,6 +152,8 @@ impl Metrics {
             scx_stats_dropped: Counter::default(),
             run_delay: Family::default(),
             cpu_pressure: Family::default(),
+            waiting_tasks: Family::default(),
+            utilisation: Family::default(),
             health_samples: Counter::default(),
             registry: Registry::default(),
         };
@@ -269,6 +275,16 @@ impl Metrics {
             self.cpu_pressure.clone(),
         );
         registry.register(
+            "waiting_tasks_per_cpu",
+            "Mean number of tasks waiting on a run queue per CPU over the last health interval: run delay over wall time and CPUs (/proc/schedstat); absent when unknown",
+            self.waiting_tasks.clone(),
+        );
+        registry.register(
+            "cpu_utilisation_ratio",
+            "Share of the CPUs' time spent running tasks over the last health interval, 0 to 1 (/proc/schedstat); absent when unknown",
+            self.utilisation.clone(),
+        );
+        registry.register(
             "health_samples",
             "Scheduling-health samples taken (one per health interval)",
             self.health_samples.clone(),
@@ -280,8 +296,13 @@ impl Metrics {
     pub fn health_sampled(&self, sample: &HealthSample) {
         self.health_samples.inc();
         let run_delay_seconds = sample.run_delay_us.map(|us| us / 1_000_000.0);
-        for (gauge, value) in [(&self.run_delay, run_delay_seconds), (&self.cpu_pressure, sample.cpu_pressure_percent)]
-        {
+        let gauges = [
+            (&self.run_delay, run_delay_seconds),
+            (&self.cpu_pressure, sample.cpu_pressure_percent),
+            (&self.waiting_tasks, sample.waiting_per_cpu),
+            (&self.utilisation, sample.utilisation),
+        ];
+        for (gauge, value) in gauges {
             match value {
                 Some(v) => {
                     gauge.get_or_create(&Unlabelled).set(v);
@@ -472,18 +493,27 @@ mod tests {
         };
         assert_eq!(run_delay(&text), None, "no sample yet: {text}");
         assert!(text.contains("sked_agent_health_samples_total 0"), "{text}");
+        assert!(!text.contains("sked_agent_waiting_tasks_per_cpu "), "{text}");
+        assert!(!text.contains("sked_agent_cpu_utilisation_ratio "), "{text}");
         m.health_sampled(&HealthSample {
             run_delay_us: Some(42_500.0),
             cpu_pressure_percent: Some(3.0),
+            waiting_per_cpu: Some(0.3),
+            utilisation: Some(0.6),
             ..HealthSample::default()
         });
         let text = m.encode();
         assert_eq!(run_delay(&text), Some(0.0425), "{text}");
         assert!(text.contains("sked_agent_cpu_pressure_percent 3.0\n"), "{text}");
+        assert!(text.contains("\n# TYPE sked_agent_waiting_tasks_per_cpu gauge\n"), "{text}");
+        assert!(text.contains("\nsked_agent_waiting_tasks_per_cpu 0.3\n"), "{text}");
+        assert!(text.contains("\nsked_agent_cpu_utilisation_ratio 0.6\n"), "{text}");
         m.health_sampled(&HealthSample { run_delay_us: Some(7000.0), ..HealthSample::default() });
         let text = m.encode();
         assert_eq!(run_delay(&text), Some(0.007), "{text}");
         assert!(!text.contains("sked_agent_cpu_pressure_percent "), "unknown is no series, not 0: {text}");
+        assert!(!text.contains("sked_agent_waiting_tasks_per_cpu "), "unknown is no series, not 0: {text}");
+        assert!(!text.contains("sked_agent_cpu_utilisation_ratio "), "unknown is no series, not 0: {text}");
         assert!(text.contains("sked_agent_health_samples_total 2"), "{text}");
     }
 

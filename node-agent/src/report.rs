@@ -52,7 +52,8 @@ pub struct ReporterConfig {
 use sked_logging::BoxError;
 
 /// Builds the wire report for an observation, with the node's scheduling health when the agent
-/// samples it.
+/// samples it, stamped with the node's clock now, as the report is built
+/// ([`Health::sent_unix_ms`]).
 pub fn to_report(id: &Identity, o: &Observation, sequence: u64, health: Option<Health>) -> Report {
     let r = &o.read;
     Report {
@@ -80,7 +81,7 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64, health: Option<H
             sequence: e.seq,
             ejected: e.ejected,
         }),
-        health,
+        health: health.map(|h| Health { sent_unix_ms: jiff::Timestamp::now().as_millisecond(), ..h }),
     }
 }
 
@@ -396,9 +397,18 @@ mod tests {
         };
         assert_eq!(to_report(&id, &o, 1, None).health, None, "the agent does not sample");
         let sample = sked_proto::HealthSample { time_unix_ms: 5, run_delay_us: Some(12.5), ..Default::default() };
-        let health = Health { samples: vec![sample], unavailable: "/proc/pressure/cpu: gone".into() };
+        let health = Health {
+            samples: vec![sample],
+            unavailable: "/proc/pressure/cpu: gone".into(),
+            event_names: vec!["SCX_EV_BYPASS_DURATION".into()],
+            sent_unix_ms: 0,
+        };
+        let earliest = jiff::Timestamp::now().as_millisecond();
         let report = to_report(&id, &o, 2, Some(health.clone()));
-        assert_eq!((report.sequence, report.health), (2, Some(health)));
+        let latest = jiff::Timestamp::now().as_millisecond();
+        let sent = report.health.as_ref().map_or(0, |h| h.sent_unix_ms);
+        assert!((earliest..=latest).contains(&sent), "stamped as it is built: {sent}");
+        assert_eq!((report.sequence, report.health), (2, Some(Health { sent_unix_ms: sent, ..health })));
     }
 
     #[test]

@@ -145,6 +145,23 @@ pub fn read(sysfs_root: &Path) -> KernelRead {
     out
 }
 
+/// The attached scheduler's event counters (`root/events`) and the `enable_seq` they were read
+/// under, read on their own: the few files [`read`] reads for them, at the moment a caller
+/// needs (the health sampler, at its sampling instant). `enable_seq` is read before and after
+/// the counters. `None` when either read fails or they differ (the counters may belong to
+/// either scheduler instance), when no scheduler is attached (no `root/ops` naming one), or
+/// when the kernel gives no counters. Lines of `root/events` that do not parse are left out
+/// (the observer's [`read`] reports them).
+pub fn read_events(sysfs_root: &Path) -> Option<(u64, BTreeMap<String, u64>)> {
+    let dir = sysfs_root.join("kernel/sched_ext");
+    let mut ignored = Vec::new();
+    let before = number(&dir, "enable_seq", &mut ignored)?;
+    let ops = read_small(&dir.join("root/ops")).ok()?;
+    let (events, _bad) = parse_events(&read_small(&dir.join("root/events")).ok()?);
+    let after = number(&dir, "enable_seq", &mut ignored)?;
+    (before == after && !ops.trim().is_empty() && !events.is_empty()).then_some((after, events))
+}
+
 /// Parses `root/events`: `NAME <count>` per line. Returns the counters and a note per bad line.
 pub fn parse_events(text: &str) -> (BTreeMap<String, u64>, Vec<String>) {
     let mut events = BTreeMap::new();
@@ -285,6 +302,25 @@ mod tests {
         assert_eq!(r.switch_all, Some(true));
         assert_eq!(r.events.get("SCX_EV_REFILL_SLICE_DFL"), Some(&42));
         assert_eq!(r.events.len(), 3);
+    }
+
+    #[test]
+    fn events_are_read_on_their_own_only_while_a_scheduler_is_attached() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(read_events(tmp.path()), None, "no sched_ext");
+        fixture::write(tmp.path(), "disabled", None, 3).unwrap();
+        assert_eq!(read_events(tmp.path()), None, "no scheduler attached");
+        fixture::write(tmp.path(), "enabled", Some("lavd"), 4).unwrap();
+        let (seq, events) = read_events(tmp.path()).unwrap();
+        assert_eq!(seq, 4);
+        assert_eq!(events, read(tmp.path()).events, "what the observer reads");
+        assert_eq!(events.get("SCX_EV_BYPASS_DURATION"), Some(&0), "a counter at 0 is read");
+        let dir = tmp.path().join("kernel/sched_ext");
+        fs::write(dir.join("root/events"), "garbage\n").unwrap();
+        assert_eq!(read_events(tmp.path()), None, "no counters");
+        fs::write(dir.join("root/events"), "SCX_EV_A 1\n").unwrap();
+        fs::remove_file(dir.join("enable_seq")).unwrap();
+        assert_eq!(read_events(tmp.path()), None, "no enable_seq");
     }
 
     #[test]

@@ -382,11 +382,23 @@ impl Drop for AgentProcess {
     }
 }
 
-/// Writes stand-ins for `/proc/schedstat` (one CPU with `run_delay_ns` of run delay over
-/// `timeslices`) and `/proc/pressure/cpu` (`pressure_total_us` in its `some` line) under
+/// One CPU's cumulative `/proc/schedstat` counters, as [`write_health`] writes them (the last
+/// three numbers of its `cpu<N>` line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuTime {
+    /// Time tasks ran on the CPU, in nanoseconds.
+    pub running_ns: u64,
+    /// Time tasks waited on its run queue, in nanoseconds.
+    pub run_delay_ns: u64,
+    /// Timeslices run on it.
+    pub timeslices: u64,
+}
+
+/// Writes stand-ins for `/proc/schedstat` (a `cpu<N>` line for each of the two CPUs of `cpus`,
+/// version 17) and `/proc/pressure/cpu` (`pressure_total_us` in its `some` line) under
 /// `proc_root`, each replaced by a rename so the agent never reads half a file. The counters are
 /// cumulative, as the kernel's: an agent samples how much they grow per interval.
-pub fn write_health(proc_root: &Path, run_delay_ns: u64, timeslices: u64, pressure_total_us: u64) -> Result<()> {
+pub fn write_health(proc_root: &Path, cpus: &[CpuTime; 2], pressure_total_us: u64) -> Result<()> {
     let put = |path: PathBuf, body: String| -> Result<()> {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, body)?;
@@ -394,10 +406,12 @@ pub fn write_health(proc_root: &Path, run_delay_ns: u64, timeslices: u64, pressu
         Ok(())
     };
     std::fs::create_dir_all(proc_root.join("pressure"))?;
-    put(
-        proc_root.join("schedstat"),
-        format!("version 17\ntimestamp 4295347006\ncpu0 0 0 0 0 0 0 1000000000 {run_delay_ns} {timeslices}\n"),
-    )?;
+    let mut schedstat = String::from("version 17\ntimestamp 4295347006\n");
+    for (n, cpu) in cpus.iter().enumerate() {
+        let CpuTime { running_ns, run_delay_ns, timeslices } = cpu;
+        schedstat.push_str(&format!("cpu{n} 0 0 0 0 0 0 {running_ns} {run_delay_ns} {timeslices}\n"));
+    }
+    put(proc_root.join("schedstat"), schedstat)?;
     put(
         proc_root.join("pressure/cpu"),
         format!(

@@ -20,7 +20,7 @@ use sked_controller::Scheduler;
 use sked_controller::api::labels::OWNER_LABEL;
 use sked_proto::contract::env;
 
-use crate::agents::{AgentProcess, AgentSpec, ReportsEndpoint, bound_token};
+use crate::agents::{AgentProcess, AgentSpec, CpuTime, ReportsEndpoint, bound_token};
 
 /// What a node's kernel does with a pod's scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +33,9 @@ pub enum Kernel {
     Foreign,
     /// It attaches, then the kernel ejects it for a runnable task stall, as its log says.
     AttachesThenEjected,
-    /// It attaches and stays attached, and the node's tasks wait four times as long for a CPU
-    /// while it runs (the stand-in kernel's run delay per timeslice).
+    /// It attaches and stays attached, and the node's tasks strand while it runs: they queue on
+    /// a busy CPU beside an idle one, four times as many waiting and the CPUs less used (the
+    /// stand-in kernel's accounting, see [`SLOW`]).
     AttachesSlow,
 }
 
@@ -42,35 +43,61 @@ pub enum Kernel {
 /// (/proc/schedstat, /proc/pressure/cpu), moved on as time passes.
 struct Accounting {
     at: Instant,
-    run_delay_ns: u64,
-    timeslices: u64,
+    cpus: [CpuTime; 2],
     pressure_us: u64,
 }
 
-/// A thousand timeslices a second, each waiting 1 ms for its CPU (4 ms under a slow
-/// scheduler), within ±4 %; CPU pressure 10 %.
-const TIMESLICES_PER_SECOND: f64 = 1000.0;
-const RUN_DELAY_NS: f64 = 1_000_000.0;
-const SLOWDOWN: f64 = 4.0;
+/// What one CPU of a stand-in node does, on average.
+struct CpuLoad {
+    /// Share of the time it runs tasks.
+    utilisation: f64,
+    /// Tasks waiting on its run queue (its run delay per second of wall time).
+    waiting: f64,
+    /// Timeslices it runs per second.
+    switches: f64,
+}
+
+/// A node's two CPUs alike, each running about 60 % of the time with 0.3 tasks waiting and a
+/// thousand timeslices a second: 300 µs of run delay per timeslice, and an idle-while-waiting
+/// of 0.3 as the agent reads it (the smaller of 0.4 idle and 0.3 waiting per CPU).
+const NORMAL: [CpuLoad; 2] = [
+    CpuLoad { utilisation: 0.6, waiting: 0.3, switches: 1000.0 },
+    CpuLoad { utilisation: 0.6, waiting: 0.3, switches: 1000.0 },
+];
+/// Under a slow scheduler tasks strand: they queue on CPU 0 while CPU 1 mostly idles. 45 % used
+/// on average, 1.2 tasks waiting per CPU (four times as many), as many timeslices as before (no
+/// slice length explains it); the agent's idle-while-waiting rises with it (0.3 to 0.55).
+const SLOW: [CpuLoad; 2] = [
+    CpuLoad { utilisation: 0.8, waiting: 2.2, switches: 1000.0 },
+    CpuLoad { utilisation: 0.1, waiting: 0.2, switches: 1000.0 },
+];
+/// CPU pressure: some task waits 10 % of the time (microseconds per second).
+const PRESSURE_US_PER_SECOND: f64 = 100_000.0;
+
+/// Three factors within ±4 % (utilisation, waiting, switches), from the clock's nanoseconds.
+fn jitters() -> [f64; 3] {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    [nanos % 80, nanos / 80 % 80, nanos / 6400 % 80].map(|n| 1.0 + f64::from(n) / 1000.0 - 0.04)
+}
 
 impl Accounting {
     fn new() -> Self {
-        Self { at: Instant::now(), run_delay_ns: 0, timeslices: 0, pressure_us: 0 }
+        Self { at: Instant::now(), cpus: [CpuTime::default(); 2], pressure_us: 0 }
     }
 
     /// Moves the counters on to now, `slow` or not, and writes them under `proc_root`.
     fn advance(&mut self, proc_root: &Path, slow: bool) -> Result<()> {
         let seconds = self.at.elapsed().as_secs_f64();
         self.at = Instant::now();
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-        let jitter = 1.0 + f64::from(nanos % 80) / 1000.0 - 0.04;
-        let per_slice = RUN_DELAY_NS * if slow { SLOWDOWN } else { 1.0 } * jitter;
-        let slices = seconds * TIMESLICES_PER_SECOND;
-        self.timeslices += slices as u64;
-        self.run_delay_ns += (slices * per_slice) as u64;
-        self.pressure_us += (seconds * 100_000.0) as u64;
-        crate::agents::write_health(proc_root, self.run_delay_ns, self.timeslices, self.pressure_us)
+        let [running, waiting, switches] = jitters();
+        let loads = if slow { &SLOW } else { &NORMAL };
+        for (cpu, load) in self.cpus.iter_mut().zip(loads) {
+            cpu.running_ns += (seconds * load.utilisation * running * 1e9) as u64;
+            cpu.run_delay_ns += (seconds * load.waiting * waiting * 1e9) as u64;
+            cpu.timeslices += (seconds * load.switches * switches) as u64;
+        }
+        self.pressure_us += (seconds * PRESSURE_US_PER_SECOND) as u64;
+        crate::agents::write_health(proc_root, &self.cpus, self.pressure_us)
     }
 }
 
@@ -496,5 +523,33 @@ mod tests {
         assert_eq!(ops_of_image("ghcr.io/schedkit/scx_rusty:v1"), "rusty_1.0.0_x86_64_unknown_linux_gnu");
         assert_eq!(ops_of_image("ghcr.io/schedkit/scx_lavd@sha256:abcd"), "lavd_1.0.0_x86_64_unknown_linux_gnu");
         assert_eq!(ops_of_image("localhost:5000/canary"), "canary_1.0.0_x86_64_unknown_linux_gnu");
+    }
+
+    /// What the agent reads from ten seconds of the stand-in kernel's accounting (within the
+    /// model's ±4 % jitter, ±9 % for run delay per timeslice, a ratio of two jittered rates): a
+    /// normal node, and a slow one whose tasks strand.
+    #[test]
+    fn the_stand_in_load_reads_as_modelled() {
+        use sked_agent::schedstat::{self, CpuCounters};
+        let dir = tempfile::tempdir().unwrap();
+        let within =
+            |value: Option<f64>, expected: f64, share: f64| value.is_some_and(|v| (v / expected - 1.0).abs() <= share);
+        let near = |value: Option<f64>, expected: f64| within(value, expected, 0.05);
+        for (slow, utilisation, waiting, idle_while_waiting, run_delay_us) in
+            [(false, 0.6, 0.3, 0.3, 300.0), (true, 0.45, 1.2, 0.55, 1200.0)]
+        {
+            let ten_seconds_ago = Instant::now().checked_sub(Duration::from_secs(10)).unwrap();
+            let mut accounting = Accounting { at: ten_seconds_ago, ..Accounting::new() };
+            accounting.advance(dir.path(), slow).unwrap();
+            let cpus = schedstat::parse(&std::fs::read_to_string(dir.path().join("schedstat")).unwrap()).unwrap();
+            let boot: Vec<CpuCounters> =
+                cpus.iter().map(|c| CpuCounters { cpu: c.cpu, ..CpuCounters::default() }).collect();
+            let s = schedstat::signals(&boot, &cpus, Duration::from_secs(10));
+            assert_eq!(cpus.len(), 2);
+            assert!(near(s.utilisation, utilisation) && near(s.waiting_per_cpu, waiting), "slow {slow}: {s:?}");
+            assert!(near(s.switches_per_cpu_second, 1000.0), "slow {slow}: {s:?}");
+            assert!(within(s.run_delay_us, run_delay_us, 0.09), "slow {slow}: {s:?}");
+            assert!(near(s.idle_while_waiting, idle_while_waiting), "slow {slow}: {s:?}");
+        }
     }
 }

@@ -173,7 +173,8 @@ fn report(id: &AgentIdentity, verdict: Verdict, sequence: u64) -> Report {
 }
 
 /// The newest 16 samples of an agent sampling every second (the most a report carries, and the
-/// shortest interval: the controller's memory for them is at its largest).
+/// shortest interval: the controller's memory for them is at its largest), each with every
+/// signal set, stamped as sent now.
 fn health() -> sked_proto::Health {
     let now = jiff::Timestamp::now().as_millisecond();
     let samples = (0..16)
@@ -184,10 +185,15 @@ fn health() -> sked_proto::Health {
             run_delay_us: Some(1000.0 + (ago % 7) as f64),
             cpu_pressure_percent: Some(10.0),
             events_known: true,
+            waiting_per_cpu: Some(0.3),
+            utilisation: Some(0.6),
+            switches_per_cpu_second: Some(1000.0),
+            idle_while_waiting: Some(0.02),
+            cpus: 2,
             ..sked_proto::HealthSample::default()
         })
         .collect();
-    sked_proto::Health { samples, unavailable: String::new() }
+    sked_proto::Health { samples, unavailable: String::new(), sent_unix_ms: now, event_names: Vec::new() }
 }
 
 async fn session(

@@ -129,8 +129,12 @@ async fn kernel_state_flips_drive_the_count_and_the_condition() -> Result<()> {
     let mut moved = 0;
     wait_for("a1's scheduling health on /metrics", || {
         moved += 1;
-        let written =
-            sked_tests::agents::write_health(a1.proc_root(), moved * 1_000_000, moved * 1000, moved * 100_000);
+        let cpu = sked_tests::agents::CpuTime {
+            running_ns: moved * 500_000_000,
+            run_delay_ns: moved * 1_000_000,
+            timeslices: moved * 1000,
+        };
+        let written = sked_tests::agents::write_health(a1.proc_root(), &[cpu, cpu], moved * 100_000);
         let seen = a1.get("/metrics").map(|(_, m)| m.contains("\nsked_agent_run_delay_"));
         async move { Ok((written.is_ok() && seen.unwrap_or(false)).then_some(())) }
     })

@@ -19,7 +19,7 @@ pub(super) struct Observed {
     nodes: plan::Nodes,
     reports: HashMap<String, kernel::NodeReport>,
     /// The nodes' health samples, read only when the Scheduler asks for analysis.
-    health: std::collections::BTreeMap<String, Vec<sked_core::analysis::Sample>>,
+    health: std::collections::BTreeMap<String, sked_core::analysis::NodeHealth>,
     memory: plan::Memory,
     settings: plan::Settings,
     clock: plan::Clock,

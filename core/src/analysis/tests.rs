@@ -1,263 +1,199 @@
-use proptest::prelude::*;
-use sked_api::{AnalysisSpec, AnalysisVerdict, CpuPressureLimit, EventLimit, RunDelayLimit};
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use sked_api::{AnalysisSpec, AnalysisVerdict, EventLimit, IncreasePercent};
 
 use super::*;
 
-/// Samples every second from `from_s` (exclusive) for `n` seconds, with run delay `delay(i)`.
-fn samples(from_s: i64, n: usize, delay: impl Fn(usize) -> f64) -> Vec<Sample> {
-    (0..n)
-        .map(|i| Sample {
-            at_ms: (from_s + 1 + i as i64) * 1000,
-            run_delay_us: Some(delay(i)),
-            cpu_pressure: Some(20.0),
-            events: Some(BTreeMap::new()),
-        })
-        .collect()
-}
-
-fn limits(percent: f64) -> Limits {
-    Limits {
-        run_delay_percent: Some(percent),
-        pressure_points: None,
-        events: Vec::new(),
-        min_samples: 5,
-        min_control_nodes: 3,
+/// A node's samples every 5 s: `before` (waiting tasks per CPU) from -300 s to 0 s, `after`
+/// from 0 s to 60 s, each with ±4 % of noise that depends on the node.
+fn node(seed: u64, before: f64, after: f64) -> NodeHealth {
+    let noise = |i: i64| 1.0 + ((seed as i64 * 7919 + i * 104_729).rem_euclid(9) as f64 - 4.0) / 100.0;
+    let sample = |at: i64, w: f64| Sample {
+        at_ms: at * 5000,
+        interval_ms: 5000,
+        waiting_per_cpu: Some(w * noise(at)),
+        events: Some(BTreeMap::new()),
+        ..Sample::default()
+    };
+    NodeHealth {
+        samples: (-59..=0).map(|at| sample(at, before)).chain((1..=12).map(|at| sample(at, after))).collect(),
+        counters: Vec::new(),
     }
 }
 
-/// A wave node switched at 100 s (samples 40..100 before it), baked from 110 s to 140 s.
-fn case<'a>(limits: &'a Limits, wave: Vec<WaveNode<'a>>, controls: Vec<&'a [Sample]>) -> Case<'a> {
-    Case { revision: "r2", limits, from_ms: 110_000, to_ms: 140_000, wave, controls, may_wait: false }
+fn waiting_only() -> Limits {
+    Limits::of(&AnalysisSpec {
+        waiting_tasks: Some(IncreasePercent { max_increase_percent: Some(50) }),
+        ..AnalysisSpec::default()
+    })
 }
 
-fn judged(outcome: Outcome) -> Judgement {
-    match outcome {
+/// Judges `wave` against `controls` (name, health), with the window before frozen at 0 s and
+/// the bake from 0 s to 60 s.
+fn judged(limits: &Limits, wave: &[(&str, NodeHealth)], controls: &[(&str, NodeHealth)]) -> Judgement {
+    let health: BTreeMap<String, NodeHealth> =
+        wave.iter().chain(controls).map(|(n, h)| ((*n).to_owned(), h.clone())).collect();
+    let wave_names: Vec<&str> = wave.iter().map(|(n, _)| *n).collect();
+    let control_names: Vec<(&str, i64)> = controls.iter().map(|(n, _)| (*n, i64::MIN)).collect();
+    let baseline = freeze(limits, "r2", Time(jiff::Timestamp::UNIX_EPOCH), &wave_names, &control_names, &health);
+    let case = Case {
+        revision: "r2",
+        limits,
+        baseline: Some(&baseline),
+        from_ms: 0,
+        to_ms: 60_000,
+        wave: wave_names,
+        controls: control_names.iter().map(|(n, _)| *n).collect(),
+        health: &health,
+        may_wait: false,
+    };
+    match judge(&case) {
         Outcome::Judged(j) => j,
         Outcome::Waiting => panic!("waiting"),
     }
 }
 
-#[test]
-fn defaults_judge_run_delay_and_pressure_when_no_signal_is_named() {
-    let l = Limits::of(&AnalysisSpec::default());
-    assert_eq!(
-        (l.run_delay_percent, l.pressure_points, l.min_samples, l.min_control_nodes),
-        (Some(50.0), Some(10.0), 5, 3)
-    );
-    let only = Limits::of(&AnalysisSpec {
-        run_delay: Some(RunDelayLimit { max_increase_percent: Some(25) }),
-        ..AnalysisSpec::default()
-    });
-    assert_eq!((only.run_delay_percent, only.pressure_points), (Some(25.0), None));
-    let pressure =
-        Limits::of(&AnalysisSpec { cpu_pressure: Some(CpuPressureLimit::default()), ..AnalysisSpec::default() });
-    assert_eq!((pressure.run_delay_percent, pressure.pressure_points), (None, Some(10.0)));
+fn controls(level: f64, change: f64) -> Vec<(&'static str, NodeHealth)> {
+    ["c1", "c2", "c3", "c4", "c5"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let l = level * (1.0 + i as f64 * 0.3);
+            (n, node(10 + i as u64, l, l * change))
+        })
+        .collect()
 }
 
 #[test]
-fn a_risen_run_delay_fails_with_a_cause_naming_node_values_and_baselines() {
-    let l = limits(25.0);
-    let node: Vec<Sample> = [samples(40, 60, |_| 1300.0), samples(110, 30, |_| 1900.0)].concat();
-    let controls: Vec<Vec<Sample>> = (0..4).map(|_| samples(40, 100, |_| 1350.0)).collect();
-    let wave = vec![WaveNode { node: "node-3", switched_at_ms: 100_000, samples: &node }];
-    let j = judged(judge(&case(&l, wave, controls.iter().map(Vec::as_slice).collect())));
-    assert_eq!(j.verdict, AnalysisVerdict::Failed);
-    let (node, cause) = j.failure.expect("a failure");
-    assert_eq!(node, "node-3");
-    assert_eq!(
-        cause,
-        "run delay on node-3 rose to 1.90 ms (41 % over a median of 1.35 ms over 4 control nodes, and 46 % over 1.30 ms on the node before its switch) during the bake of revision r2; the limit is 25 % (spec.rollout.analysis.runDelay.maxIncreasePercent)"
-    );
-    assert_eq!(j.nodes[0].verdict, AnalysisVerdict::Failed);
-    assert!(
-        j.nodes[0].detail.starts_with("run delay 1.90 ms (control 1.35 ms over 4 nodes; before its switch 1.30 ms)"),
-        "{}",
-        j.nodes[0].detail
-    );
+fn a_quiet_node_that_triples_fails_though_the_controls_are_busier() {
+    let j = judged(&waiting_only(), &[("w", node(1, 0.3, 0.9))], &controls(2.0, 1.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
+    let (node, cause) = j.failure.unwrap_or_default();
+    assert_eq!(node, "w");
+    assert!(cause.starts_with("waiting tasks per CPU on w went from 0.30"), "{cause}");
+    assert!(cause.contains("before its switch to 0.9"), "{cause}");
+    assert!(cause.contains("beyond the median change of 5 control nodes, past their spread"), "{cause}");
 }
 
 #[test]
-fn a_rise_against_only_one_baseline_passes() {
-    // The whole fleet got slower (traffic): the controls rose as much as the wave.
-    let l = limits(25.0);
-    let node: Vec<Sample> = [samples(40, 60, |_| 1000.0), samples(110, 30, |_| 2000.0)].concat();
-    let controls: Vec<Vec<Sample>> =
-        (0..3).map(|_| [samples(40, 70, |_| 1000.0), samples(110, 30, |_| 1900.0)].concat()).collect();
-    let wave = vec![WaveNode { node: "n1", switched_at_ms: 100_000, samples: &node }];
-    let j = judged(judge(&case(&l, wave, controls.iter().map(Vec::as_slice).collect())));
+fn a_node_busier_than_the_controls_that_did_not_change_passes() {
+    let j = judged(&waiting_only(), &[("w", node(1, 3.0, 3.0))], &controls(2.0, 1.0));
     assert_eq!(j.verdict, AnalysisVerdict::Passed, "{}", j.message);
 }
 
 #[test]
-fn without_controls_the_node_s_own_past_is_the_baseline() {
-    let l = limits(25.0);
-    let node: Vec<Sample> = [samples(40, 60, |_| 20_000.0), samples(110, 30, |_| 250_000.0)].concat();
-    let wave = vec![WaveNode { node: "kvm-node", switched_at_ms: 100_000, samples: &node }];
-    let j = judged(judge(&case(&l, wave, vec![])));
-    assert_eq!(j.verdict, AnalysisVerdict::Failed);
-    let cause = j.failure.expect("failure").1;
-    assert!(cause.contains("rose to 250.00 ms (1150 % over 20.00 ms on the node before its switch)"), "{cause}");
+fn a_rise_the_controls_share_over_the_same_time_passes() {
+    // Traffic doubled everywhere: the wave's node doubled too.
+    let j = judged(&waiting_only(), &[("w", node(1, 1.0, 2.0))], &controls(1.0, 2.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Passed, "{}", j.message);
+    let j = judged(&waiting_only(), &[("w", node(1, 1.0, 4.0))], &controls(1.0, 2.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Failed, "twice the controls' rise: {}", j.message);
 }
 
 #[test]
-fn no_baseline_is_inconclusive_and_the_rollout_goes_on() {
-    let l = limits(25.0);
-    // A first deployment: nothing before the switch, no control nodes.
-    let node = samples(110, 30, |_| 9_000.0);
-    let wave = vec![WaveNode { node: "n1", switched_at_ms: 100_000, samples: &node }];
-    let two: Vec<Vec<Sample>> = (0..2).map(|_| samples(40, 100, |_| 1.0)).collect();
-    let j = judged(judge(&case(&l, wave, two.iter().map(Vec::as_slice).collect())));
-    assert_eq!(j.verdict, AnalysisVerdict::Inconclusive);
-    assert!(j.failure.is_none());
-    assert!(j.message.contains("fewer than 3 control nodes with 5 samples"), "{}", j.message);
+fn too_few_controls_are_inconclusive_and_no_window_before_is_nothing_to_compare() {
+    let few = controls(1.0, 1.0).into_iter().take(2).collect::<Vec<_>>();
+    let j = judged(&waiting_only(), &[("w", node(1, 1.0, 3.0))], &few);
+    assert_eq!((j.verdict, j.doubt), (AnalysisVerdict::Inconclusive, Some(Doubt::Missing)), "{}", j.message);
+    // A node with no samples before its switch (it ran the kernel's default, with no agent).
+    let mut fresh = node(1, 1.0, 1.0);
+    fresh.samples.retain(|s| s.at_ms > 0);
+    let j = judged(&waiting_only(), &[("w", fresh)], &controls(1.0, 1.0));
+    assert_eq!((j.verdict, j.doubt), (AnalysisVerdict::Inconclusive, Some(Doubt::NothingBefore)), "{}", j.message);
 }
 
 #[test]
-fn too_few_samples_wait_within_the_grace_and_are_inconclusive_after() {
-    let l = limits(25.0);
-    let node: Vec<Sample> = [samples(40, 60, |_| 1000.0), samples(110, 4, |_| 9000.0)].concat();
-    let wave = || vec![WaveNode { node: "n1", switched_at_ms: 100_000, samples: &node }];
-    let mut c = case(&l, wave(), vec![]);
-    c.may_wait = true;
-    assert_eq!(judge(&c), Outcome::Waiting);
-    let j = judged(judge(&case(&l, wave(), vec![])));
-    assert_eq!(j.verdict, AnalysisVerdict::Inconclusive, "4 samples are too few to fail on");
+fn a_node_silent_after_its_switch_fails() {
+    let mut silent = node(1, 1.0, 1.0);
+    silent.samples.retain(|s| s.at_ms <= 0);
+    let j = judged(&waiting_only(), &[("w", silent)], &controls(1.0, 1.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
+    assert!(j.failure.is_some_and(|(_, c)| c.starts_with("w sent 0 sample(s)")));
 }
 
 #[test]
-fn a_tiny_rise_on_an_idle_node_is_noise() {
-    let l = limits(25.0);
-    let node: Vec<Sample> = [samples(40, 60, |_| 4.0), samples(110, 30, |_| 40.0)].concat();
-    let wave = vec![WaveNode { node: "idle", switched_at_ms: 100_000, samples: &node }];
-    assert_eq!(judged(judge(&case(&l, wave, vec![]))).verdict, AnalysisVerdict::Passed);
-}
-
-#[test]
-fn pressure_is_judged_in_points_and_events_against_their_rate() {
-    let mut l = limits(1000.0);
-    l.pressure_points = Some(10.0);
-    l.events = vec![("SCX_EV_SELECT_CPU_FALLBACK".to_owned(), 5.0)];
-    let mut node: Vec<Sample> = [samples(40, 60, |_| 1000.0), samples(110, 30, |_| 1000.0)].concat();
-    for s in node.iter_mut().filter(|s| s.at_ms > 110_000) {
-        s.cpu_pressure = Some(35.0);
-    }
-    let wave = vec![WaveNode { node: "n1", switched_at_ms: 100_000, samples: &node }];
-    let cause = judged(judge(&case(&l, wave, vec![]))).failure.expect("pressure fails").1;
-    assert!(
-        cause.starts_with("CPU pressure on n1 rose to 35.0 % (15.0 points over 20.0 % on the node before its switch)"),
-        "{cause}"
-    );
-
-    l.pressure_points = None;
-    for s in node.iter_mut().filter(|s| s.at_ms > 110_000) {
-        s.events = Some(BTreeMap::from([("SCX_EV_SELECT_CPU_FALLBACK".to_owned(), 12.0)]));
-    }
-    let wave = vec![WaveNode { node: "n1", switched_at_ms: 100_000, samples: &node }];
-    let cause = judged(judge(&case(&l, wave, vec![]))).failure.expect("events fail").1;
-    assert_eq!(
-        cause,
-        "SCX_EV_SELECT_CPU_FALLBACK on n1 ran at 12.0/s (median over the bake of revision r2); the limit is 5/s (spec.rollout.analysis.events)"
-    );
-}
-
-#[test]
-fn an_unavailable_signal_is_not_judged_as_zero() {
-    let l = limits(25.0);
-    let mut node: Vec<Sample> = [samples(40, 60, |_| 1000.0), samples(110, 30, |_| 1000.0)].concat();
-    for s in &mut node {
-        s.run_delay_us = None;
-    }
-    let wave = vec![WaveNode { node: "n1", switched_at_ms: 100_000, samples: &node }];
-    let j = judged(judge(&case(&l, wave, vec![])));
-    assert_eq!(j.verdict, AnalysisVerdict::Inconclusive);
-    assert!(j.nodes[0].detail.contains("run delay too few samples"), "{}", j.nodes[0].detail);
-}
-
-#[test]
-fn event_names_from_the_spec_are_limits() {
-    let spec = AnalysisSpec {
-        events: vec![EventLimit { name: "SCX_EV_BYPASS_ACTIVATE".into(), max_per_second: 2 }],
+fn a_wave_fails_on_its_quorum_not_on_one_node() {
+    let limits = Limits::of(&AnalysisSpec {
+        waiting_tasks: Some(IncreasePercent { max_increase_percent: Some(50) }),
+        failed_nodes_percent: Some(50),
+        critical_factor: Some(10),
         ..AnalysisSpec::default()
+    });
+    let wave = |slowed: usize| -> Vec<(&'static str, NodeHealth)> {
+        ["w1", "w2", "w3", "w4"]
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (n, node(i as u64, 1.0, if i < slowed { 2.5 } else { 1.0 })))
+            .collect()
     };
-    let l = Limits::of(&spec);
-    assert_eq!((l.run_delay_percent, l.events.len()), (None, 1));
+    let one = judged(&limits, &wave(1), &controls(1.0, 1.0));
+    assert_eq!(one.verdict, AnalysisVerdict::Passed, "1 of 4 under a quorum of 2: {}", one.message);
+    assert!(one.message.contains("1 over a limit, under a quorum of 2"), "{}", one.message);
+    let two = judged(&limits, &wave(2), &controls(1.0, 1.0));
+    assert_eq!(two.verdict, AnalysisVerdict::Failed, "{}", two.message);
+    assert!(two.message.starts_with("2 of 4 node(s) failed (the quorum"), "{}", two.message);
+    // Past the critical bound, one node is enough.
+    let critical =
+        judged(&waiting_only(), &[("w1", node(1, 1.0, 5.0)), ("w2", node(2, 1.0, 1.0))], &controls(1.0, 1.0));
+    assert!(critical.message.contains("past the critical bound"), "{}", critical.message);
 }
 
-/// A node's samples: `level × (1 + u)`, `u` within ±`noise`, and some replaced by spikes.
-fn noisy(level: f64, noise: &[f64], spikes: &[(usize, f64)], from_s: i64) -> Vec<Sample> {
-    let mut s = samples(from_s, noise.len(), |i| level * (1.0 + noise[i]));
-    for &(i, spike) in spikes {
-        let i = i % s.len();
-        s[i].run_delay_us = Some(spike);
+#[test]
+fn an_event_counter_the_kernel_does_not_count_holds_with_an_error_and_durations_are_shares() {
+    let limits = Limits::of(&AnalysisSpec {
+        events: vec![EventLimit { name: "SCX_EV_TYPO".into(), max_per_second: Some(1), max_percent_of_time: None }],
+        ..AnalysisSpec::default()
+    });
+    let mut w = node(1, 1.0, 1.0);
+    w.counters = vec!["SCX_EV_BYPASS_DURATION".into()];
+    let j = judged(&limits, &[("w", w.clone())], &controls(1.0, 1.0));
+    assert_eq!(j.doubt, Some(Doubt::UnknownCounter), "{}", j.message);
+    assert!(j.message.starts_with("spec.rollout.analysis.events names SCX_EV_TYPO, which the kernel of node w"));
+    // 0.2 s of bypass a second is 20 % of the time: over a limit of 10 %.
+    let share = Limits::of(&AnalysisSpec {
+        events: vec![EventLimit {
+            name: "SCX_EV_BYPASS_DURATION".into(),
+            max_per_second: None,
+            max_percent_of_time: Some(10),
+        }],
+        ..AnalysisSpec::default()
+    });
+    for s in w.samples.iter_mut() {
+        s.events = Some([("SCX_EV_BYPASS_DURATION".to_owned(), 2e8)].into());
     }
-    s
+    let j = judged(&share, &[("w", w)], &controls(1.0, 1.0));
+    let cause = j.failure.map(|(_, c)| c).unwrap_or_default();
+    assert!(cause.contains("ran at 20.00 % of the time") && cause.contains("10 % (maxPercentOfTime)"), "{cause}");
 }
 
-/// Noise within ±10 %, and spikes on fewer than half of a node's samples.
-fn node_noise(n: usize) -> impl Strategy<Value = (Vec<f64>, Vec<(usize, f64)>)> {
-    (prop::collection::vec(-0.1f64..0.1, n), prop::collection::vec((0..n, 0.0f64..1e7), 0..(n - 1) / 2))
+#[test]
+fn only_samples_wholly_inside_a_window_count() {
+    let s = Sample { at_ms: 10_000, interval_ms: 5000, ..Sample::default() };
+    assert!(s.within(5000, 10_000));
+    assert!(!s.within(5001, 10_000), "its interval began before the window");
+    assert!(!s.within(0, 9999));
 }
 
-/// Spikes on distinct samples only (two spikes on one sample count once).
-fn fewer_than_half(spikes: &[(usize, f64)], n: usize) -> bool {
-    let mut at: Vec<usize> = spikes.iter().map(|(i, _)| i % n).collect();
-    at.sort_unstable();
-    at.dedup();
-    at.len() * 2 < n
+#[test]
+fn the_window_before_ends_at_the_switch_and_a_control_s_starts_at_its_attach() {
+    let limits = waiting_only();
+    let health: BTreeMap<String, NodeHealth> =
+        [("w".to_owned(), node(1, 1.0, 9.0)), ("c".to_owned(), node(2, 1.0, 1.0))].into();
+    // The control attached at -100 s: 20 samples of its window are its own scheduler's.
+    let b = freeze(&limits, "r2", Time(jiff::Timestamp::UNIX_EPOCH), &["w"], &[("c", -100_000)], &health);
+    let of = |n: &str| b.nodes.iter().find(|x| x.node == n).and_then(|x| x.signals.get("waitingTasks").copied());
+    let w = of("w").unwrap_or_else(|| panic!("the wave node's window"));
+    assert_eq!(w.samples, 60, "the samples after the switch are not in it");
+    assert!((w.median - 1.0).abs() < 0.05, "{}", w.median);
+    assert_eq!(of("c").map(|c| c.samples), Some(20));
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    /// A good revision is not failed by noise of ±10 % around one level on every node (wave,
-    /// controls, the node's past), nor by spikes on fewer than half of any node's samples, at
-    /// a limit of 25 %: (1.1 / 0.9 = 1.22 < 1.25).
-    #[test]
-    fn noise_of_ten_percent_never_fails_a_limit_of_twenty_five(
-        level in 500.0f64..50_000.0,
-        wave in prop::collection::vec((node_noise(60), node_noise(30)), 1..4),
-        controls in prop::collection::vec(node_noise(30), 0..6),
-    ) {
-        let l = limits(25.0);
-        let nodes: Vec<Vec<Sample>> = wave.iter().map(|((bn, bs), (wn, ws))| [noisy(level, bn, bs, 40), noisy(level, wn, ws, 110)].concat()).collect();
-        let control: Vec<Vec<Sample>> = controls.iter().map(|(n, s)| noisy(level, n, s, 110)).collect();
-        let names: Vec<String> = (0..nodes.len()).map(|i| format!("n{i}")).collect();
-        let wave: Vec<WaveNode<'_>> = nodes.iter().zip(&names).map(|(s, n)| WaveNode { node: n, switched_at_ms: 100_000, samples: s }).collect();
-        let j = judged(judge(&case(&l, wave, control.iter().map(Vec::as_slice).collect())));
-        prop_assert_ne!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
-    }
-
-    /// A regression of 60 % on one wave node, under the same noise (and spikes on fewer than
-    /// half of its samples), is caught at a limit of 25 %: 1.6 × 0.9 / 1.1 = 1.31.
-    #[test]
-    fn a_regression_of_sixty_percent_is_caught_at_twenty_five(
-        level in 500.0f64..50_000.0,
-        before in node_noise(60),
-        during in node_noise(30),
-        controls in prop::collection::vec(node_noise(30), 0..6),
-    ) {
-        prop_assume!(fewer_than_half(&during.1, 30) && fewer_than_half(&before.1, 60));
-        let l = limits(25.0);
-        let node = [noisy(level, &before.0, &before.1, 40), noisy(level * 1.6, &during.0, &during.1, 110)].concat();
-        let control: Vec<Vec<Sample>> = controls.iter().map(|(n, s)| noisy(level, n, s, 110)).collect();
-        let wave = vec![WaveNode { node: "slow", switched_at_ms: 100_000, samples: &node }];
-        let j = judged(judge(&case(&l, wave, control.iter().map(Vec::as_slice).collect())));
-        prop_assert_eq!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
-        prop_assert_eq!(j.failure.map(|f| f.0), Some("slow".to_owned()));
-    }
-
-    /// No verdict from too few samples: fewer than minSamples in the bake never fail a node,
-    /// whatever they say; within the grace the verdict waits for more.
-    #[test]
-    fn too_few_samples_never_fail(values in prop::collection::vec(0.0f64..1e9, 0..5), wait in any::<bool>()) {
-        let l = limits(25.0);
-        let node = [samples(40, 60, |_| 1.0), samples(110, values.len(), |i| values[i])].concat();
-        let wave = vec![WaveNode { node: "n", switched_at_ms: 100_000, samples: &node }];
-        let mut c = case(&l, wave, vec![]);
-        c.may_wait = wait;
-        match judge(&c) {
-            Outcome::Waiting => prop_assert!(wait),
-            Outcome::Judged(j) => prop_assert_eq!(j.verdict, AnalysisVerdict::Inconclusive),
-        }
-    }
+#[test]
+fn defaults_judge_waiting_tasks_idle_cpus_and_pressure_when_no_signal_is_named() {
+    let l = Limits::of(&AnalysisSpec::default());
+    let signals: Vec<Signal> = l.signals.iter().map(|(s, _)| *s).collect();
+    assert_eq!(signals, [Signal::WaitingTasks, Signal::IdleWhileWaiting, Signal::CpuPressure]);
+    assert_eq!((l.min_samples, l.min_control_nodes, l.failed_nodes, l.critical_factor), (5, 3, 0.2, 3.0));
+    assert!(!l.proceed_on_inconclusive);
 }

@@ -59,7 +59,7 @@ pub struct Snapshot<'a> {
     /// The kernel reports of its nodes (those it owns, and those its pods run on).
     pub reports: &'a HashMap<String, NodeReport>,
     /// Its nodes' health samples, when `spec.rollout.analysis` asks for them (else empty).
-    pub health: &'a BTreeMap<String, Vec<crate::analysis::Sample>>,
+    pub health: &'a BTreeMap<String, crate::analysis::NodeHealth>,
     pub memory: &'a Memory,
     pub settings: &'a Settings,
     pub clock: Clock,

@@ -98,12 +98,14 @@ pub(super) fn decide(
         pacing: rollout::Pacing::of(s.scheduler.spec.rollout.as_ref(), nodes.len() + entering.len()),
         analysis: limits.as_ref().map(|limits| rollout::Analysis {
             limits,
-            samples: s.health,
-            judged_at: previous
+            health: s.health,
+            last: previous
                 .analysis
                 .as_ref()
                 .filter(|a| a.revision == template.name && a.verdict != sked_api::AnalysisVerdict::Failed)
-                .map(|a| a.time.0.as_second()),
+                .map(|a| (a, a.time.0.as_second())),
+            baseline: previous.baseline.as_ref(),
+            generation: s.scheduler.metadata.generation.unwrap_or(0),
         }),
         now: wall,
     });

@@ -46,7 +46,7 @@ struct Fleet {
     pods: BTreeMap<String, SchedulerPod>,
     reports: HashMap<String, NodeReport>,
     /// Each node's health samples (what the agents sent).
-    health: std::collections::BTreeMap<String, Vec<crate::analysis::Sample>>,
+    health: std::collections::BTreeMap<String, crate::analysis::NodeHealth>,
     memory: Memory,
     /// When each node was labelled by this term (seconds since the epoch).
     labelled_at: HashMap<String, i64>,
@@ -168,19 +168,23 @@ impl Fleet {
         }
     }
 
-    /// The agents' samples over the last `seconds`, one a second: run delay 1 ms (2 ms under
-    /// SLOW) within ±5 %, CPU pressure 10 %.
+    /// The agents' samples over the last `seconds`, one a second: 0.5 tasks waiting per CPU
+    /// (1.0 under SLOW) within ±5 %, idle CPUs beside them 2 %, CPU pressure to match.
     fn sample_health(&mut self, seconds: i64) {
         for (node, pod) in &self.pods {
-            let level = if image_of(&pod.revision) == Some(SLOW) { 2000.0 } else { 1000.0 };
-            let samples = self.health.entry(node.clone()).or_default();
+            let level = if image_of(&pod.revision) == Some(SLOW) { 1.0 } else { 0.5 };
+            let samples = &mut self.health.entry(node.clone()).or_default().samples;
             for at in (self.wall - seconds + 1)..=self.wall {
                 let noise = f64::from(u32::try_from((at * 7919 + node.len() as i64) % 11).unwrap_or(0)) / 100.0 - 0.05;
+                let waiting = level * (1.0 + noise);
                 samples.push(crate::analysis::Sample {
                     at_ms: at * 1000,
-                    run_delay_us: Some(level * (1.0 + noise)),
-                    cpu_pressure: Some(10.0),
+                    interval_ms: 1000,
+                    waiting_per_cpu: Some(waiting),
+                    idle_while_waiting: Some(0.02),
+                    cpu_pressure: Some(100.0 * (1.0 - (-waiting).exp())),
                     events: Some(BTreeMap::new()),
+                    ..crate::analysis::Sample::default()
                 });
             }
             let excess = samples.len().saturating_sub(300);
@@ -529,7 +533,7 @@ fn analysed(nodes: usize) -> Fleet {
 }
 
 #[test]
-fn a_revision_that_doubles_run_delay_is_rolled_back_by_analysis_after_the_canary_s_bake() {
+fn a_revision_that_doubles_waiting_tasks_is_rolled_back_by_analysis_after_the_canary_s_bake() {
     let mut fleet = analysed(6);
     fleet.set_image(SLOW);
     let failed = |f: &Fleet| f.status.rollout.as_ref().is_some_and(|r| r.failed.is_some());
@@ -538,9 +542,12 @@ fn a_revision_that_doubles_run_delay_is_rolled_back_by_analysis_after_the_canary
     let failure = rollout.failed.clone().unwrap_or_else(|| panic!("a failure"));
     assert_eq!(failure.reason.as_deref(), Some("AnalysisFailed"));
     assert!(
-        failure.cause.starts_with(&format!("run delay on {} rose to ", failure.node))
-            && failure.cause.contains("over 5 control nodes")
-            && failure.cause.contains("the limit is 50 %"),
+        (failure.cause.starts_with(&format!(
+            "waiting tasks per CPU on {} went from 0.50 before its switch to 1.0",
+            failure.node
+        )) || failure.cause.starts_with(&format!("CPU pressure on {} went from 39.", failure.node)))
+            && failure.cause.contains("control nodes, past their spread")
+            && failure.cause.contains("spec.rollout.analysis."),
         "{}",
         failure.cause
     );

@@ -4,9 +4,9 @@
 //! fake sched_ext tree, the fake kernel attaches the pod's scheduler a moment after it starts,
 //! and the pod is Ready when its agent says so. A revision whose args hold
 //! `--demo-never-attach` never attaches; one with `--demo-eject` attaches and is then ejected
-//! for a runnable task stall; one with `--demo-slow` attaches and makes its nodes' tasks wait
-//! four times as long for a CPU (the stand-in kernel's run delay), which the analysis of its
-//! bake catches. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
+//! for a runnable task stall; one with `--demo-slow` attaches and strands its nodes' tasks (the
+//! stand-in kernel's CPUs run less while four times as many tasks wait), which the analysis of
+//! its bake catches. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
 //! itself (its last step adds a sixth Node that no kubelet reports on) and exits.
 
 use std::path::PathBuf;
@@ -28,10 +28,10 @@ const NODES: [&str; 5] = ["demo-node-1", "demo-node-2", "demo-node-3", "demo-nod
 const NAME: &str = "scx-rusty";
 const NAMESPACE: &str = "sked-system";
 /// The example's rollout, made quick enough to watch: bake 5 s, give up on an attach after 15 s,
-/// two nodes at a time after the canary; each bake judged by the analysis (run delay may rise
-/// 50 % over the nodes left alone and over the node's own past; 3 samples a node, which a bake
-/// of 5 s at the demo agents' 1 s interval holds).
-const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"runDelay":{"maxIncreasePercent":50},"minSamples":3}}}}"#;
+/// two nodes at a time after the canary; each bake judged by the analysis at its defaults (each
+/// node's change from its own window before its switch, against the change of the nodes left
+/// alone; 3 samples a node, which a bake of 5 s at the demo agents' 1 s interval holds).
+const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"minSamples":3}}}}"#;
 /// The same for the example's first deployment, with more time to attach: on a machine still
 /// busy (the first build, a test run beside it) its agents may take longer than 15 s to start,
 /// and a first deployment that fails leaves nothing to show.
@@ -312,7 +312,7 @@ fn what_to_try(cluster: &TestCluster) -> String {
          (PHASE RolledBack, Degraded=True RolloutFailed, a RolledBack event; 4 nodes never touched):\n    {broken}\n\
          - A revision the kernel ejects during its bake (the kernel's reason in the cause):\n    {eject}\n\
          - A revision that attaches and slows its nodes down, judged by the analysis of its bake\n    \
-         (the canary's run delay against the 4 nodes it left alone; reason AnalysisFailed):\n    {slow}\n\
+         (the canary's change against the 4 nodes it left alone; reason AnalysisFailed):\n    {slow}\n\
          - Pause, change, resume:\n    {pause}\n    {paused_args}\n    {resume}\n\
          - Events:  kubectl get events -n default --field-selector involvedObject.name={NAME}\n\
          - Delete it (every node back on the kernel's default scheduler at once):\n    kubectl delete scheduler {NAME}\n\
