@@ -13,7 +13,12 @@
 // reason reach a Scheduler's status). -DSKED_SLOW builds a scheduler that attaches, stays
 // attached and hurts: every task waits in one global FIFO and runs for 250 ms once it gets a
 // CPU, so under a CPU-bound load each task waits about that long for its turn (the tests use
-// it to see the analysis of a bake roll back a revision the kernel never ejects).
+// it to see that a latency signal the spec names catches it, and that the slice-neutral signals
+// do not: the same work, in longer turns). -DSKED_STRAND builds a scheduler that attaches,
+// stays attached and strands work: a task that may run on CPU 0 waits for CPU 0 alone, so the
+// other CPUs idle beside waiting tasks (the tests use it to see the analysis of a bake roll back
+// a revision that hurts by the slice-neutral signals: waiting tasks, idle CPUs beside them,
+// utilisation).
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -25,7 +30,7 @@
 
 char _license[] SEC("license") = "GPL";
 
-#if defined(SKED_STALL) || defined(SKED_SLOW)
+#if defined(SKED_STALL) || defined(SKED_SLOW) || defined(SKED_STRAND)
 void scx_bpf_dsq_insert(struct task_struct *p, u64 dsq_id, u64 slice, u64 enq_flags) __ksym;
 #endif
 
@@ -65,6 +70,58 @@ void BPF_PROG(stall_enqueue, struct task_struct *p, u64 enq_flags)
 }
 #endif
 
+#ifdef SKED_STRAND
+s32 scx_bpf_create_dsq(u64 dsq_id, s32 node) __ksym;
+bool scx_bpf_dsq_move_to_local(u64 dsq_id) __ksym;
+void scx_bpf_kick_cpu(s32 cpu, u64 flags) __ksym;
+bool bpf_cpumask_test_cpu(u32 cpu, const struct cpumask *cpumask) __ksym;
+
+// The queue only CPU 0 takes tasks from. Not SCX_DSQ_GLOBAL: every CPU takes from that one.
+#define STRAND_DSQ 0x5ced
+// Short turns, so that run delay per timeslice stays about what it was: the harm shows as
+// tasks waiting while a CPU idles, not as longer waits per turn.
+#define STRAND_SLICE (5ULL * 1000 * 1000)
+
+SEC("struct_ops.s/strand_init")
+s32 BPF_PROG(strand_init)
+{
+	return scx_bpf_create_dsq(STRAND_DSQ, -1);
+}
+
+// Every wakeup goes through enqueue: the kernel's default would hand a waking task straight to
+// an idle CPU.
+SEC("struct_ops/strand_select_cpu")
+s32 BPF_PROG(strand_select_cpu, struct task_struct *p, s32 prev_cpu, u64 wake_flags)
+{
+	return prev_cpu;
+}
+
+SEC("struct_ops/strand_enqueue")
+void BPF_PROG(strand_enqueue, struct task_struct *p, u64 enq_flags)
+{
+	// A task CPU 0 may not run (a per-CPU kthread) runs on its own CPU, so the watchdog never
+	// finds one waiting; so does CPU 0's last task, which CPU 0 would otherwise leave queued
+	// when it goes idle (SCX_OPS_ENQ_LAST sends it here instead of keeping it running).
+	if (!bpf_cpumask_test_cpu(0, p->cpus_ptr) ||
+	    ((enq_flags & SCX_ENQ_LAST) && bpf_get_smp_processor_id() == 0)) {
+		scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, STRAND_SLICE, enq_flags);
+		return;
+	}
+	// Every other task waits for CPU 0, even when another CPU is idle; CPU 0 is woken if it
+	// idles (an idle CPU does not look at a queue by itself).
+	scx_bpf_dsq_insert(p, STRAND_DSQ, STRAND_SLICE, enq_flags);
+	scx_bpf_kick_cpu(0, SCX_KICK_IDLE);
+}
+
+// Only CPU 0 takes from the shared queue; the others run what is on their local queues.
+SEC("struct_ops/strand_dispatch")
+void BPF_PROG(strand_dispatch, s32 cpu, struct task_struct *prev)
+{
+	if (cpu == 0)
+		scx_bpf_dsq_move_to_local(STRAND_DSQ);
+}
+#endif
+
 SEC(".struct_ops.link")
 struct sched_ext_ops sked_canary_ops = {
 #ifdef SKED_STALL
@@ -74,6 +131,15 @@ struct sched_ext_ops sked_canary_ops = {
 #endif
 #ifdef SKED_SLOW
 	.enqueue = (void *)slow_enqueue,
+#endif
+#ifdef SKED_STRAND
+	.init = (void *)strand_init,
+	.select_cpu = (void *)strand_select_cpu,
+	.enqueue = (void *)strand_enqueue,
+	.dispatch = (void *)strand_dispatch,
+	// A task whose slice ends with nothing else to run on its CPU goes through enqueue too;
+	// without it the kernel keeps such a task running, and a CPU other than 0 with it.
+	.flags = SCX_OPS_ENQ_LAST,
 #endif
 	.name = SKED_OPS_NAME,
 };

@@ -114,6 +114,7 @@ prepare() {
   clang "${cflags[@]}" -DSKED_OPS_NAME='"sked_intruder"' -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_intruder.bpf.o"
   clang "${cflags[@]}" -DSKED_STALL -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_stall.bpf.o"
   clang "${cflags[@]}" -DSKED_SLOW -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_slow.bpf.o"
+  clang "${cflags[@]}" -DSKED_STRAND -c "$root/bpf/sked_canary.bpf.c" -o "$out/sked_strand.bpf.o"
   log "prepared $out ($(cat "$out/kernel-sched-ext.txt"), $(cat "$out/kernel-no-sched-ext.txt"))"
 }
 

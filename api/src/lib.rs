@@ -532,7 +532,7 @@ pub struct WaveBaseline {
     /// How long the window before it is, in seconds.
     pub window_seconds: i64,
     /// The wave's nodes (at most 256, the others are judged without a window of their own) and
-    /// the control nodes (at most 50), each with its signals' summaries.
+    /// the control nodes (at most 200), each with its signals' summaries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeBaseline>,
 }

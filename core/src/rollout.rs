@@ -1373,6 +1373,30 @@ mod tests {
     }
 
     #[test]
+    fn the_stable_revision_restored_is_not_judged() {
+        let mut nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
+        nodes[0] = node("n0", S, KernelView::Attached { since: 110 });
+        let limits = analysis::Limits::of(&sked_api::AnalysisSpec::default());
+        let health = std::collections::BTreeMap::new();
+        let baseline = WaveBaseline { revision: S.into(), ..baseline_of(&["n0"]) };
+        let joining = entering(&["e1"], false);
+        let plan = decide(&Input {
+            target: S,
+            stable: Some(S),
+            entering: &joining,
+            analysis: Some(Analysis {
+                limits: &limits,
+                health: &health,
+                last: None,
+                baseline: Some(&baseline),
+                generation: 1,
+            }),
+            ..input_at(&nodes, pacing(1, 2), 200)
+        });
+        assert!(plan.analysis.is_none() && plan.failure.is_none(), "{plan:?}");
+    }
+
+    #[test]
     fn a_canary_that_goes_not_ready_within_its_bake_fails_the_revision_with_analysis() {
         let mut nodes: Vec<NodeView> = (0..5).map(|i| up(&format!("n{i}"), S)).collect();
         nodes[0] = NodeView { unfit: Some(Skip::NodeNotReady), ..node("n0", T, KernelView::Attached { since: 20 }) };

@@ -22,16 +22,20 @@ pub enum Step {
     WaveBaking,
     /// The revision failed on its canary; the rollback is putting the node back.
     RollingBack,
+    /// The canary of a Scheduler with `spec.rollout.analysis` is baking: its window before its
+    /// switch is frozen in status, and its verdict comes at the end of the bake.
+    AnalysedBaking,
 }
 
 impl Step {
-    pub const ALL: [Step; 6] = [
+    pub const ALL: [Step; 7] = [
         Step::FirstDeployment,
         Step::CanaryAttaching,
         Step::CanaryBaking,
         Step::WaveAttaching,
         Step::WaveBaking,
         Step::RollingBack,
+        Step::AnalysedBaking,
     ];
 
     /// A short name, for Scheduler names and the table.
@@ -43,6 +47,7 @@ impl Step {
             Step::WaveAttaching => "wave-attaching",
             Step::WaveBaking => "wave-baking",
             Step::RollingBack => "rolling-back",
+            Step::AnalysedBaking => "analysed-baking",
         }
     }
 }

@@ -15,7 +15,7 @@ pub const PRE_WINDOW_SECONDS: i64 = 300;
 /// spread over it by a hash of their names (status stays small).
 pub const MAX_WAVE_BASELINES: usize = 256;
 /// Most control nodes whose window is kept, chosen the same way.
-pub const MAX_CONTROL_BASELINES: usize = 50;
+pub const MAX_CONTROL_BASELINES: usize = 200;
 
 /// The baseline of a wave switched at `taken_at` (its old pods deleted now): the summaries of
 /// the window before it, of the wave's nodes and of the control nodes, over the same clock

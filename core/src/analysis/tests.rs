@@ -197,3 +197,65 @@ fn defaults_judge_waiting_tasks_idle_cpus_and_pressure_when_no_signal_is_named()
     assert_eq!((l.min_samples, l.min_control_nodes, l.failed_nodes, l.critical_factor), (5, 3, 0.2, 3.0));
     assert!(!l.proceed_on_inconclusive);
 }
+
+#[test]
+fn a_rise_from_almost_nothing_is_not_a_rise() {
+    // 0.01 to 0.03 tasks waiting per CPU: three times nothing, on an idle node.
+    let j = judged(&waiting_only(), &[("w", node(1, 0.01, 0.03))], &controls(0.01, 1.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Passed, "{}", j.message);
+}
+
+#[test]
+fn the_verdict_waits_while_any_node_of_the_wave_is_short_of_samples() {
+    let limits = waiting_only();
+    let mut short = node(2, 1.0, 1.0);
+    short.samples.retain(|s| s.at_ms <= 20_000);
+    let health: BTreeMap<String, NodeHealth> = [("w1".to_owned(), node(1, 1.0, 1.0)), ("w2".to_owned(), short)]
+        .into_iter()
+        .chain(controls(1.0, 1.0).into_iter().map(|(n, h)| (n.to_owned(), h)))
+        .collect();
+    let control_names: Vec<(&str, i64)> = ["c1", "c2", "c3", "c4", "c5"].iter().map(|n| (*n, i64::MIN)).collect();
+    let baseline = freeze(&limits, "r2", Time(jiff::Timestamp::UNIX_EPOCH), &["w1", "w2"], &control_names, &health);
+    let case = |may_wait| Case {
+        revision: "r2",
+        limits: &limits,
+        baseline: Some(&baseline),
+        from_ms: 0,
+        to_ms: 60_000,
+        wave: vec!["w1", "w2"],
+        controls: control_names.iter().map(|(n, _)| *n).collect(),
+        health: &health,
+        may_wait,
+    };
+    assert_eq!(judge(&case(true)), Outcome::Waiting, "one node of two is short: wait for it");
+    let Outcome::Judged(j) = judge(&case(false)) else { panic!("judged past the grace") };
+    assert!(j.failure.is_some_and(|(n, c)| n == "w2" && c.starts_with("w2 sent 4 sample(s)")));
+}
+
+#[test]
+fn the_controls_change_is_their_median_not_their_least() {
+    // Four controls doubled, one halved: the fleet doubled, and the wave's node rose 75 % more.
+    let controls: Vec<(&str, NodeHealth)> = [("c1", 2.0), ("c2", 2.0), ("c3", 2.0), ("c4", 2.0), ("c5", 0.5)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, change))| (n, node(10 + i as u64, 1.0, change)))
+        .collect();
+    let j = judged(&waiting_only(), &[("w", node(1, 1.0, 3.5))], &controls);
+    assert_eq!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
+    assert!(j.failure.is_some_and(|(_, c)| c.contains("+7")), "75 % beyond the controls' doubling");
+    let j = judged(&waiting_only(), &[("w", node(1, 1.0, 2.0))], &controls);
+    assert_eq!(j.verdict, AnalysisVerdict::Passed, "{}", j.message);
+}
+
+#[test]
+fn a_change_within_the_controls_own_spread_passes() {
+    // The controls moved every which way (0.5x to 3.2x): a node 1.6 times their median change
+    // is not outside what nodes do here.
+    let controls: Vec<(&str, NodeHealth)> = [("c1", 0.5), ("c2", 1.0), ("c3", 1.6), ("c4", 2.5), ("c5", 3.2)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, change))| (n, node(10 + i as u64, 1.0, change)))
+        .collect();
+    let j = judged(&waiting_only(), &[("w", node(1, 1.0, 2.6))], &controls);
+    assert_eq!(j.verdict, AnalysisVerdict::Passed, "{}", j.message);
+}

@@ -10,8 +10,10 @@
 //! Each cell is judged: the rollout settles (Complete, or RolledBack for the failed revision)
 //! with no failure the fault could not cause; no node's pod is replaced by one of its own
 //! revision; never more than `maxUnavailable` nodes down at once; and, from the audit log, no
-//! write by a replica while the other held the Lease. The table goes to standard output; the
-//! run fails on any violation.
+//! write by a replica while the other held the Lease. The analysed cell (`spec.rollout.analysis`
+//! on) also: the good revision passes every wave's analysis, each wave judged once (no more
+//! verdicts seen than waves), and a canary gone NotReady in its bake fails the revision. The
+//! table goes to standard output; the run fails on any violation.
 //!
 //! `CHAOS_FAULTS` (a comma list of fault names, default all) picks the rounds: CI runs a few.
 
@@ -161,6 +163,8 @@ struct Cell {
     target: Option<String>,
     armed: bool,
     settled_after: Option<f64>,
+    /// Every analysis verdict seen (its time and verdict), for the analysed cell.
+    verdicts: std::collections::BTreeSet<(String, String)>,
 }
 
 async fn round(h: &mut Harness, fault: Fault, n: usize) -> Result<Vec<(Step, Outcome)>> {
@@ -237,10 +241,32 @@ async fn cell(h: &Harness, step: Step, n: usize) -> Result<Cell> {
     std::fs::create_dir_all(&dir)?;
     let play =
         FakeNodes::new(&h.fx.client, &h.fx.namespace, &format!("name={name}"), &format!("pool={name}"), &dir, &reports);
-    if step != Step::FirstDeployment {
-        h.fx.create_scheduler(&name, spec(&name, REV1)).await?;
+    let mut spec = spec(&name, REV1);
+    if step == Step::AnalysedBaking
+        && let Some(rollout) = spec.rollout.as_mut()
+    {
+        // On from the first revision: the controller keeps the nodes' samples from then on.
+        rollout.analysis = Some(analysed());
     }
-    Ok(Cell { step, name, play, last: None, canary: None, target: None, armed: false, settled_after: None })
+    if step != Step::FirstDeployment {
+        h.fx.create_scheduler(&name, spec).await?;
+    }
+    Ok(Cell {
+        step,
+        name,
+        play,
+        last: None,
+        canary: None,
+        target: None,
+        armed: false,
+        settled_after: None,
+        verdicts: Default::default(),
+    })
+}
+
+/// The analysed cell's analysis: the defaults, over the stand-in agents' 1 s samples.
+fn analysed() -> sked_controller::api::AnalysisSpec {
+    sked_controller::api::AnalysisSpec { min_samples: Some(3), ..Default::default() }
 }
 
 fn spec(pool: &str, image: &str) -> SchedulerSpec {
@@ -287,7 +313,7 @@ async fn begin_step(h: &Harness, cell: &mut Cell) -> Result<()> {
             cell.play.attach_after = HOLD;
             patch(json!({ "sched": REV2 })).await?;
         }
-        Step::CanaryBaking => {
+        Step::CanaryBaking | Step::AnalysedBaking => {
             patch(json!({ "sched": REV2, "rollout": { "bakeSeconds": LONG_BAKE } })).await?;
         }
         Step::WaveAttaching | Step::WaveBaking => {
@@ -335,6 +361,11 @@ fn arm(cell: &mut Cell) {
         Step::FirstDeployment | Step::CanaryAttaching => (updating && r.updated_nodes >= 1, cell.canary.clone()),
         Step::CanaryBaking => {
             (updating && r.phase == RolloutPhase::Canary && r.attached_nodes >= 1, cell.canary.clone())
+        }
+        Step::AnalysedBaking => {
+            // The canary's window before its switch is frozen in status.
+            let frozen = r.baseline.as_ref().is_some_and(|b| b.nodes.iter().any(|n| !n.control));
+            (updating && r.phase == RolloutPhase::Canary && r.attached_nodes >= 1 && frozen, cell.canary.clone())
         }
         Step::WaveAttaching => {
             if r.phase == RolloutPhase::Canary && r.attached_nodes >= 1 {
@@ -392,6 +423,10 @@ async fn drive_once(h: &Harness, cells: &mut [Cell]) {
     for cell in cells.iter_mut() {
         let _ = cell.play.drive().await;
         if let Ok(s) = h.fx.schedulers().get(&cell.name).await {
+            let verdict = rollout(&s).and_then(|r| r.analysis.as_ref());
+            if let Some(a) = verdict.filter(|_| cell.armed) {
+                cell.verdicts.insert((a.time.0.to_string(), a.verdict.as_str().to_owned()));
+            }
             cell.last = Some(s);
         }
     }
@@ -478,7 +513,7 @@ async fn node_fault(h: &Harness, cell: &mut Cell, fault: Fault, node: &str) -> R
 async fn release(h: &Harness, cells: &mut [Cell]) -> Result<()> {
     for cell in cells.iter_mut() {
         cell.play.attach_after = Duration::ZERO;
-        if matches!(cell.step, Step::CanaryBaking | Step::WaveBaking) {
+        if matches!(cell.step, Step::CanaryBaking | Step::WaveBaking | Step::AnalysedBaking) {
             let body = json!({ "spec": { "rollout": { "bakeSeconds": 1 } } });
             h.fx.schedulers().patch(&cell.name, &PatchParams::default(), &Patch::Merge(&body)).await?;
         }
@@ -494,6 +529,9 @@ fn settle(cell: &mut Cell, fault_end: Instant) {
     let Some(r) = rollout(s) else { return };
     let at_rest = match cell.step {
         Step::RollingBack => r.phase == RolloutPhase::RolledBack,
+        Step::AnalysedBaking if r.failed.as_ref().is_some_and(|f| f.cause.contains("went NotReady")) => {
+            r.phase == RolloutPhase::RolledBack
+        }
         _ => r.phase == RolloutPhase::Complete && r.current_revision.as_ref().is_some_and(|c| c.image == REV2),
     };
     if cell.settled_after.is_none() && at_rest && has_condition(s, "KernelAttached", "True", "KernelAttached") {
@@ -512,10 +550,19 @@ fn judge(cell: &Cell, fault: Fault, not_leading: &[String]) -> Outcome {
             violations.push(format!("failed for {:?}, not for the kernel that never attached", f.cause));
         }
         (Step::RollingBack, _) => {}
+        // The canary gone NotReady within its bake fails an analysed revision: fail closed.
+        (Step::AnalysedBaking, Some(f)) if fault == Fault::NodeNotReady && f.cause.contains("went NotReady") => {}
+        (Step::AnalysedBaking, None) if fault == Fault::NodeNotReady => {
+            violations.push("the canary went NotReady in its bake and the analysed revision did not fail".to_owned());
+        }
         (_, Some(f)) => violations.push(format!("the revision failed on {}: {}", f.node, f.cause)),
         (_, None) => {}
     }
+    if cell.step == Step::AnalysedBaking {
+        violations.extend(analysis_violations(cell, fault));
+    }
     if fault == Fault::NodeNotReady
+        && cell.step != Step::AnalysedBaking
         && let (Some(target), Some(r)) = (&cell.target, r)
         && cell.settled_after.is_some()
         && !r.skipped_nodes.contains(target)
@@ -531,4 +578,27 @@ fn judge(cell: &Cell, fault: Fault, not_leading: &[String]) -> Outcome {
             .push(format!("{} nodes down at once (maxUnavailable {MAX_UNAVAILABLE}): {down}", cell.play.most_down));
     }
     Outcome { phase, settled_after: cell.settled_after, violations }
+}
+
+/// What the analysed cell must show besides: each wave judged once (no more distinct verdicts
+/// seen than the rollout has waves: a canary of one, then waves that grow to maxUnavailable),
+/// and every verdict of the good revision Passed (a node restarted, a leader changed, a path
+/// stalled moves no verdict).
+fn analysis_violations(cell: &Cell, fault: Fault) -> Vec<String> {
+    let mut violations = Vec::new();
+    let most_down = usize::try_from(MAX_UNAVAILABLE).unwrap_or(1).max(1);
+    let waves = 1 + (NODES_PER_STEP - 1).div_ceil(most_down);
+    if cell.verdicts.len() > waves {
+        violations.push(format!("{} verdicts for {waves} waves: {:?}", cell.verdicts.len(), cell.verdicts));
+    }
+    let failed_on_purpose = fault == Fault::NodeNotReady;
+    for (time, verdict) in &cell.verdicts {
+        if verdict != "Passed" && !failed_on_purpose {
+            violations.push(format!("the good revision's analysis said {verdict} at {time}"));
+        }
+    }
+    if !failed_on_purpose && cell.verdicts.is_empty() {
+        violations.push("no analysis verdict was seen".to_owned());
+    }
+    violations
 }
