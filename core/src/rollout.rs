@@ -733,7 +733,7 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
     let up = old_up.len().min(wave - down).min(budget);
     let zero = waiting.len().min(wave - down - up).min(budget - up);
     plan.replace = old_down.into_iter().take(down).chain(old_up.into_iter().take(up)).collect();
-    plan.baseline = freeze_wave(input, &tally, &plan.replace);
+    plan.baseline = freeze_wave(input, &tally, &plan.replace, plan.analysis.is_some());
     plan.admit.extend(waiting.into_iter().take(zero));
     plan.entering -= zero;
     plan.phase = phase_for(plan.updated + plan.replace.len() + zero);
@@ -850,8 +850,9 @@ fn control_nodes(tally: &Tally) -> impl Iterator<Item = (&str, i64)> {
 
 /// The window before the switch of the pods replaced now, frozen with the control nodes' over
 /// the same time (with analysis, for a revision that is not the stable one): merged into the
-/// wave in flight when that one is not judged yet (its pods replaced over two reconciles).
-fn freeze_wave(input: &Input<'_>, tally: &Tally, replace: &[String]) -> Option<WaveBaseline> {
+/// wave in flight when that one is not judged yet (its pods replaced over two reconciles), a
+/// new wave's when the last one was judged (`judged_now`: in this very step).
+fn freeze_wave(input: &Input<'_>, tally: &Tally, replace: &[String], judged_now: bool) -> Option<WaveBaseline> {
     let a = input.analysis?;
     if replace.is_empty() || input.stable == Some(input.target) {
         return None;
@@ -864,8 +865,9 @@ fn freeze_wave(input: &Input<'_>, tally: &Tally, replace: &[String]) -> Option<W
         .collect();
     let taken_at = Time(jiff::Timestamp::from_second(input.now).unwrap_or_default());
     let fresh = analysis::freeze(a.limits, input.target, taken_at, &wave, &controls, a.health);
-    let in_flight =
-        a.baseline.filter(|b| b.revision == input.target && a.judged_at().is_none_or(|j| b.taken_at.0.as_second() > j));
+    let in_flight = a.baseline.filter(|b| {
+        !judged_now && b.revision == input.target && a.judged_at().is_none_or(|j| b.taken_at.0.as_second() >= j)
+    });
     Some(match in_flight {
         Some(previous) => analysis::merge(previous, fresh),
         None => fresh,

@@ -57,11 +57,19 @@ pub fn freeze(
 /// failed and is tried again): the nodes frozen before keep their window, the new ones add
 /// theirs, the controls stay those chosen first.
 pub fn merge(previous: &WaveBaseline, fresh: WaveBaseline) -> WaveBaseline {
-    let mut nodes = previous.nodes.clone();
-    let wave_count = nodes.iter().filter(|n| !n.control).count();
-    let known = |n: &NodeBaseline| nodes.iter().any(|p| p.node == n.node);
-    let added: Vec<NodeBaseline> = fresh.nodes.iter().filter(|n| !n.control && !known(n)).cloned().collect();
-    nodes.extend(added.into_iter().take(MAX_WAVE_BASELINES.saturating_sub(wave_count)));
+    let wave_count = previous.nodes.iter().filter(|n| !n.control).count();
+    let known = |n: &NodeBaseline| previous.nodes.iter().any(|p| !p.control && p.node == n.node);
+    let added: Vec<NodeBaseline> = fresh
+        .nodes
+        .into_iter()
+        .filter(|n| !n.control && !known(n))
+        .take(MAX_WAVE_BASELINES.saturating_sub(wave_count))
+        .collect();
+    // A node that joins the wave is no longer a control.
+    let mut nodes: Vec<NodeBaseline> =
+        previous.nodes.iter().filter(|p| !(p.control && added.iter().any(|a| a.node == p.node))).cloned().collect();
+    nodes.extend(added);
+    nodes.sort_by(|a, b| (a.control, &a.node).cmp(&(b.control, &b.node)));
     WaveBaseline { nodes, ..previous.clone() }
 }
 

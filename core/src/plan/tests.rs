@@ -418,7 +418,7 @@ impl Fleet {
     }
 
     /// Reconciles and lets `seconds` pass until `done`, at most `rounds` times.
-    fn run_until(&mut self, rounds: usize, seconds: i64, done: impl Fn(&Fleet) -> bool) -> bool {
+    fn run_until(&mut self, rounds: usize, seconds: i64, mut done: impl FnMut(&Fleet) -> bool) -> bool {
         for _ in 0..rounds {
             self.reconcile();
             if done(self) {
@@ -565,7 +565,16 @@ fn a_revision_that_doubles_waiting_tasks_is_rolled_back_by_analysis_after_the_ca
 fn a_revision_within_its_limits_passes_each_bake_and_completes() {
     let mut fleet = analysed(6);
     fleet.set_image(BETTER);
-    assert!(fleet.run_until(80, 2, |f| complete(f) && f.current() == Some(BETTER)), "{:?}", fleet.status.rollout);
+    let mut verdicts = std::collections::BTreeSet::new();
+    let done = fleet.run_until(80, 2, |f| {
+        if let Some(a) = f.status.rollout.as_ref().and_then(|r| r.analysis.as_ref()) {
+            verdicts.insert((a.time.0.as_second(), a.verdict.as_str(), a.message.clone()));
+        }
+        complete(f) && f.current() == Some(BETTER)
+    });
+    assert!(done, "{:?}", fleet.status.rollout);
+    assert!(verdicts.iter().all(|(_, v, _)| *v == "Passed"), "every wave judged and passed: {verdicts:#?}");
+    assert_eq!(verdicts.len(), 6, "one verdict for each wave (of one node: maxUnavailable 1): {verdicts:#?}");
     let verdict = fleet.status.rollout.and_then(|r| r.analysis).unwrap_or_else(|| panic!("a verdict"));
     assert_eq!(verdict.verdict, sked_api::AnalysisVerdict::Passed, "{}", verdict.message);
     assert!(fleet.events.iter().all(|e| e.reason != Reason::AnalysisFailed));
