@@ -10,15 +10,15 @@
 // as a scheduler started by hand). -DSKED_STALL builds a scheduler that never runs tasks named
 // sked-stall* once they wake up, with a one-second watchdog: the kernel ejects it for a
 // "runnable task stall" as soon as such a task waits (the tests use it to see the kernel's own
-// reason reach a Scheduler's status). -DSKED_SLOW builds a scheduler that attaches, stays
-// attached and hurts: every task waits in one global FIFO and runs for 250 ms once it gets a
-// CPU, so under a CPU-bound load each task waits about that long for its turn (the tests use
-// it to see that a latency signal the spec names catches it, and that the slice-neutral signals
-// do not: the same work, in longer turns). -DSKED_STRAND builds a scheduler that attaches,
-// stays attached and strands work: a task that may run on CPU 0 waits for CPU 0 alone, so the
-// other CPUs idle beside waiting tasks (the tests use it to see the analysis of a bake roll back
-// a revision that hurts by the slice-neutral signals: waiting tasks, idle CPUs beside them,
-// utilisation).
+// reason reach a Scheduler's status). -DSKED_SLOW builds a scheduler that runs the same work in
+// longer turns: a task whose turn ended waits in one global FIFO and runs for 250 ms once it
+// gets a CPU, while a task that wakes up runs at once, cutting the current turn short (the tests
+// use it to see that a slice length alone fails none of the slice-neutral signals: CPU-bound
+// tasks wait in longer turns, as many of them as before). -DSKED_STRAND builds a scheduler that
+// attaches, stays attached and strands work: a task that may run on CPU 0 waits for CPU 0
+// alone, so the other CPUs idle beside waiting tasks (the tests use it to see the analysis of a
+// bake roll back a revision that hurts by the slice-neutral signals: waiting tasks, idle CPUs
+// beside them, utilisation).
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -35,10 +35,19 @@ void scx_bpf_dsq_insert(struct task_struct *p, u64 dsq_id, u64 slice, u64 enq_fl
 #endif
 
 #ifdef SKED_SLOW
+#define SLOW_SLICE (250ULL * 1000 * 1000)
+
 SEC("struct_ops/slow_enqueue")
 void BPF_PROG(slow_enqueue, struct task_struct *p, u64 enq_flags)
 {
-	scx_bpf_dsq_insert(p, SCX_DSQ_GLOBAL, 250ULL * 1000 * 1000, enq_flags);
+	// A task that wakes up (a kthread, the agent) runs next on its CPU: were it queued behind
+	// 250 ms turns, each wakeup would wait that long, and more tasks would be waiting at any
+	// time: a harm to every task that sleeps, not the slice length alone.
+	if (enq_flags & SCX_ENQ_WAKEUP) {
+		scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, SLOW_SLICE, enq_flags | SCX_ENQ_PREEMPT);
+		return;
+	}
+	scx_bpf_dsq_insert(p, SCX_DSQ_GLOBAL, SLOW_SLICE, enq_flags);
 }
 #endif
 

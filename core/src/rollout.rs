@@ -1025,10 +1025,16 @@ fn planned_status(p: &Progress<'_>) -> RolloutStatus {
     }
 }
 
-/// The verdict judged now, else the last one of the same revision.
+/// The verdict judged now, else the last one of the same revision, or of the failed revision
+/// while its failure is recorded (a rollback keeps the verdict that made it, nodes and values).
 fn analysis_status(p: &Progress<'_>) -> Option<AnalysisStatus> {
     let Some(j) = &p.plan.analysis else {
-        return p.previous.analysis.clone().filter(|a| a.revision == p.template.name);
+        let failed = p.failed.or(p.previous.failed.as_ref());
+        return p
+            .previous
+            .analysis
+            .clone()
+            .filter(|a| a.revision == p.template.name || failed.is_some_and(|f| f.revision == a.revision));
     };
     Some(AnalysisStatus {
         revision: p.template.name.clone(),

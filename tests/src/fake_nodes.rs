@@ -45,6 +45,35 @@ struct Accounting {
     at: Instant,
     cpus: [CpuTime; 2],
     pressure_us: u64,
+    /// Where its agent reads them, and whether its scheduler slows the node, as last seen.
+    proc_root: PathBuf,
+    slow: bool,
+}
+
+/// How often every node's accounting moves on, whatever the harness is doing: a real kernel's
+/// counters move all the time, and an agent sampling every second must not see them stand
+/// still between two moves of a busy harness (its signals would swing with the harness's pace).
+const ACCOUNTING_TICK: Duration = Duration::from_millis(100);
+
+/// The accounting of every node of a [`FakeNodes`], moved on every [`ACCOUNTING_TICK`] by a
+/// thread of its own that ends once the `FakeNodes` is dropped.
+type Accounts = std::sync::Arc<std::sync::Mutex<BTreeMap<String, Accounting>>>;
+
+fn keep_accounting(accounts: &Accounts) {
+    let weak = std::sync::Arc::downgrade(accounts);
+    std::thread::spawn(move || {
+        while let Some(accounts) = weak.upgrade() {
+            if let Ok(mut accounts) = accounts.lock() {
+                for a in accounts.values_mut() {
+                    // A write that fails (the agent's directory gone with its pod) is the next
+                    // tick's to retry.
+                    let _ = a.advance();
+                }
+            }
+            drop(accounts);
+            std::thread::sleep(ACCOUNTING_TICK);
+        }
+    });
 }
 
 /// What one CPU of a stand-in node does, on average.
@@ -81,12 +110,19 @@ fn jitters() -> [f64; 3] {
 }
 
 impl Accounting {
-    fn new() -> Self {
-        Self { at: Instant::now(), cpus: [CpuTime::default(); 2], pressure_us: 0 }
+    fn new(proc_root: &Path, slow: bool) -> Self {
+        Self {
+            at: Instant::now(),
+            cpus: [CpuTime::default(); 2],
+            pressure_us: 0,
+            proc_root: proc_root.to_owned(),
+            slow,
+        }
     }
 
-    /// Moves the counters on to now, `slow` or not, and writes them under `proc_root`.
-    fn advance(&mut self, proc_root: &Path, slow: bool) -> Result<()> {
+    /// Moves the counters on to now and writes them under the agent's proc root.
+    fn advance(&mut self) -> Result<()> {
+        let (proc_root, slow) = (self.proc_root.clone(), self.slow);
         let seconds = self.at.elapsed().as_secs_f64();
         self.at = Instant::now();
         let [running, waiting, switches] = jitters();
@@ -97,7 +133,7 @@ impl Accounting {
             cpu.timeslices += (seconds * load.switches * switches) as u64;
         }
         self.pressure_us += (seconds * PRESSURE_US_PER_SECOND) as u64;
-        crate::agents::write_health(proc_root, &self.cpus, self.pressure_us)
+        crate::agents::write_health(&proc_root, &self.cpus, self.pressure_us)
     }
 }
 
@@ -192,7 +228,7 @@ pub struct FakeNodes {
     /// condition's own time).
     pub first_ready: BTreeMap<String, jiff::Timestamp>,
     /// Each node's stand-in scheduling accounting.
-    accounting: BTreeMap<String, Accounting>,
+    accounting: Accounts,
 }
 
 impl FakeNodes {
@@ -226,7 +262,11 @@ impl FakeNodes {
             most_down_at: Vec::new(),
             absent: std::collections::BTreeSet::new(),
             first_ready: BTreeMap::new(),
-            accounting: BTreeMap::new(),
+            accounting: {
+                let accounts = Accounts::default();
+                keep_accounting(&accounts);
+                accounts
+            },
         }
     }
 
@@ -461,11 +501,17 @@ impl FakeNodes {
         })
     }
 
-    /// Moves `node`'s scheduling accounting on to now, for its agent to sample.
+    /// Moves `node`'s scheduling accounting on to now, for its agent to sample, with its
+    /// agent's proc root and whether its scheduler slows it as they are now (the accounting's
+    /// thread moves it on between two calls).
     fn account(&mut self, node: &str) -> Result<()> {
         let Some(p) = self.agents.get(node) else { return Ok(()) };
-        let accounting = self.accounting.entry(node.to_owned()).or_insert_with(Accounting::new);
-        accounting.advance(p.agent.proc_root(), p.slowing())
+        let (proc_root, slow) = (p.agent.proc_root(), p.slowing());
+        let mut accounts = self.accounting.lock().map_err(|_| anyhow!("the accounting thread panicked"))?;
+        let accounting = accounts.entry(node.to_owned()).or_insert_with(|| Accounting::new(proc_root, slow));
+        accounting.proc_root = proc_root.to_owned();
+        accounting.slow = slow;
+        accounting.advance()
     }
 
     /// Moves `node`'s fake kernel on: attaches the scheduler once its time came, ejects it
@@ -539,8 +585,8 @@ mod tests {
             [(false, 0.6, 0.3, 0.3, 300.0), (true, 0.45, 1.2, 0.55, 1200.0)]
         {
             let ten_seconds_ago = Instant::now().checked_sub(Duration::from_secs(10)).unwrap();
-            let mut accounting = Accounting { at: ten_seconds_ago, ..Accounting::new() };
-            accounting.advance(dir.path(), slow).unwrap();
+            let mut accounting = Accounting { at: ten_seconds_ago, ..Accounting::new(dir.path(), slow) };
+            accounting.advance().unwrap();
             let cpus = schedstat::parse(&std::fs::read_to_string(dir.path().join("schedstat")).unwrap()).unwrap();
             let boot: Vec<CpuCounters> =
                 cpus.iter().map(|c| CpuCounters { cpu: c.cpu, ..CpuCounters::default() }).collect();
