@@ -283,9 +283,19 @@ fn spec(pool: &str, image: &str) -> SchedulerSpec {
 
 async fn settle_first_revision(h: &Harness, cells: &mut [Cell]) -> Result<()> {
     let done = |c: &Cell| {
-        c.step == Step::FirstDeployment || c.last.as_ref().is_some_and(|s| complete_on(s, REV1, NODES_PER_STEP))
+        c.step == Step::FirstDeployment
+            || (c.last.as_ref().is_some_and(|s| complete_on(s, REV1, NODES_PER_STEP)) && sampled(c))
     };
     drive_until(h, cells, ARM_WITHIN, "the first revision everywhere", done, |_| {}).await
+}
+
+/// Whether the analysed cell's agents have sampled their nodes long enough for a window before
+/// the next switch (`minSamples` 3 at one sample a second, with room): its nodes' first pods
+/// were Ready 6 s ago. Other cells need no samples.
+fn sampled(c: &Cell) -> bool {
+    let since = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(6);
+    c.step != Step::AnalysedBaking
+        || (c.play.first_ready.len() == NODES_PER_STEP && c.play.first_ready.values().all(|t| *t <= since))
 }
 
 /// Whether `s` completed its rollout of `image` with `nodes` nodes attached.
