@@ -443,13 +443,7 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
             && n.pod.as_ref().is_some_and(|p| p.revision == target && p.terminating_since.is_none())
     });
     for n in nodes {
-        if !restoring && fell_after_switch(input, n) {
-            if let Some(pod) = &n.pod {
-                t.fallen.push((n.node.clone(), pod.created));
-            }
-            plan.updated += 1;
-            t.unavailable += 1;
-            t.all_attached = false;
+        if !restoring && t.fell(input, n, plan) {
             continue;
         }
         if let Some(why) = skip_reason(n) {
@@ -477,21 +471,7 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
         // A pod the failed attempt made that does not run attached is made again, not judged.
         let earlier_attempt = attached.is_none() && input.retried_after.is_some_and(|t| pod.created < t);
         if pod.revision != target || earlier_attempt {
-            if input.analysis.is_some() {
-                t.pod_nodes.push((pod.name.clone(), n.node.clone()));
-            }
-            match attached {
-                Some(since) => {
-                    t.old_up.push(pod.name.clone());
-                    if input.analysis.is_some() {
-                        t.controls.push((n.node.clone(), since));
-                    }
-                }
-                None => {
-                    t.unavailable += 1;
-                    t.old_down.push(pod.name.clone());
-                }
-            }
+            t.other_revision(input, n, pod, attached);
             continue;
         }
         let deadline = pod.created + pacing.attach_timeout_seconds;
@@ -525,6 +505,40 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
     t.old_up.sort();
     fallen_failure(input, &t, plan);
     t
+}
+
+impl Tally {
+    /// Counts node `n`, whose pod runs another revision (or the failed attempt's), as up or
+    /// down; with analysis, a control while attached, and whose window to freeze if replaced.
+    fn other_revision(&mut self, input: &Input<'_>, n: &NodeView, pod: &PodView, attached: Option<i64>) {
+        let analysed = input.analysis.is_some();
+        if analysed {
+            self.pod_nodes.push((pod.name.clone(), n.node.clone()));
+        }
+        match attached {
+            Some(since) => {
+                self.old_up.push(pod.name.clone());
+                if analysed {
+                    self.controls.push((n.node.clone(), since));
+                }
+            }
+            None => {
+                self.unavailable += 1;
+                self.old_down.push(pod.name.clone());
+            }
+        }
+    }
+
+    /// Counts node `n` as fallen when it went NotReady after its switch ([`fell_after_switch`]):
+    /// it runs the target revision, down, and holds the next wave.
+    fn fell(&mut self, input: &Input<'_>, n: &NodeView, plan: &mut Plan) -> bool {
+        let Some(pod) = n.pod.as_ref().filter(|_| fell_after_switch(input, n)) else { return false };
+        self.fallen.push((n.node.clone(), pod.created));
+        plan.updated += 1;
+        self.unavailable += 1;
+        self.all_attached = false;
+        true
+    }
 }
 
 /// How long after its switch a node of the wave that goes NotReady counts against the
