@@ -87,7 +87,10 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     assert!(line_after(four, "phases seen: ").is_some_and(|p| p.ends_with("RolledBack")), "{four}");
     assert_eq!(most_down(four), Some(1), "only the canary switched: {four}");
     assert!(four.contains("Degraded=True RolloutFailed: Revision") && four.contains(" on demo-node-"), "{four}");
-    assert!(four.contains("beyond the median change of 4 control nodes") && four.contains("the limit is "), "{four}");
+    // The controls are the nodes left alone with enough samples in both windows: 3 or 4 (the
+    // node ejected in step 3 may have too few since its pod came back).
+    let controls = ["3", "4"].iter().any(|n| four.contains(&format!("beyond the median change of {n} control nodes")));
+    assert!(controls && four.contains("the limit is "), "{four}");
     assert!(four.contains("AnalysisFailed"), "the AnalysisFailed event: {four}");
     assert_eq!(line_after(four, "revisions running: "), Some(stable), "the stable revision again everywhere: {four}");
 

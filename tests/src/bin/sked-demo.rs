@@ -312,7 +312,7 @@ fn what_to_try(cluster: &TestCluster) -> String {
          (PHASE RolledBack, Degraded=True RolloutFailed, a RolledBack event; 4 nodes never touched):\n    {broken}\n\
          - A revision the kernel ejects during its bake (the kernel's reason in the cause):\n    {eject}\n\
          - A revision that attaches and slows its nodes down, judged by the analysis of its bake\n    \
-         (the canary's change against the 4 nodes it left alone; reason AnalysisFailed):\n    {slow}\n\
+         (the canary's change against the nodes it left alone; reason AnalysisFailed):\n    {slow}\n\
          - Pause, change, resume:\n    {pause}\n    {paused_args}\n    {resume}\n\
          - Events:  kubectl get events -n default --field-selector involvedObject.name={NAME}\n\
          - Delete it (every node back on the kernel's default scheduler at once):\n    kubectl delete scheduler {NAME}\n\
