@@ -386,7 +386,7 @@ fn verdict(case: &Case<'_>, nodes: Vec<(&str, Verdict, String)>) -> Judgement {
         format!("; {} over a limit, under {}", failing.len(), quorum_text(case, quorum))
     };
     let message = format!(
-        "{judged} node(s) judged against the control nodes' change during the bake of revision {}{over}",
+        "{judged} node(s) judged by their change since their switch, during the bake of revision {}{over}",
         case.revision
     );
     judgement(AnalysisVerdict::Passed, message, None, None)
