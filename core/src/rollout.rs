@@ -256,11 +256,11 @@ pub struct Analysis<'a> {
     pub limits: &'a analysis::Limits,
     /// Each node's health samples and counter names.
     pub health: &'a std::collections::BTreeMap<String, analysis::NodeHealth>,
-    /// The target revision's last verdict that did not fail it, and when it was reached
-    /// (seconds since the epoch): a bake that ended before it is judged already, and not again
-    /// (a rollout held after its bake, by its budget, would otherwise write a new verdict at
-    /// every reconcile); only nodes switched after it are of the next wave.
-    pub last: Option<(&'a AnalysisStatus, i64)>,
+    /// The target revision's last verdict that did not fail it: a bake that ended before its
+    /// time is judged already, and not again (a rollout held after its bake, by its budget,
+    /// would otherwise write a new verdict at every reconcile); only nodes switched after it are
+    /// of the next wave.
+    pub last: Option<&'a AnalysisStatus>,
     /// The window before the switch of the wave in flight, frozen when its pods were replaced
     /// (the target revision's, and not judged yet).
     pub baseline: Option<&'a WaveBaseline>,
@@ -270,8 +270,9 @@ pub struct Analysis<'a> {
 }
 
 impl Analysis<'_> {
+    /// When the last verdict was reached (seconds since the epoch).
     fn judged_at(&self) -> Option<i64> {
-        self.last.map(|(_, at)| at)
+        self.last.map(|a| a.time.0.as_second())
     }
 }
 
@@ -774,7 +775,7 @@ fn after_bake(
     let bake_end = tally.newest_attach.map(|t| t + input.pacing.bake_seconds);
     if a.judged_at().zip(bake_end).is_some_and(|(judged, end)| judged >= end) {
         // Judged already: a verdict that holds the rollout holds it until the generation moves.
-        let held = a.last.is_some_and(|(last, _)| last.holds && last.generation == Some(a.generation));
+        let held = a.last.is_some_and(|last| last.holds && last.generation == Some(a.generation));
         if held {
             plan.phase = RolloutPhase::Paused;
             return ControlFlow::Break(plan);
@@ -1277,7 +1278,7 @@ mod tests {
         }
     }
 
-    fn verdict(verdict: sked_api::AnalysisVerdict, holds: bool, generation: i64) -> AnalysisStatus {
+    fn verdict(verdict: sked_api::AnalysisVerdict, holds: bool, generation: i64, at: i64) -> AnalysisStatus {
         AnalysisStatus {
             revision: T.into(),
             verdict,
@@ -1285,7 +1286,7 @@ mod tests {
             holds,
             message: String::new(),
             nodes: Vec::new(),
-            time: Time(jiff::Timestamp::UNIX_EPOCH),
+            time: Time(jiff::Timestamp::from_second(at).unwrap_or_default()),
         }
     }
 
@@ -1296,13 +1297,14 @@ mod tests {
         let limits = analysis::Limits::of(&sked_api::AnalysisSpec::default());
         let health = std::collections::BTreeMap::new();
         let baseline = baseline_of(&["n0"]);
-        let passed = verdict(sked_api::AnalysisVerdict::Passed, false, 1);
+        let passed = |at: i64| verdict(sked_api::AnalysisVerdict::Passed, false, 1, at);
         let at = |judged_at: Option<i64>| {
+            let last = judged_at.map(passed);
             decide(&Input {
                 analysis: Some(Analysis {
                     limits: &limits,
                     health: &health,
-                    last: judged_at.map(|t| (&passed, t)),
+                    last: last.as_ref(),
                     baseline: Some(&baseline),
                     generation: 1,
                 }),
@@ -1335,19 +1337,19 @@ mod tests {
                 analysis: Some(Analysis {
                     limits: &limits,
                     health: &health,
-                    last: Some((last, 140)),
+                    last: Some(last),
                     baseline: Some(&baseline),
                     generation,
                 }),
                 ..input_at(&nodes, pacing(1, 2), now)
             })
         };
-        let held = verdict(sked_api::AnalysisVerdict::Inconclusive, true, 1);
+        let held = verdict(sked_api::AnalysisVerdict::Inconclusive, true, 1, 140);
         let paused = at(1, &held, 200);
         assert_eq!((paused.phase, paused.replace.len()), (RolloutPhase::Paused, 0));
         let proceeded = at(2, &held, 200);
         assert_eq!(proceeded.replace.len(), 2, "a new generation (kubectl sked rollout proceed) goes on");
-        let let_go = verdict(sked_api::AnalysisVerdict::Inconclusive, false, 1);
+        let let_go = verdict(sked_api::AnalysisVerdict::Inconclusive, false, 1, 140);
         assert_eq!(at(1, &let_go, 200).replace.len(), 2, "an Inconclusive verdict that did not hold");
     }
 

@@ -154,14 +154,8 @@ pub async fn retry(cluster: &Cluster, name: &str) -> Result<()> {
             "Scheduler {name} has no failed revision to retry (rollout phase: {phase})"
         )));
     };
-    if s.spec.rollout.as_ref().is_some_and(|r| r.paused) {
-        return Err(Error::NotFound(format!(
-            "Scheduler {name} is paused: kubectl sked rollout resume {name} resumes it, which tries revision {} again",
-            failed.revision
-        )));
-    }
-    patch_paused(cluster, name, true).await?;
-    patch_paused(cluster, name, false).await?;
+    let resume = format!("tries revision {} again", failed.revision);
+    pause_and_resume(cluster, &s, &resume).await?;
     println!(
         "scheduler.sked.schedkit.io/{name} retrying revision {} (it failed on node {}: {})",
         failed.revision, failed.node, failed.cause
@@ -183,18 +177,26 @@ pub async fn proceed(cluster: &Cluster, name: &str) -> Result<()> {
             "the rollout of Scheduler {name} does not wait on an Inconclusive analysis (rollout phase: {phase})"
         )));
     };
-    if s.spec.rollout.as_ref().is_some_and(|r| r.paused) {
-        return Err(Error::NotFound(format!(
-            "Scheduler {name} is paused: kubectl sked rollout resume {name} resumes it, which goes on past the analysis too"
-        )));
-    }
-    patch_paused(cluster, name, true).await?;
-    patch_paused(cluster, name, false).await?;
+    pause_and_resume(cluster, &s, "goes on past the analysis too").await?;
     println!(
         "scheduler.sked.schedkit.io/{name} proceeding past the analysis of revision {} ({})",
         held.revision, held.message
     );
     Ok(())
+}
+
+/// A new generation of the spec, twice (paused, then not): what moves a recorded failure or an
+/// Inconclusive verdict, both held only under the generation they were reached in. A paused
+/// Scheduler is left to `resume`, which does the same (`resume` says what it does then).
+async fn pause_and_resume(cluster: &Cluster, s: &Scheduler, resume: &str) -> Result<()> {
+    let name = s.name_any();
+    if s.spec.rollout.as_ref().is_some_and(|r| r.paused) {
+        return Err(Error::NotFound(format!(
+            "Scheduler {name} is paused: kubectl sked rollout resume {name} resumes it, which {resume}"
+        )));
+    }
+    patch_paused(cluster, &name, true).await?;
+    patch_paused(cluster, &name, false).await
 }
 
 /// Sets the spec back to the current revision: the one sked last ran attached everywhere.

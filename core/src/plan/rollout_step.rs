@@ -102,8 +102,7 @@ pub(super) fn decide(
             last: previous
                 .analysis
                 .as_ref()
-                .filter(|a| a.revision == template.name && a.verdict != sked_api::AnalysisVerdict::Failed)
-                .map(|a| (a, a.time.0.as_second())),
+                .filter(|a| a.revision == template.name && a.verdict != sked_api::AnalysisVerdict::Failed),
             baseline: previous.baseline.as_ref(),
             generation: s.scheduler.metadata.generation.unwrap_or(0),
         }),
