@@ -31,6 +31,9 @@ use crate::trust::Trust;
 /// Path the ValidatingWebhookConfiguration calls.
 pub const VALIDATE_PATH: &str = "/validate-scheduler";
 
+/// How long the webhook keeps accepting calls after the shutdown signal.
+pub const LINGER: Duration = Duration::from_secs(2);
+
 /// Everything a webhook request needs.
 pub struct WebhookState {
     pub trust: Arc<Trust>,
@@ -40,7 +43,7 @@ pub struct WebhookState {
     pub timeout: Duration,
 }
 
-/// Serves the webhook until `shutdown` turns true, then drains for up to 10 s. The certificate
+/// Serves the webhook until [`LINGER`] after `shutdown` turns true, then drains for up to 5 s. The certificate
 /// files are re-read when they change (cert-manager renewals need no restart).
 pub async fn serve(
     address: SocketAddr,
@@ -57,7 +60,11 @@ pub async fn serve(
     let drain = handle.clone();
     tokio::spawn(async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
-        drain.graceful_shutdown(Some(Duration::from_secs(10)));
+        // A terminating pod leaves its Service's endpoints while it gets SIGTERM, and the API
+        // server dials it until it sees that: with failurePolicy Fail, a call refused then
+        // refuses a user's write. Keep answering a moment first.
+        tokio::time::sleep(LINGER).await;
+        drain.graceful_shutdown(Some(Duration::from_secs(5)));
     });
     info!(logger = "sked-controller/webhook", address = %address, path = VALIDATE_PATH, "serving the admission webhook");
     let gate = HandshakeGate::new("webhook", state.metrics.clone());

@@ -33,16 +33,43 @@ pub struct PodProcess {
     pub ports: BTreeMap<String, u16>,
     pub log: PathBuf,
     child: Child,
+    /// When its pod began terminating: it is out of its Services from then on, and asked to
+    /// stop (SIGTERM); it is killed once it has had [`GRACE`].
+    stopping: Option<std::time::Instant>,
 }
+
+/// How long a terminating pod's process may take to stop before it is killed (the pod's
+/// grace period, shortened for tests).
+const GRACE: Duration = Duration::from_secs(10);
 
 impl PodProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// Whether the process still runs.
+    /// Whether the process still runs and its pod is not terminating.
     pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        self.stopping.is_none() && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// As the kubelet stops a container: the pod leaves its Services' endpoints (it is no
+    /// longer `running`), its process gets SIGTERM, and is killed after [`GRACE`]. Returns
+    /// whether the process is gone.
+    fn stop(&mut self) -> bool {
+        let since = *self.stopping.get_or_insert_with(|| {
+            // SAFETY: kill(2) on the child's pid, which this value owns and has not reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            std::time::Instant::now()
+        });
+        if matches!(self.child.try_wait(), Ok(Some(_)) | Err(_)) {
+            return true;
+        }
+        if since.elapsed() >= GRACE {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            return true;
+        }
+        false
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
@@ -153,7 +180,10 @@ async fn sync(
         .collect();
     {
         let mut procs = running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        procs.retain(|p| live.iter().any(|l| l.uid().as_deref() == Some(p.uid.as_str())));
+        // A pod that is gone or terminating stops as the kubelet stops it: out of the
+        // Services first, SIGTERM, and a grace period (sked's servers keep answering for a
+        // moment after SIGTERM, while the endpoints catch up).
+        procs.retain_mut(|p| live.iter().any(|l| l.uid().as_deref() == Some(p.uid.as_str())) || !p.stop());
     }
     for pod in live {
         let uid = pod.uid().unwrap_or_default();
@@ -299,7 +329,7 @@ async fn start(
         .stdout(out.try_clone()?)
         .stderr(out);
     let child = crate::cluster::spawn(cmd).context("starting sked-controller for a pod")?;
-    Ok(PodProcess { pod: pod.name_any(), uid: pod.uid().unwrap_or_default(), ports, log, child })
+    Ok(PodProcess { pod: pod.name_any(), uid: pod.uid().unwrap_or_default(), ports, log, child, stopping: None })
 }
 
 /// A kubeconfig for the test API server with a token of `service_account`, bound to `pod`

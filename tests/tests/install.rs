@@ -341,7 +341,7 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
     // The upgraded release's leader reconciles the Scheduler (poked after the upgrade settled).
     let settled = reconciles(&pods).await;
     let out = fx.cluster.kubectl(&["annotate", "scheduler", "canary", "sked-tests/poke=after-upgrade"])?;
-    ensure!(out.status.success(), "{}", text(&out));
+    ensure!(out.status.success(), "{}\n{}", text(&out), pods.logs());
     wait_for("a reconcile after the upgrade", || async {
         let now = reconciles(&pods).await;
         Ok(now.iter().any(|(uid, n)| *n > settled.get(uid).copied().unwrap_or(0)).then_some(()))
