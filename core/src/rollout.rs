@@ -674,7 +674,7 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
 /// The next wave: pods of another revision (those down first), then entering nodes, once every
 /// node of the target revision runs it attached and the newest has baked; a canary first.
 fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Plan) -> Plan {
-    let Input { stable, nodes, expected_pods, pacing, now, .. } = *input;
+    let Input { nodes, expected_pods, pacing, now, .. } = *input;
     let baked_in = tally.newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
     let (all_attached, skipped_pods) = (tally.all_attached, tally.skipped_pods);
     let in_rollout = (nodes.len() + input.entering.len()).saturating_sub(plan.skipped.len());
@@ -682,21 +682,19 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Pl
     let phase_for =
         |updated: usize| if updated <= canary && canary > 0 { RolloutPhase::Canary } else { RolloutPhase::Rolling };
     if tally.old_down.is_empty() && tally.old_up.is_empty() && waiting.is_empty() {
-        // The last wave bakes too; a first deployment (nothing to go back to) is done once
-        // every node runs it attached.
+        // The last wave bakes too, a first deployment's as well: a scheduler that ejects
+        // during that bake is rolled back (to the kernel's default, when nothing ran before).
         // Every pod the DaemonSet controller means to run must be there, attached, and at least
         // one somewhere: the DaemonSet's count may not have caught up with the owner labels yet,
         // and a revision that never ran anywhere is not one to go back to.
         let everywhere =
             plan.attached >= expected_pods.saturating_sub(skipped_pods) && (plan.attached > 0 || in_rollout == 0);
-        if all_attached && everywhere && plan.admit.is_empty() && (stable.is_none() || baked_in <= 0) {
-            if stable.is_some() {
-                let holding = phase_for(plan.updated);
-                plan = match after_bake(input, &tally, baked_in, holding, plan) {
-                    ControlFlow::Continue(plan) => plan,
-                    ControlFlow::Break(stopped) => return stopped,
-                };
-            }
+        if all_attached && everywhere && plan.admit.is_empty() && baked_in <= 0 {
+            let holding = phase_for(plan.updated);
+            plan = match after_bake(input, &tally, baked_in, holding, plan) {
+                ControlFlow::Continue(plan) => plan,
+                ControlFlow::Break(stopped) => return stopped,
+            };
             plan.phase = RolloutPhase::Complete;
         } else {
             // The canary's wave when it is the last one too (a fleet of one node): it bakes as
@@ -1473,6 +1471,28 @@ mod tests {
         // Baked: a wave of two.
         let plan = decide_at(&nodes, pacing(1, 2), 140);
         assert_eq!((plan.phase, plan.replace.clone()), (RolloutPhase::Rolling, vec!["n1-old".into(), "n2-old".into()]));
+    }
+
+    #[test]
+    fn a_first_deployments_last_wave_bakes_too() {
+        let first = |nodes: &[NodeView], now: i64| decide(&Input { stable: None, ..input_at(nodes, pacing(1, 2), now) });
+        // One node: its canary is the last wave, and bakes before Complete.
+        let one = [node("n0", T, KernelView::Attached { since: 100 })];
+        let plan = first(&one, 105);
+        assert_eq!((plan.phase, plan.recheck_in), (RolloutPhase::Canary, Some(25)), "baking until 130");
+        assert_eq!(first(&one, 130).phase, RolloutPhase::Complete);
+        // Two nodes: the second attached at 150 bakes until 180.
+        let two = [node("n0", T, KernelView::Attached { since: 100 }), node("n1", T, KernelView::Attached { since: 150 })];
+        let plan = first(&two, 151);
+        assert_eq!((plan.phase, plan.recheck_in), (RolloutPhase::Rolling, Some(29)));
+        assert_eq!(first(&two, 180).phase, RolloutPhase::Complete);
+        // Ejected during that bake: the revision fails, with nothing to go back to but the
+        // kernel's default.
+        let ejected = [node("n0", T, KernelView::Attached { since: 100 }), node("n1", T, KernelView::Ejected)];
+        let plan = first(&ejected, 170);
+        assert_eq!(plan.phase, RolloutPhase::RolledBack);
+        let failure = plan.failure.as_ref().map(|f| (f.node.as_str(), f.cause.as_str()));
+        assert!(failure.is_some_and(|(n, c)| n == "n1" && c.contains("kernel stopped running the scheduler")), "{failure:?}");
     }
 
     #[test]
