@@ -32,7 +32,9 @@ impl KernelTable {
     /// A heartbeat after `stale_after` of silence is news: the node is back.
     pub fn record(&self, node: &str, mut report: NodeReport, stale_after: Duration) -> Vec<String> {
         let mut nodes = lock(&self.nodes);
-        let same_pod = nodes.get(node).filter(|p| p.pod == report.pod && p.scheduler == report.scheduler);
+        let same_pod = nodes
+            .get(node)
+            .filter(|p| p.pod == report.pod && p.pod_uid == report.pod_uid && p.scheduler == report.scheduler);
         let was_attached = same_pod.and_then(|p| p.attached_since);
         if report.verdict == Verdict::Attached {
             report.attached_since = Some(was_attached.unwrap_or_else(|| jiff::Timestamp::now().as_second()));
@@ -53,6 +55,7 @@ impl KernelTable {
             Some(p)
                 if p.scheduler == report.scheduler
                     && p.pod == report.pod
+                    && p.pod_uid == report.pod_uid
                     && p.verdict == report.verdict
                     && p.reason == report.reason
                     && p.last_exit == report.last_exit

@@ -218,6 +218,8 @@ impl Refusal {
 pub struct Caller {
     pub node: String,
     pub pod: String,
+    /// The UID of the pod its token is bound to.
+    pub pod_uid: String,
     pub scheduler: String,
 }
 
@@ -411,7 +413,7 @@ impl Inner {
         if !ours {
             return Err(not_scheduler_pod());
         }
-        Ok(Caller { node, pod: pod_name, scheduler })
+        Ok(Caller { node, pod: pod_name, pod_uid, scheduler })
     }
 }
 
@@ -528,7 +530,9 @@ impl Session {
         if let Some(health) = report.health.as_ref().filter(|_| analysed) {
             service.table.health.record(node, health, jiff::Timestamp::now().as_millisecond());
         }
-        let entry = node_report(&report, Instant::now()).from_every_replica(!self.follows_leader);
+        let entry = node_report(&report, Instant::now())
+            .from_pod(&self.caller.pod_uid)
+            .from_every_replica(!self.follows_leader);
         for scheduler in service.table.record(node, entry, service.stale_after) {
             debug!(node = %node, scheduler = %scheduler, verdict = kernel_verdict(report.verdict).as_str(), "kernel view changed");
             let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));

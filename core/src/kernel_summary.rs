@@ -17,6 +17,10 @@ const MAX_NODES_LISTED: usize = 3;
 pub struct NodeReport {
     pub scheduler: String,
     pub pod: String,
+    /// The UID of the pod that sent it (its token is bound to that pod): a report counts for
+    /// that pod alone, never for another of the same name or a Scheduler made again under the
+    /// same name.
+    pub pod_uid: String,
     pub verdict: Verdict,
     pub reason: String,
     pub ops: String,
@@ -59,6 +63,7 @@ impl NodeReport {
         Self {
             scheduler,
             pod,
+            pod_uid: String::new(),
             verdict,
             reason,
             ops,
@@ -71,10 +76,32 @@ impl NodeReport {
         }
     }
 
+    /// The same report, from the pod with UID `uid`.
+    pub fn from_pod(self, uid: &str) -> Self {
+        Self { pod_uid: uid.to_owned(), ..self }
+    }
+
     /// The same report, marked as come on a stream its agent holds to every replica.
     pub fn from_every_replica(self, every_replica: bool) -> Self {
         Self { every_replica, ..self }
     }
+}
+
+/// Keeps the reports that count for one Scheduler: those sent by one of its pods, by UID, the
+/// pods its own DaemonSet controls (`daemonset_uid`, the DaemonSet whose controller is that
+/// Scheduler's UID; `None` before it has one). A Scheduler deleted and made again under the same
+/// name does not read its predecessor's reports, nor a report of a pod that was replaced.
+pub fn keep_own_reports(
+    reports: &mut HashMap<String, NodeReport>,
+    pods: &[std::sync::Arc<crate::pods::SchedulerPod>],
+    daemonset_uid: Option<&str>,
+) {
+    let own: BTreeSet<&str> = pods
+        .iter()
+        .filter(|p| daemonset_uid.is_some_and(|ds| p.daemonset.as_ref().is_some_and(|(_, uid)| uid == ds)))
+        .map(|p| p.uid.as_str())
+        .collect();
+    reports.retain(|_, r| own.contains(r.pod_uid.as_str()));
 }
 
 /// The key of one ejection, `node@time`: the same in a report, in this term's memory of the
@@ -248,6 +275,34 @@ mod tests {
     }
 
     const STALE: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_report_counts_for_its_own_pod_of_its_own_daemonset_only() {
+        use crate::test_objects::{pod, report};
+        let mine = |name: &str, uid: &str, ds: &str| {
+            let mut p = pod(name);
+            p.uid = uid.into();
+            p.daemonset = Some(("s".into(), ds.into()));
+            std::sync::Arc::new(p)
+        };
+        let pods = vec![mine("s-a", "u1", "ds-now"), mine("s-b", "u2", "ds-before")];
+        let now = Instant::now();
+        let mut reports: HashMap<String, NodeReport> = [
+            ("a", report("s-a", Verdict::Attached, now).from_pod("u1")),
+            // The Scheduler made before under the same name: its pod, its DaemonSet.
+            ("b", report("s-b", Verdict::Attached, now).from_pod("u2")),
+            // A pod of the same name, another UID (replaced).
+            ("c", report("s-a", Verdict::Attached, now).from_pod("u9")),
+        ]
+        .into_iter()
+        .map(|(n, r)| (n.to_owned(), r))
+        .collect();
+        let mut before = reports.clone();
+        keep_own_reports(&mut reports, &pods, Some("ds-now"));
+        assert_eq!(reports.keys().collect::<Vec<_>>(), ["a"]);
+        keep_own_reports(&mut before, &pods, None);
+        assert!(before.is_empty(), "no DaemonSet of its own yet: no report is its own");
+    }
 
     #[test]
     fn the_message_counts_and_lists_the_same_nodes() {

@@ -1475,14 +1475,16 @@ mod tests {
 
     #[test]
     fn a_first_deployments_last_wave_bakes_too() {
-        let first = |nodes: &[NodeView], now: i64| decide(&Input { stable: None, ..input_at(nodes, pacing(1, 2), now) });
+        let first =
+            |nodes: &[NodeView], now: i64| decide(&Input { stable: None, ..input_at(nodes, pacing(1, 2), now) });
         // One node: its canary is the last wave, and bakes before Complete.
         let one = [node("n0", T, KernelView::Attached { since: 100 })];
         let plan = first(&one, 105);
         assert_eq!((plan.phase, plan.recheck_in), (RolloutPhase::Canary, Some(25)), "baking until 130");
         assert_eq!(first(&one, 130).phase, RolloutPhase::Complete);
         // Two nodes: the second attached at 150 bakes until 180.
-        let two = [node("n0", T, KernelView::Attached { since: 100 }), node("n1", T, KernelView::Attached { since: 150 })];
+        let two =
+            [node("n0", T, KernelView::Attached { since: 100 }), node("n1", T, KernelView::Attached { since: 150 })];
         let plan = first(&two, 151);
         assert_eq!((plan.phase, plan.recheck_in), (RolloutPhase::Rolling, Some(29)));
         assert_eq!(first(&two, 180).phase, RolloutPhase::Complete);
@@ -1492,7 +1494,10 @@ mod tests {
         let plan = first(&ejected, 170);
         assert_eq!(plan.phase, RolloutPhase::RolledBack);
         let failure = plan.failure.as_ref().map(|f| (f.node.as_str(), f.cause.as_str()));
-        assert!(failure.is_some_and(|(n, c)| n == "n1" && c.contains("kernel stopped running the scheduler")), "{failure:?}");
+        assert!(
+            failure.is_some_and(|(n, c)| n == "n1" && c.contains("kernel stopped running the scheduler")),
+            "{failure:?}"
+        );
     }
 
     #[test]

@@ -1066,3 +1066,39 @@ async fn an_ejection_reaches_the_status_and_is_recorded_once_across_a_failover()
     drop(a1);
     Ok(())
 }
+
+/// A Scheduler deleted and made again under the same name reads none of its predecessor's
+/// reports: KernelAttached counts reports of its own pods (by UID) alone, while the old pods'
+/// agents still report attached under the same Scheduler name.
+#[tokio::test]
+async fn a_scheduler_made_again_under_the_same_name_reads_none_of_the_old_ones_reports() -> Result<()> {
+    let s = setup("again").await?;
+    let (_old1, _old2, sched) = s.both_attached().await?;
+    let old_uid = sched.uid().context("the first Scheduler's UID")?;
+    s.fx.schedulers().delete(&s.name, &Default::default()).await?;
+    s.fx.wait_daemonset_gone(&s.name).await?;
+    let spec = SchedulerSpec { expected_ops: Some("rusty".into()), ..spec_on(IMAGE, &[("pool", "k")]) };
+    s.fx.create_scheduler(&s.name, spec).await?;
+    // The new Scheduler's pods are there and its status counted them, while the old agents
+    // (their pods terminating) still say "attached" for Scheduler "again".
+    let pods = sked_tests::wait_bound_pods(&s.fx.client, &s.fx.namespace, &s.name, 2).await?;
+    let sched =
+        s.fx.wait_scheduler(&s.name, "the new Scheduler's kernel view", |sc| {
+            sc.uid().is_some_and(|u| u != old_uid)
+                && sc.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 2)
+                && condition(sc, "KernelAttached").is_some()
+        })
+        .await?;
+    let status = sched.status.as_ref().context("status")?;
+    let message = condition(&sched, "KernelAttached").map(|c| c.message.clone()).unwrap_or_default();
+    assert_eq!(status.kernel_attached, 0, "the old pods' reports count for nobody: {message}");
+    assert!(message.contains("no report yet"), "{message}");
+    // The new pods' agents report: counted.
+    let renewed = Setup { pods, ..s };
+    let a1 = renewed.agent("k-1").await?;
+    let a2 = renewed.agent("k-2").await?;
+    a1.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    a2.set_kernel("enabled", Some("rusty_1.0.0"), 1)?;
+    renewed.wait_kernel("the new pods' agents attached", 2, "KernelAttached").await?;
+    Ok(())
+}

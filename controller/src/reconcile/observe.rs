@@ -74,7 +74,16 @@ pub(super) async fn observe(ctx: &Context, name: &str) -> Option<Observed> {
     let daemonset = ctx.index.daemonset(name, &ctx.settings.namespace);
     let pods = ctx.index.pods_of(name);
     let nodes = ctx.index.nodes_of(name, &placement, &pods);
-    let reports = ctx.kernel.reports_of(placement.owned.iter().chain(&nodes.scheduled));
+    let mut reports = ctx.kernel.reports_of(placement.owned.iter().chain(&nodes.scheduled));
+    // Reports count for this Scheduler's own pods, by UID, never by its name.
+    let own_daemonset = daemonset.as_deref().filter(|ds| {
+        ds.owner_references().iter().any(|o| o.controller == Some(true) && o.kind == "Scheduler" && o.uid == uid)
+    });
+    sked_core::kernel_summary::keep_own_reports(
+        &mut reports,
+        &pods,
+        own_daemonset.and_then(|ds| ds.metadata.uid.as_deref()),
+    );
     let analysed = scheduler.spec.rollout.as_ref().is_some_and(|r| r.analysis.is_some());
     let health = if analysed { ctx.kernel.health.samples_of(&placement.owned) } else { Default::default() };
     let clock = plan::Clock {
