@@ -120,6 +120,8 @@ pub fn same_exit(a: Option<&KernelExit>, b: Option<&KernelExit>) -> bool {
 pub struct KernelSummary {
     /// Scheduled nodes whose kernel runs this Scheduler (fresh Attached reports).
     pub attached: i32,
+    /// The nodes counted: those that run the Scheduler's pod.
+    pub scheduled: i32,
     pub is_true: bool,
     pub reason: Reason,
     pub message: String,
@@ -238,6 +240,7 @@ pub fn summarize(
     ejections.sort_by(|a: &KernelExit, b| (a.time.as_str(), a.node.as_str()).cmp(&(b.time.as_str(), b.node.as_str())));
     KernelSummary {
         attached,
+        scheduled,
         is_true,
         reason,
         message,

@@ -36,4 +36,6 @@ pub mod status;
 pub mod workload;
 
 #[cfg(test)]
+mod status_agreement;
+#[cfg(test)]
 mod test_objects;

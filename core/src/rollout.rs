@@ -991,6 +991,12 @@ pub fn advance(p: &Progress<'_>) -> Step {
             None => {}
         },
     }
+    if step.status.failed.is_some() {
+        // While a failure stands no node enters until the spec changes: the nodes waiting to
+        // enter are not ones a pod is meant for, so DESIRED and KernelAttached leave them out
+        // (they said "5 more nodes wait for a pod" of a revision rolled back everywhere).
+        step.desired = step.desired.saturating_sub(usize::try_from(step.status.entering_nodes).unwrap_or(0));
+    }
     if !p.caught_up {
         // The DaemonSet controller has not seen the template yet: a pod deleted now could come
         // back as the old revision, or a node labelled now get it.
@@ -1753,11 +1759,15 @@ mod tests {
             phase: RolloutPhase::Rolling,
             labelled: vec!["n2".into()],
             admit: vec!["n3".into()],
+            entering: 2,
+            desired: 4,
             ..Plan::default()
         };
         let mut p = progress(&after, &plan, revision(T, 2));
         p.failed = Some(&recorded);
         let step = advance(&p);
+        // DESIRED leaves out the nodes that wait to enter: none gets a pod until the spec changes.
+        assert_eq!((step.desired, step.status.entering_nodes), (1, 3));
         assert_eq!((step.evict, step.admit, step.status.phase), (vec!["n2".to_string()], vec![], RolloutPhase::Failed));
     }
 

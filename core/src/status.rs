@@ -335,7 +335,27 @@ fn kstatus_conditions(
 fn kernel_condition(obs: &Observed<'_>) -> Condition {
     let k = obs.kernel;
     let unsupported = &obs.placement.unsupported;
-    let message = if unsupported.is_empty() {
+    let back_to_zero = obs.rollout.filter(|r| r.phase == RolloutPhase::Failed);
+    let message = if let Some(r) = back_to_zero {
+        // Not "N more nodes wait for a pod": none gets one until the spec changes.
+        let revision = r
+            .failed
+            .as_ref()
+            .map(|f| f.revision.as_str())
+            .or(r.update_revision.as_ref().map(|u| u.name.as_str()))
+            .unwrap_or_default();
+        let rolled_back = format!(
+            "revision {revision} failed and was rolled back to the kernel's default scheduler, and no node gets a pod until the spec changes"
+        );
+        if k.attached == 0 {
+            format!("No node runs this scheduler: {rolled_back}")
+        } else {
+            format!(
+                "{} of {} scheduled nodes run this scheduler in the kernel until their pods are gone: {rolled_back}",
+                k.attached, k.scheduled
+            )
+        }
+    } else if unsupported.is_empty() {
         format!("{}{}", k.message, skipped_summary(obs.rollout))
     } else {
         let names: Vec<&str> = unsupported.iter().take(MAX_WINNERS_LISTED).map(String::as_str).collect();
@@ -709,6 +729,7 @@ mod tests {
         let reason = Reason::parse(reason).unwrap();
         KernelSummary {
             attached,
+            scheduled: desired,
             is_true: reason == Reason::KernelAttached,
             reason,
             message: format!("{attached} of {desired}"),
