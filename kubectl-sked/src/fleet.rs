@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use serde::Serialize;
-use sked_api::labels::{KERNEL_LABEL, NAME_LABEL, OWNER_LABEL, REVISION_LABEL, SCHED_EXT_LABEL};
+use sked_api::labels::{AGENT_CONTAINER, KERNEL_LABEL, NAME_LABEL, OWNER_LABEL, REVISION_LABEL, SCHED_EXT_LABEL};
 use sked_api::pod_kernel::{POD_CONDITION, PodKernel};
 use sked_api::{RolloutPhase, Scheduler};
 use sked_core::arbiter::{Assignment, Claim, assign};
@@ -51,6 +51,9 @@ pub struct StatusRow {
     pub last_exit: Option<LastExit>,
     pub restarts: i32,
     pub terminating: bool,
+    /// The version of sked's agent in the pod: its image's tag, or digest (a `helm upgrade`
+    /// to a new agent rolls through the nodes like any revision).
+    pub agent: Option<String>,
 }
 
 #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
@@ -186,6 +189,7 @@ impl StatusRow {
             last_exit: None,
             restarts: 0,
             terminating: false,
+            agent: None,
         }
     }
 
@@ -240,7 +244,18 @@ fn pod_row(s: &Scheduler, pod: &Pod) -> StatusRow {
         last_exit,
         restarts: facts.restarts,
         terminating: facts.is_terminating(),
+        agent: agent_version(pod),
     }
+}
+
+/// The agent container's image tag (or its digest, shortened), as the pod spec names it.
+fn agent_version(pod: &Pod) -> Option<String> {
+    let image = pod.spec.as_ref()?.containers.iter().find(|c| c.name == AGENT_CONTAINER)?.image.as_deref()?;
+    if let Some((_, digest)) = image.split_once('@') {
+        return Some(digest.chars().take(19).collect());
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    Some(last.split_once(':').map_or("latest", |(_, tag)| tag).to_owned())
 }
 
 /// One Node, as `kubectl sked nodes` shows it.
@@ -412,6 +427,22 @@ mod tests {
         );
         assert!(rows[4].message.as_deref().is_some_and(|m| m.contains("Scheduler old owns it")));
         assert_eq!((rows[0].restarts, rows[0].ready), (2, Some(true)));
+        assert_eq!((rows[0].agent.as_deref(), rows[2].agent.as_deref()), (Some("v0.5.0"), None), "the agent's version");
+    }
+
+    #[test]
+    fn the_agent_version_is_its_image_tag_or_digest() {
+        let with = |image: &str| {
+            let pod: Pod = serde_json::from_value(
+                serde_json::json!({"spec": {"containers": [{"name": "agent", "image": image}]}}),
+            )
+            .unwrap_or_default();
+            agent_version(&pod)
+        };
+        assert_eq!(with("registry:5000/sked/agent:v1.2").as_deref(), Some("v1.2"), "not the registry's port");
+        assert_eq!(with("sked/agent").as_deref(), Some("latest"));
+        assert_eq!(with("sked/agent@sha256:0123456789abcdef0123").as_deref(), Some("sha256:0123456789ab"));
+        assert_eq!(agent_version(&Pod::default()), None);
     }
 
     #[test]

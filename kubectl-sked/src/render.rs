@@ -59,7 +59,7 @@ pub fn status_table(
 ) -> Result<()> {
     writeln!(out, "{}", summary.line()).map_err(io)?;
     let mut table = tabwriter::TabWriter::new(Vec::new()).padding(3);
-    let header = "NODE\tPOD\tREVISION\tREADY\tKERNEL\tOPS\tSINCE\tLAST-EXIT\tRESTARTS";
+    let header = "NODE\tPOD\tREVISION\tREADY\tKERNEL\tOPS\tSINCE\tLAST-EXIT\tRESTARTS\tAGENT";
     let header = if wide { format!("{header}\tREASON\tMESSAGE") } else { header.to_owned() };
     writeln!(table, "{header}").map_err(io)?;
     for r in rows {
@@ -74,11 +74,12 @@ pub fn status_table(
         let exit =
             r.last_exit.as_ref().map_or_else(|| "-".into(), |e| format!("{} ({} ago)", e.reason, age(&e.time, now)));
         let mut line = format!(
-            "{}\t{}\t{revision}\t{ready}\t{kernel}\t{}\t{since}\t{exit}\t{}",
+            "{}\t{}\t{revision}\t{ready}\t{kernel}\t{}\t{since}\t{exit}\t{}\t{}",
             r.node,
             or_dash(r.pod.as_deref()),
             or_dash(r.ops.as_deref()),
-            r.restarts
+            r.restarts,
+            or_dash(r.agent.as_deref())
         );
         if wide {
             line.push_str(&format!("\t{}\t{}", or_dash(r.reason.as_deref()), or_dash(r.message.as_deref())));

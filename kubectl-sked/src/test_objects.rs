@@ -29,7 +29,7 @@ pub fn pod(scheduler: &str, node: &str, revision: &str, condition: Option<(&str,
             "name": format!("{scheduler}-{node}"), "uid": format!("uid-{scheduler}-{node}"),
             "labels": {"name": scheduler, "app.kubernetes.io/managed-by": "sked", "sked.schedkit.io/revision": revision},
         },
-        "spec": {"nodeName": node, "containers": [{"name": "scx", "image": "i"}]},
+        "spec": {"nodeName": node, "containers": [{"name": "scx", "image": "i"}, {"name": "agent", "image": "ghcr.io/schedkit/sked-agent:v0.5.0"}]},
         "status": {"phase": "Running", "conditions": conditions,
                    "containerStatuses": [{"name": "scx", "ready": true, "restartCount": 2, "image": "i", "imageID": "x"}]},
     }))
