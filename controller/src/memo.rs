@@ -23,6 +23,15 @@ pub(crate) struct LabelWrite {
     pub(crate) version: Option<u64>,
 }
 
+/// A pod this term deleted for a new revision.
+#[derive(Clone, Debug)]
+pub(crate) struct PodReplaced {
+    /// The Scheduler whose pod it was.
+    pub(crate) scheduler: String,
+    pub(crate) pod: String,
+    pub(crate) at: Instant,
+}
+
 /// An image admission kept for one Scheduler, with what it was decided from.
 #[derive(Clone, Debug)]
 pub(crate) struct Admission {
@@ -57,6 +66,9 @@ pub(crate) struct Memo {
     /// appears (or the attach timeout passes) the node counts as switching, so the next wave
     /// does not start before it, and as labelled whatever the Node watch shows yet.
     pub(crate) labelled: Mutex<HashMap<String, LabelWrite>>,
+    /// By node, the pod this term deleted there for a new revision: until its successor shows,
+    /// the node is switching (the expectation client-go keeps for its own deletes).
+    pub(crate) replaced: Mutex<HashMap<String, PodReplaced>>,
     /// Per Scheduler, the pod conditions this term wrote that the pod watch has not shown yet,
     /// by pod uid: each with what the pod carried when it was written.
     pub(crate) pod_conditions: Mutex<HashMap<String, HashMap<String, SentCondition>>>,
@@ -72,6 +84,7 @@ impl Default for Memo {
             recorded_ejections: Mutex::default(),
             recorded_exits: Mutex::default(),
             labelled: Mutex::default(),
+            replaced: Mutex::default(),
             pod_conditions: Mutex::default(),
         }
     }
@@ -86,6 +99,7 @@ impl Memo {
         lock(&self.recorded_ejections).clear();
         lock(&self.recorded_exits).clear();
         lock(&self.labelled).clear();
+        lock(&self.replaced).clear();
         lock(&self.pod_conditions).clear();
     }
 

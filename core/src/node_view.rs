@@ -38,12 +38,14 @@ impl TemplateRevision {
     }
 }
 
-/// What this leadership term remembers of labelling a node.
+/// What this leadership term remembers of labelling a node, and of replacing its pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Labelling {
+pub struct Labelling<'a> {
     /// How long ago this leader wrote the node's owner label, while it has not seen the node
     /// run attached since.
     pub ago: Option<Duration>,
+    /// The pod this term deleted on the node for the new revision, and how long ago.
+    pub replaced: Option<(&'a str, Duration)>,
     /// How long the term has lasted.
     pub term_age: Duration,
     /// The Scheduler's `attachTimeoutSeconds`.
@@ -101,14 +103,19 @@ pub fn node_view(
     pod: Option<&SchedulerPod>,
     report: Option<&NodeReport>,
     template: &TemplateRevision,
-    labelling: Labelling,
+    labelling: Labelling<'_>,
     wall: i64,
 ) -> NodeView {
+    let Labelling { ago, replaced, term_age, attach_timeout } = labelling;
+    // Replaced by this term moments ago, and its new pod not seen yet: the pod listed (if any)
+    // is the one deleted, whatever the watch shows of it so far. The node is switching, not
+    // a node of the old revision a wave could take again (client-go's expectations).
+    let just_replaced = replaced.is_some_and(|(old, ago)| ago < attach_timeout && pod.is_none_or(|p| p.name == old));
+    let pod = pod.filter(|_| !just_replaced);
     let own_report = report.filter(|r| pod.is_some_and(|p| p.name == r.pod));
     let view = pod.map(|p| pod_view(p, template, wall));
     // Labelled moments ago and no pod yet: by this leader (it remembers), or by the last one
     // (early in a term, any labelled node without a pod may be).
-    let Labelling { ago, term_age, attach_timeout } = labelling;
     let just_labelled = view.is_none() && (term_age < attach_timeout || ago.is_some_and(|ago| ago < attach_timeout));
     NodeView {
         node: node.to_owned(),
@@ -116,6 +123,7 @@ pub fn node_view(
         kernel: kernel_view(report, pod),
         exit: own_report.and_then(|r| r.last_exit.as_ref()).map(|e| e.describe()),
         just_labelled,
+        just_replaced,
         unfit: None,
         // In whole seconds, rounded down (pod creation times are whole seconds too).
         entered_at: ago.map(|ago| wall.saturating_sub(i64::try_from(ago.as_secs() + 1).unwrap_or(i64::MAX))),
@@ -133,8 +141,12 @@ mod tests {
         crate::test_objects::report(pod, verdict, Instant::now())
     }
 
-    const LONG_AGO: Labelling =
-        Labelling { ago: None, term_age: Duration::from_secs(3600), attach_timeout: Duration::from_secs(120) };
+    const LONG_AGO: Labelling<'static> = Labelling {
+        ago: None,
+        replaced: None,
+        term_age: Duration::from_secs(3600),
+        attach_timeout: Duration::from_secs(120),
+    };
 
     #[test]
     fn the_kernel_as_the_rollout_weighs_it() {
@@ -169,6 +181,7 @@ mod tests {
         let template = TemplateRevision::default();
         let labelled = |ago: Option<u64>, term_age: u64| Labelling {
             ago: ago.map(Duration::from_secs),
+            replaced: None,
             term_age: Duration::from_secs(term_age),
             attach_timeout: Duration::from_secs(120),
         };
@@ -181,6 +194,20 @@ mod tests {
         // When it entered, in whole seconds rounded down.
         assert_eq!(view(None, labelled(Some(10), 3600)).entered_at, Some(989));
         assert_eq!(view(None, LONG_AGO).entered_at, None);
+    }
+
+    #[test]
+    fn a_node_whose_pod_this_term_replaced_is_switching_until_the_new_pod_shows() {
+        let template = TemplateRevision::default();
+        let replaced = |ago: u64| Labelling { replaced: Some(("old", Duration::from_secs(ago))), ..LONG_AGO };
+        let view = |pod: Option<&SchedulerPod>, l| node_view("n", pod, None, &template, l, 1_000);
+        let old = view(Some(&pod("old")), replaced(1));
+        assert!(old.just_replaced && old.pod.is_none(), "the watch still lists the pod deleted: it is going");
+        assert!(view(None, replaced(1)).just_replaced, "gone, its successor not made yet");
+        let new = view(Some(&pod("new")), replaced(1));
+        assert!(!new.just_replaced && new.pod.is_some(), "the new pod is there");
+        assert!(!view(Some(&pod("old")), replaced(500)).just_replaced, "past the attach timeout");
+        assert!(!view(Some(&pod("old")), LONG_AGO).just_replaced);
     }
 
     #[test]

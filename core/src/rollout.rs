@@ -192,6 +192,11 @@ pub struct NodeView {
     /// Its owner label was written moments ago (less than the attach timeout) and its pod is
     /// not there yet: the DaemonSet controller is about to make it.
     pub just_labelled: bool,
+    /// This term deleted its pod for the target revision moments ago (less than the attach
+    /// timeout) and the new pod is not there yet (`pod` is `None` then, whatever the watch
+    /// still lists): the node is switching, counted as unavailable, and no wave takes another
+    /// node in its place.
+    pub just_replaced: bool,
     /// No pod of the Scheduler can run there now ([`Skip::NodeNotReady`] or
     /// [`Skip::TaintNotTolerated`]).
     pub unfit: Option<Skip>,
@@ -457,7 +462,7 @@ fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
                 // Not waited for past the attach timeout (a taint may keep its pod away).
                 plan.recheck(pacing.attach_timeout_seconds);
             }
-            let replaced = n.pod.as_ref().is_some_and(being_replaced) || n.just_labelled;
+            let replaced = n.pod.as_ref().is_some_and(being_replaced) || n.just_labelled || n.just_replaced;
             if replaced || awaited_without_pod > 0 {
                 if !replaced {
                     awaited_without_pod -= 1;
@@ -1215,6 +1220,7 @@ mod tests {
             kernel,
             exit: None,
             just_labelled: false,
+            just_replaced: false,
             unfit: None,
             entered_at: None,
         }
@@ -1504,6 +1510,21 @@ mod tests {
             failure.is_some_and(|(n, c)| n == "n1" && c.contains("kernel stopped running the scheduler")),
             "{failure:?}"
         );
+    }
+
+    #[test]
+    fn a_pod_this_term_replaced_counts_as_switching_until_its_successor_shows() {
+        // n0 was replaced as the canary moments ago; the watch shows it gone and its
+        // successor not made yet, and the DaemonSet's count dropped meanwhile (a node deleted):
+        // nothing says a pod is owed there, but this term's own write does.
+        let mut nodes: Vec<NodeView> = (0..8).map(|i| up(&format!("n{i}"), S)).collect();
+        nodes[0] = NodeView { just_replaced: true, ..pod_less("n0") };
+        let plan = decide(&Input { expected_pods: 7, ..input_at(&nodes, pacing(1, 2), 100) });
+        assert_eq!((plan.phase, plan.replace.clone()), (RolloutPhase::Canary, vec![]), "one canary, not two");
+        // Without that memory, the node looks like one the DaemonSet owes nothing.
+        nodes[0].just_replaced = false;
+        let plan = decide(&Input { expected_pods: 7, ..input_at(&nodes, pacing(1, 2), 100) });
+        assert_eq!(plan.replace.len(), 1, "the race the memory closes: a second canary");
     }
 
     #[test]
@@ -2051,6 +2072,7 @@ mod tests {
             kernel: KernelView::Unknown,
             exit: None,
             just_labelled: true,
+            just_replaced: false,
             unfit: Some(Skip::TaintNotTolerated),
             entered_at: None,
         };

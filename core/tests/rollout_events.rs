@@ -588,6 +588,8 @@ impl World {
             kernel,
             exit: None,
             just_labelled,
+            // Its replacements are seen at once here: no watch lags behind them.
+            just_replaced: false,
             unfit,
             entered_at: at.map(|at| at - 1),
         }

@@ -482,10 +482,11 @@ async fn a_first_revision_that_never_attaches_goes_back_to_the_kernel_default() 
 
 #[tokio::test]
 async fn a_node_that_joins_enters_at_once_and_a_relabelled_one_waits_for_its_wave() -> Result<()> {
-    // Every node in one wave, then a bake of an hour.
-    let pacing = RolloutSpec { canary: Some(0), max_unavailable: Some(IntOrString::Int(3)), ..rollout(3600, 60) };
+    // Every node in one wave, baked a second; then a bake of an hour.
+    let pacing = RolloutSpec { canary: Some(0), max_unavailable: Some(IntOrString::Int(3)), ..rollout(1, 60) };
     let mut c = cluster("joins", &["j-1", "j-2", "j-3"], base_spec("joins", pacing)).await?;
     c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    c.patch_spec(json!({"rollout": {"bakeSeconds": 3600}})).await?;
     let nodes: Api<Node> = Api::all(c.fx.client.clone());
     let pool = |value: Option<&str>| json!({"metadata": {"labels": {"pool": value}}});
 

@@ -145,6 +145,15 @@ fn memory_of(
         exits_recorded,
         ejections_on_record: Default::default(),
         conditions_sent: lock(&ctx.memo.pod_conditions).get(name).cloned().unwrap_or_default(),
+        replaced: {
+            let replaced = lock(&ctx.memo.replaced);
+            let ours = |n: &String| replaced.get(n).filter(|r| r.scheduler == name);
+            nodes
+                .known
+                .keys()
+                .filter_map(|n| Some((n.clone(), (ours(n)?.pod.clone(), ours(n)?.at.elapsed()))))
+                .collect()
+        },
     }
 }
 

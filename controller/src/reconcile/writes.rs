@@ -110,7 +110,7 @@ async fn carry_out_step(
     if let (Some(to), Some(ds)) = (&step.roll_back, daemonset) {
         roll_back(ctx, scheduler, ds, to, step.newly_failed.is_some()).await?;
     }
-    replace_pods(ctx, &step.replace).await;
+    replace_pods(ctx, &name, &step.replace).await;
     write_owner_labels(ctx, &name, &step.admit, &step.evict).await;
     for event in step.events() {
         publish(ctx, scheduler, event).await;
@@ -151,10 +151,11 @@ pub(super) async fn write_owner_labels(ctx: &Context, scheduler: &str, admit: &[
     }
 }
 
-/// Deletes the pods a rollout replaces now.
-pub(super) async fn replace_pods(ctx: &Context, replace: &[(String, String)]) {
+/// Deletes the pods a rollout of Scheduler `scheduler` replaces now, and remembers each until
+/// its successor shows.
+pub(super) async fn replace_pods(ctx: &Context, scheduler: &str, replace: &[sked_core::plan::Replacement]) {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
-    for (pod, uid) in replace {
+    for sked_core::plan::Replacement { pod, uid, node } in replace {
         if !ctx.leading() {
             return;
         }
@@ -163,7 +164,18 @@ pub(super) async fn replace_pods(ctx: &Context, replace: &[(String, String)]) {
             ..DeleteParams::default()
         };
         match pods.delete(pod, &params).await {
-            Ok(_) => info!(pod = %pod, "replacing pod with the new revision"),
+            Ok(_) => {
+                let mut replaced = lock(&ctx.memo.replaced);
+                // Past the longest attach timeout an entry tells nothing any more.
+                replaced.retain(|_, r| r.at.elapsed() < Duration::from_secs(86_400));
+                let entry = crate::memo::PodReplaced {
+                    scheduler: scheduler.to_owned(),
+                    pod: pod.clone(),
+                    at: std::time::Instant::now(),
+                };
+                replaced.insert(node.clone(), entry);
+                info!(pod = %pod, node = %node, "replacing pod with the new revision");
+            }
             // Gone, or another pod by now: decided again at the next reconcile.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => warn!(pod = %pod, err = %e, "could not delete pod; retried at the next reconcile"),

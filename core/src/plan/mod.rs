@@ -34,7 +34,7 @@ mod rollout_step;
 mod writes;
 
 pub use self::kernel::ejections_to_look_up;
-pub use self::rollout_step::RolloutActions;
+pub use self::rollout_step::{Replacement, RolloutActions};
 pub use self::writes::{DaemonSetWrite, PodConditionWrite, Recreate, daemonset};
 
 #[cfg(test)]
@@ -137,6 +137,10 @@ pub struct Memory {
     pub ejections_on_record: HashSet<String>,
     /// The pod conditions this term wrote that the pod watch has not shown yet, by pod uid.
     pub conditions_sent: HashMap<String, SentCondition>,
+    /// The pods this term deleted for a new revision, by node, and how long ago: until the pod
+    /// watch shows their successors, the nodes are switching whatever the watch shows yet (a
+    /// reconcile that reads a view older than its own last write takes no other node instead).
+    pub replaced: HashMap<String, (String, Duration)>,
 }
 
 /// A DaemonSet as this controller last applied it.

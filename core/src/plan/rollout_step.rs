@@ -22,14 +22,23 @@ pub(super) struct Intent<'a> {
 }
 
 /// One step of a Scheduler's rollout, decided but not yet carried out.
+/// A pod a rollout step deletes for the template's revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replacement {
+    pub pod: String,
+    /// The pod's uid: a pod of the same name made since is not the one decided on.
+    pub uid: String,
+    /// Its node: switching until the new pod shows (see [`super::Memory::replaced`]).
+    pub node: String,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RolloutActions {
     pub status: RolloutStatus,
     /// The image the DaemonSet's template runs.
     pub image: String,
-    /// Pods to delete, by name and uid (each comes back as the template's revision; a pod of
-    /// the same name made since is not the one decided on).
-    pub replace: Vec<(String, String)>,
+    /// Pods to delete (each comes back as the template's revision).
+    pub replace: Vec<Replacement>,
     /// Set the template back to this revision (the current one): a revision failed.
     pub roll_back: Option<Revision>,
     /// Entering nodes to label now, and nodes whose label goes (back to the kernel's default).
@@ -166,8 +175,8 @@ impl RolloutActions {
             .replace
             .into_iter()
             .filter_map(|name| {
-                let uid = pods.iter().find(|p| p.name == name)?.uid.clone();
-                Some((name, uid))
+                let pod = pods.iter().find(|p| p.name == name)?;
+                Some(Replacement { uid: pod.uid.clone(), node: pod.node_or_target()?.to_owned(), pod: name })
             })
             .collect();
         Self {
@@ -237,7 +246,8 @@ fn node_views(
                 s.reports.get(node).filter(|r| r.scheduler == name && r.fresh(s.clock.now, s.settings.stale_after));
             // A node that runs attached has a pod, so it is not `just_labelled` whatever `ago`.
             let ago = s.memory.labelled.get(node).copied();
-            let labelling = Labelling { ago, term_age: s.memory.term_age, attach_timeout };
+            let replaced = s.memory.replaced.get(node).map(|(pod, ago)| (pod.as_str(), *ago));
+            let labelling = Labelling { ago, replaced, term_age: s.memory.term_age, attach_timeout };
             let view = node_view::node_view(node, pod, report, template, labelling, s.clock.wall.as_second());
             // Forgotten once the Node watch shows the label too (it may lag behind the pods').
             let label_seen = s.nodes.owner(node) == Some(Some(name.as_str()));

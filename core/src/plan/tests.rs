@@ -50,6 +50,8 @@ struct Fleet {
     memory: Memory,
     /// When each node was labelled by this term (seconds since the epoch).
     labelled_at: HashMap<String, i64>,
+    /// The pod this term deleted on each node for a new revision, and when.
+    replaced_at: HashMap<String, (String, i64)>,
     settings: Settings,
     start: Instant,
     wall: i64,
@@ -128,6 +130,7 @@ impl Fleet {
             health: Default::default(),
             memory: Memory::default(),
             labelled_at: HashMap::new(),
+            replaced_at: HashMap::new(),
             settings: settings(),
             start: Instant::now(),
             wall,
@@ -215,6 +218,11 @@ impl Fleet {
             term_age: Duration::from_secs((self.wall - self.term_began).cast_unsigned()),
             labelled: self.labelled_at.iter().map(|(n, at)| (n.clone(), secs(self.wall - at))).collect(),
             label_versions: self.label_versions.clone(),
+            replaced: self
+                .replaced_at
+                .iter()
+                .map(|(n, (pod, at))| (n.clone(), (pod.clone(), secs(self.wall - at))))
+                .collect(),
             ..self.memory.clone()
         };
         let clock = Clock {
@@ -334,8 +342,9 @@ impl Fleet {
         if let Some(to) = &step.roll_back {
             self.roll_back_to(to);
         }
-        for (name, uid) in &step.replace {
-            self.pods.retain(|_, p| !(p.name == *name && p.uid == *uid));
+        for r in &step.replace {
+            self.pods.retain(|_, p| !(p.name == r.pod && p.uid == r.uid));
+            self.replaced_at.insert(r.node.clone(), (r.pod.clone(), self.wall));
         }
         for node in &step.admit {
             self.write_label(node, Some("s"));
@@ -450,6 +459,7 @@ impl Fleet {
     fn new_term(&mut self) {
         self.memory = Memory::default();
         self.labelled_at.clear();
+        self.replaced_at.clear();
         self.label_versions.clear();
         self.term_began = self.wall;
     }
