@@ -124,13 +124,13 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::trust::Outcome;
+    use crate::trust::AdmittedBy;
 
     const TAG: &str = "r.io/team/sched:v1";
     const DIGEST: &str = "r.io/team/sched@sha256:aaaa";
 
     fn admitted(image: &str, resolved_at: Instant) -> Admitted {
-        Admitted { image: image.into(), outcome: Outcome::Verified, from_tag: true, resolved_at: Some(resolved_at) }
+        Admitted { image: image.into(), outcome: AdmittedBy::Verified, from_tag: true, resolved_at: Some(resolved_at) }
     }
 
     fn admission(name: &str, tag: &str, secrets: &[&str], recheck_at: Option<Instant>, t0: Instant) -> Admission {

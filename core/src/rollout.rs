@@ -290,9 +290,9 @@ pub struct Failure {
     pub by_analysis: bool,
 }
 
-/// What to do now.
+/// What the rollout decides at one moment: the nodes to switch now, and the counts it read.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
+pub struct Decision {
     pub phase: RolloutPhase,
     /// Pods to delete now (each comes back as the target revision).
     pub replace: Vec<String>,
@@ -309,7 +309,7 @@ pub struct Plan {
     /// Of those, the ones Ready with the scheduler attached.
     pub attached: usize,
     /// The nodes the rollout covers: every node the Scheduler owns, labelled or entering, less
-    /// those skipped for their own trouble ([`Plan::off_kernel_count`]; a node whose kernel
+    /// those skipped for their own trouble ([`Decision::off_kernel_count`]; a node whose kernel
     /// runs another scheduler still counts, not attached). What DESIRED shows: it does not dip
     /// while a node's label and its pod are on their way.
     pub desired: usize,
@@ -333,7 +333,7 @@ pub struct Plan {
     pub baseline: Option<WaveBaseline>,
 }
 
-impl Plan {
+impl Decision {
     /// Whether the target revision runs, attached and baked, on every node in the rollout.
     pub fn complete(&self) -> bool {
         self.phase == RolloutPhase::Complete
@@ -386,7 +386,7 @@ struct Tally {
 /// The kernel's default scheduler is revision zero: an entering node is switched like a pod of
 /// another revision that runs attached, so a first deployment and a takeover go canary first
 /// and then in waves, within `maxUnavailable`.
-pub fn decide(input: &Input<'_>) -> Plan {
+pub fn decide(input: &Input<'_>) -> Decision {
     let mut plan = decide_step(input);
     plan.skipped.sort();
     plan.off_kernel_count.sort();
@@ -394,9 +394,9 @@ pub fn decide(input: &Input<'_>) -> Plan {
     plan
 }
 
-fn decide_step(input: &Input<'_>) -> Plan {
+fn decide_step(input: &Input<'_>) -> Decision {
     let restoring = input.stable == Some(input.target);
-    let mut plan = Plan { labelled: input.nodes.iter().map(|n| n.node.clone()).collect(), ..Plan::default() };
+    let mut plan = Decision { labelled: input.nodes.iter().map(|n| n.node.clone()).collect(), ..Decision::default() };
     let mut tally = tally(input, restoring, &mut plan);
     // A node that joined the cluster on its own is not held back for a wave, once there is a
     // revision that ran everywhere (a first revision goes canary first, everywhere).
@@ -438,7 +438,7 @@ fn decide_step(input: &Input<'_>) -> Plan {
 
 /// Counts the labelled nodes: what each runs, which are down, and whether a pod of the target
 /// revision failed (into `plan`: updated, attached, skipped, failure, recheck).
-fn tally(input: &Input<'_>, restoring: bool, plan: &mut Plan) -> Tally {
+fn tally(input: &Input<'_>, restoring: bool, plan: &mut Decision) -> Tally {
     let Input { target, nodes, pacing, now, .. } = *input;
     let mut t = Tally { all_attached: true, ..Tally::default() };
     let being_replaced = |p: &PodView| p.terminating_since.is_some_and(|t| now - t < pacing.attach_timeout_seconds);
@@ -537,7 +537,7 @@ impl Tally {
 
     /// Counts node `n` as fallen when it went NotReady after its switch ([`fell_after_switch`]):
     /// it runs the target revision, down, and holds the next wave.
-    fn fell(&mut self, input: &Input<'_>, n: &NodeView, plan: &mut Plan) -> bool {
+    fn fell(&mut self, input: &Input<'_>, n: &NodeView, plan: &mut Decision) -> bool {
         let Some(pod) = n.pod.as_ref().filter(|_| fell_after_switch(input, n)) else { return false };
         self.fallen.push((n.node.clone(), pod.created));
         plan.updated += 1;
@@ -568,7 +568,7 @@ fn fell_after_switch(input: &Input<'_>, n: &NodeView) -> bool {
 /// Nodes that went NotReady after their switch hold the next wave, and fail the revision when
 /// the canary is one of them or two or more did; a lone one stops counting once its window
 /// passes (it is skipped, as any node that is not Ready).
-fn fallen_failure(input: &Input<'_>, t: &Tally, plan: &mut Plan) {
+fn fallen_failure(input: &Input<'_>, t: &Tally, plan: &mut Decision) {
     let Some((node, created)) = t.fallen.first() else { return };
     let canary = plan.updated <= input.pacing.canary.max(1);
     if plan.failure.is_some() || (t.fallen.len() < 2 && !canary) {
@@ -626,7 +626,14 @@ fn attached_since(n: &NodeView, pod: &PodView) -> Option<i64> {
 /// or a recheck at its deadline). Under the stable revision, only a node's first switch away
 /// from revision zero is judged (a takeover); a node that ran it before and is down now is not
 /// the switch's doing, and not a reason to hold every other node back.
-fn judge_unattached(input: &Input<'_>, restoring: bool, n: &NodeView, pod: &PodView, t: &mut Tally, plan: &mut Plan) {
+fn judge_unattached(
+    input: &Input<'_>,
+    restoring: bool,
+    n: &NodeView,
+    pod: &PodView,
+    t: &mut Tally,
+    plan: &mut Decision,
+) {
     let Input { pacing, now, .. } = *input;
     let entered = n.entered_at.is_some_and(|at| pod.created >= at);
     if restoring && !entered && now >= pod.created + pacing.attach_timeout_seconds {
@@ -650,7 +657,7 @@ fn judge_unattached(input: &Input<'_>, restoring: bool, n: &NodeView, pod: &PodV
 /// Whether the target revision failed on node `n`, whose pod runs it and is not attached: it
 /// crash-loops, the kernel ejected it, or its attach deadline passed. Before the deadline, a
 /// recheck at it.
-fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut Plan) -> Option<Failure> {
+fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut Decision) -> Option<Failure> {
     let deadline = pod.created + pacing.attach_timeout_seconds;
     let cause = if pod.crash_looping {
         match &pod.last_exit {
@@ -678,7 +685,7 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
 
 /// The next wave: pods of another revision (those down first), then entering nodes, once every
 /// node of the target revision runs it attached and the newest has baked; a canary first.
-fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Plan) -> Plan {
+fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: Decision) -> Decision {
     let Input { nodes, expected_pods, pacing, now, .. } = *input;
     let baked_in = tally.newest_attach.map_or(0, |t| t + pacing.bake_seconds - now);
     let (all_attached, skipped_pods) = (tally.all_attached, tally.skipped_pods);
@@ -770,8 +777,8 @@ fn after_bake(
     tally: &Tally,
     baked_in: i64,
     holding: RolloutPhase,
-    mut plan: Plan,
-) -> ControlFlow<Plan, Plan> {
+    mut plan: Decision,
+) -> ControlFlow<Decision, Decision> {
     let Some(a) = input.analysis.filter(|_| input.stable != Some(input.target)) else {
         return ControlFlow::Continue(plan);
     };
@@ -926,7 +933,7 @@ pub struct Progress<'a> {
     /// The recorded failure of the revision the spec asks for, when it is that one's (same
     /// revision, same generation): it is not tried again.
     pub failed: Option<&'a RolloutFailure>,
-    pub plan: &'a Plan,
+    pub plan: &'a Decision,
     /// The revision the DaemonSet's template makes, with the Scheduler's generation.
     pub template: Revision,
     /// The revision and image the spec asks for, when its image is admitted.
@@ -952,7 +959,7 @@ pub struct Step {
     /// Set the template back to the current revision now (there is one to go back to, and the
     /// template is not it yet).
     pub roll_back: bool,
-    /// The nodes the rollout covers ([`Plan::desired`]): what DESIRED shows.
+    /// The nodes the rollout covers ([`Decision::desired`]): what DESIRED shows.
     pub desired: usize,
 }
 
@@ -1236,7 +1243,7 @@ mod tests {
     }
 
     /// Decides with the default pacing at t=1000, the DaemonSet expecting `expected` pods.
-    fn decide_expecting(nodes: &[NodeView], stable: Option<&str>, expected: usize) -> Plan {
+    fn decide_expecting(nodes: &[NodeView], stable: Option<&str>, expected: usize) -> Decision {
         decide(&Input {
             target: T,
             stable,
@@ -1251,7 +1258,7 @@ mod tests {
         })
     }
 
-    fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Plan {
+    fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Decision {
         decide(&input_at(nodes, pacing, now))
     }
 
@@ -1708,7 +1715,7 @@ mod tests {
             self.views(now).iter().filter(|v| !matches!(v.kernel, KernelView::Attached { .. })).count()
         }
 
-        fn apply(&mut self, plan: &Plan, target: &str, now: i64) {
+        fn apply(&mut self, plan: &Decision, target: &str, now: i64) {
             for pod in &plan.replace {
                 let node = pod.split('/').next().unwrap_or_default().to_owned();
                 *self.replaced.entry(node.clone()).or_default() += 1;
@@ -1721,7 +1728,7 @@ mod tests {
         Revision { name: name.into(), image: format!("r.io/s@sha256:{name}"), generation, spec: None }
     }
 
-    fn progress<'a>(previous: &'a RolloutStatus, plan: &'a Plan, template: Revision) -> Progress<'a> {
+    fn progress<'a>(previous: &'a RolloutStatus, plan: &'a Decision, template: Revision) -> Progress<'a> {
         Progress {
             previous,
             failed: None,
@@ -1736,7 +1743,7 @@ mod tests {
     #[test]
     fn a_complete_revision_becomes_the_current_one() {
         let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
-        let plan = Plan { phase: RolloutPhase::Complete, updated: 2, attached: 2, ..Default::default() };
+        let plan = Decision { phase: RolloutPhase::Complete, updated: 2, attached: 2, ..Default::default() };
         let mut p = progress(&previous, &plan, revision(T, 2));
         p.wanted = Some((T, "r.io/s@sha256:new"));
         let step = advance(&p);
@@ -1754,7 +1761,7 @@ mod tests {
     #[test]
     fn a_failure_rolls_back_when_there_is_something_to_go_back_to() {
         let failure = Failure { node: "n1".into(), cause: "crash".into(), by_analysis: false };
-        let plan = Plan { failure: Some(failure), replace: vec!["p".into()], ..Default::default() };
+        let plan = Decision { failure: Some(failure), replace: vec!["p".into()], ..Default::default() };
         let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
         let step = advance(&progress(&previous, &plan, revision(T, 2)));
         assert!(step.roll_back);
@@ -1767,7 +1774,7 @@ mod tests {
         // A first revision goes back to revision zero: every node it reached loses the owner
         // label, and no node waiting to enter gets it.
         let first = RolloutStatus::default();
-        let plan = Plan { labelled: vec!["n1".into(), "n2".into()], admit: vec!["joined".into()], ..plan };
+        let plan = Decision { labelled: vec!["n1".into(), "n2".into()], admit: vec!["joined".into()], ..plan };
         let step = advance(&progress(&first, &plan, revision(T, 2)));
         assert!(!step.roll_back && step.newly_failed.is_some());
         assert_eq!(step.status.phase, RolloutPhase::Failed);
@@ -1776,13 +1783,13 @@ mod tests {
         // ...and stays there while the failure is recorded (a rollback cut short is carried on).
         let recorded = step.status.failed.clone().unwrap();
         let after = RolloutStatus { failed: Some(recorded.clone()), ..RolloutStatus::default() };
-        let plan = Plan {
+        let plan = Decision {
             phase: RolloutPhase::Rolling,
             labelled: vec!["n2".into()],
             admit: vec!["n3".into()],
             entering: 2,
             desired: 4,
-            ..Plan::default()
+            ..Decision::default()
         };
         let mut p = progress(&after, &plan, revision(T, 2));
         p.failed = Some(&recorded);
@@ -1796,7 +1803,7 @@ mod tests {
         names.iter().map(|n| Entering { node: (*n).into(), joined, runs_it: false, unfit: None }).collect()
     }
 
-    fn decide_first(nodes: &[NodeView], entering: &[Entering], pacing: Pacing, now: i64) -> Plan {
+    fn decide_first(nodes: &[NodeView], entering: &[Entering], pacing: Pacing, now: i64) -> Decision {
         decide(&Input {
             target: T,
             stable: None,
@@ -2276,7 +2283,7 @@ mod tests {
         };
         let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
         // The template is the stable revision again: its restoring replacements go ahead.
-        let plan = Plan { phase: RolloutPhase::Complete, replace: vec!["bad-pod".into()], ..Default::default() };
+        let plan = Decision { phase: RolloutPhase::Complete, replace: vec!["bad-pod".into()], ..Default::default() };
         let mut p = progress(&previous, &plan, revision(S, 2));
         p.failed = Some(&failure);
         p.wanted = Some((T, "r.io/s@sha256:new"));
@@ -2296,7 +2303,7 @@ mod tests {
 
         // A first revision that failed and then attached everywhere recovers.
         let first = RolloutStatus::default();
-        let complete = Plan { phase: RolloutPhase::Complete, updated: 1, attached: 1, ..Default::default() };
+        let complete = Decision { phase: RolloutPhase::Complete, updated: 1, attached: 1, ..Default::default() };
         let mut p = progress(&first, &complete, revision(T, 2));
         p.failed = Some(&failure);
         let step = advance(&p);

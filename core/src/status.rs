@@ -24,7 +24,7 @@ const MAX_WINNERS_LISTED: usize = 3;
 
 /// Everything the status depends on.
 #[derive(Clone, Debug)]
-pub struct Observed<'a> {
+pub struct Inputs<'a> {
     /// `metadata.generation` of the Scheduler.
     pub generation: Option<i64>,
     /// The status as last written (by this controller, or as read from the API server).
@@ -46,7 +46,7 @@ pub struct Observed<'a> {
     pub kernel: &'a KernelSummary,
     /// The rollout as this reconcile decided it (`None` without a DaemonSet).
     pub rollout: Option<&'a RolloutStatus>,
-    /// The nodes that rollout covers (`rollout::Plan::desired`: every owned node, less those
+    /// The nodes that rollout covers (`rollout::Decision::desired`: every owned node, less those
     /// skipped for their own trouble): what DESIRED shows. `None` when no rollout was decided:
     /// then the DaemonSet's count and the nodes waiting to enter.
     pub desired: Option<i32>,
@@ -72,7 +72,7 @@ pub struct EventSpec {
 
 /// The new status and, on a change of state, the events to record once it is saved.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Outcome {
+pub struct NewStatus {
     pub status: SchedulerStatus,
     /// Rollout and health (Ready/Degraded) state change.
     pub event: Option<EventSpec>,
@@ -169,7 +169,7 @@ impl Health {
 }
 
 /// Computes the status and the event for one reconcile.
-pub fn compute(obs: &Observed<'_>) -> Outcome {
+pub fn compute(obs: &Inputs<'_>) -> NewStatus {
     let rollout = Rollout::of(obs.daemonset, obs.rollout, obs.desired);
     let ds_name = daemonset_name(obs.daemonset);
     // Rollout axis, known only once the DaemonSet controller has seen the current DaemonSet.
@@ -205,7 +205,12 @@ pub fn compute(obs: &Observed<'_>) -> Outcome {
 
     let status = scheduler_status(obs, &rollout, carried.is_some(), conditions);
     let event = state_event(obs, &status, &health, ready_state);
-    Outcome { status, event, kernel_event: kernel_event(obs, carried.is_some()), exit_events: exit_events(obs.kernel) }
+    NewStatus {
+        status,
+        event,
+        kernel_event: kernel_event(obs, carried.is_some()),
+        exit_events: exit_events(obs.kernel),
+    }
 }
 
 /// "DaemonSet namespace/name", as conditions name it.
@@ -243,7 +248,7 @@ fn ready_state(state: &RolloutState, rollout: &Rollout, ds_name: &str) -> Rollou
 /// Ready and Progressing. Until the DaemonSet controller reports, both keep describing the last
 /// known state (with that state's observedGeneration).
 fn rollout_conditions(
-    obs: &Observed<'_>,
+    obs: &Inputs<'_>,
     rollout: &Rollout,
     state: Option<&RolloutState>,
     ready: Option<&RolloutState>,
@@ -287,7 +292,7 @@ fn rollout_conditions(
 /// The kstatus pair: Reconciling while the controller works toward this generation, Stalled
 /// when it cannot get there without a change of spec.
 fn kstatus_conditions(
-    obs: &Observed<'_>,
+    obs: &Inputs<'_>,
     health: &Health,
     state: Option<&RolloutState>,
     ds_name: &str,
@@ -332,7 +337,7 @@ fn kstatus_conditions(
 
 /// KernelAttached as the agents' reports tell it, with the selected nodes that have no
 /// sched_ext named.
-fn kernel_condition(obs: &Observed<'_>) -> Condition {
+fn kernel_condition(obs: &Inputs<'_>) -> Condition {
     let k = obs.kernel;
     let unsupported = &obs.placement.unsupported;
     let back_to_zero = obs.rollout.filter(|r| r.phase == RolloutPhase::Failed);
@@ -382,7 +387,7 @@ fn kernel_condition(obs: &Observed<'_>) -> Condition {
 /// The status fields around the conditions; `kernel_carried` keeps the kernel count found
 /// alongside the KernelAttached condition kept.
 fn scheduler_status(
-    obs: &Observed<'_>,
+    obs: &Inputs<'_>,
     rollout: &Rollout,
     kernel_carried: bool,
     conditions: Vec<Condition>,
@@ -418,7 +423,7 @@ fn scheduler_status(
 /// carried over while the DaemonSet controller catches up is not news; a conflict or a refused
 /// spec is.
 fn state_event(
-    obs: &Observed<'_>,
+    obs: &Inputs<'_>,
     status: &SchedulerStatus,
     health: &Health,
     ready: Option<RolloutState>,
@@ -435,7 +440,7 @@ fn state_event(
 
 /// The kernel event: on a change of the KernelAttached reason, once there is something to say
 /// (not for the first "nothing scheduled yet"), and never while the condition is carried.
-fn kernel_event(obs: &Observed<'_>, kernel_carried: bool) -> Option<EventSpec> {
+fn kernel_event(obs: &Inputs<'_>, kernel_carried: bool) -> Option<EventSpec> {
     let k = obs.kernel;
     let prev_kernel = find(&obs.previous.conditions, condition::KERNEL_ATTACHED);
     let first_and_idle = prev_kernel.is_none() && k.reason == Reason::NotAttached;
@@ -464,7 +469,7 @@ fn exit_events(kernel: &KernelSummary) -> Vec<EventSpec> {
 
 /// The Degraded condition: a refused spec, then a refused image, then a conflict, then pods
 /// that stopped being available.
-fn health(obs: &Observed<'_>, rollout: &Rollout, rollout_state: Option<&RolloutState>) -> Health {
+fn health(obs: &Inputs<'_>, rollout: &Rollout, rollout_state: Option<&RolloutState>) -> Health {
     if let Some(why) = obs.spec_error {
         return Health::degraded(
             Reason::SpecInvalid,
@@ -522,7 +527,7 @@ fn rollout_failure_message(rollout: &RolloutStatus, generation: Option<i64>) -> 
 
 /// Why no node is scheduled: the taints that keep every pod away, every node skipped for its
 /// own trouble, no node selected, or every selected node lost to an older Scheduler.
-fn no_nodes_message(obs: &Observed<'_>) -> String {
+fn no_nodes_message(obs: &Inputs<'_>) -> String {
     let skipped = skipped_summary(obs.rollout);
     let why = match obs.untolerated {
         Some(taints) => taints,
@@ -538,7 +543,7 @@ fn no_nodes_message(obs: &Observed<'_>) -> String {
 }
 
 /// The rollout state of an observed DaemonSet.
-fn rollout_state(rollout: &Rollout, obs: &Observed<'_>, ds_name: &str) -> RolloutState {
+fn rollout_state(rollout: &Rollout, obs: &Inputs<'_>, ds_name: &str) -> RolloutState {
     let state = |reason, message| RolloutState { reason, message };
     let previous = obs.previous;
     let prev_ready = find(&previous.conditions, condition::READY).filter(|c| c.observed_generation == obs.generation);
@@ -750,7 +755,7 @@ mod tests {
             }
         }
 
-        fn step(&mut self, daemonset: Option<&DaemonSet>, placement: &Placement) -> Outcome {
+        fn step(&mut self, daemonset: Option<&DaemonSet>, placement: &Placement) -> NewStatus {
             let rollout = daemonset.map(rollout_of);
             self.step_with(daemonset, placement, rollout.as_ref(), None)
         }
@@ -762,9 +767,9 @@ mod tests {
             placement: &Placement,
             rollout: Option<&RolloutStatus>,
             desired: Option<i32>,
-        ) -> Outcome {
+        ) -> NewStatus {
             self.clock += 10;
-            let out = compute(&Observed {
+            let out = compute(&Inputs {
                 generation: Some(self.generation),
                 previous: &self.previous,
                 daemonset,
@@ -929,7 +934,7 @@ mod tests {
         assert_eq!(out.event, None);
         assert_eq!(out.status.observed_generation, Some(2));
         assert_eq!(cond(&out.status, "Ready").observed_generation, Some(1));
-        // Observed, the old pod still available: Ready stays, the rollout is under way.
+        // Inputs, the old pod still available: Ready stays, the rollout is under way.
         let out = run.step(Some(&ds(2, 2, 1, 0, 1)), &p);
         assert_eq!(out.event, None);
         assert_eq!(cond(&out.status, "Ready").status, "True");
@@ -957,7 +962,7 @@ mod tests {
         let kernel_summary = kernel(1, 1, "KernelAttached");
         let running = Revision { name: "aaa".into(), image: "x/y@sha256:1".into(), generation: 2, spec: None };
         let observe = |rollout: &RolloutStatus| {
-            compute(&Observed {
+            compute(&Inputs {
                 generation: Some(3),
                 previous: &previous,
                 daemonset: Some(&daemonset),
@@ -1016,8 +1021,8 @@ mod tests {
         placement: &Placement,
         rollout: &RolloutStatus,
         untolerated: Option<&str>,
-    ) -> Outcome {
-        compute(&Observed {
+    ) -> NewStatus {
+        compute(&Inputs {
             generation: Some(1),
             previous: &SchedulerStatus::default(),
             daemonset: Some(daemonset),
@@ -1219,7 +1224,7 @@ mod tests {
     #[test]
     fn degraded_false_says_what_is_true_of_the_pods() {
         let p = Placement { owned: BTreeSet::from(["n1".into(), "n2".into()]), ..Default::default() };
-        let degraded = |out: &Outcome| {
+        let degraded = |out: &NewStatus| {
             let d = cond(&out.status, "Degraded");
             (d.status.clone(), d.reason.clone(), d.message.clone())
         };
@@ -1271,7 +1276,7 @@ mod tests {
         let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
         let previous = SchedulerStatus::default();
         let daemonset = ds(1, 1, 1, 1, 1);
-        let out = compute(&Observed {
+        let out = compute(&Inputs {
             generation: Some(2),
             previous: &previous,
             daemonset: Some(&daemonset),
@@ -1298,7 +1303,7 @@ mod tests {
         let previous = SchedulerStatus { resolved_image: Some("r.io/a@sha256:1".into()), ..Default::default() };
         let daemonset = ds(1, 1, 1, 1, 1);
         let kernel_summary = kernel(1, 1, "KernelAttached");
-        let observe = |image_error| Observed {
+        let observe = |image_error| Inputs {
             generation: Some(2),
             previous: &previous,
             daemonset: Some(&daemonset),
@@ -1329,7 +1334,7 @@ mod tests {
         let daemonset = ds(1, 1, 1, 1, 1);
         let kernel_summary = kernel(1, 1, "KernelAttached");
         let observe = |transient| {
-            compute(&Observed {
+            compute(&Inputs {
                 generation: Some(1),
                 previous: &previous,
                 daemonset: Some(&daemonset),

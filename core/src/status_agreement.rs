@@ -12,7 +12,7 @@ use sked_api::{Revision, RolloutFailure, RolloutPhase, RolloutStatus, SchedulerS
 
 use crate::arbiter::Placement;
 use crate::kernel_summary::{NodeReport, summarize};
-use crate::status::{Observed, compute};
+use crate::status::{Inputs, compute};
 
 const PHASES: [RolloutPhase; 6] = [
     RolloutPhase::Canary,
@@ -104,7 +104,7 @@ fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
     let previous = SchedulerStatus::default();
     let placement = Placement { owned: (0..desired).map(|i| format!("n{i}")).collect(), ..Default::default() };
     let ds = daemonset(scheduled, attached);
-    let out = compute(&Observed {
+    let out = compute(&Inputs {
         generation: Some(1),
         previous: &previous,
         daemonset: Some(&ds),

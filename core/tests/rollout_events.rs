@@ -17,7 +17,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 use sked_api::{Revision, RolloutFailure, RolloutPhase, RolloutStatus};
-use sked_core::rollout::{self, Entering, Input, KernelView, NodeView, Pacing, Plan, PodView, Progress, Skip, Step};
+use sked_core::rollout::{
+    self, Decision, Entering, Input, KernelView, NodeView, Pacing, PodView, Progress, Skip, Step,
+};
 
 const ATTACH_TIMEOUT: i64 = 120;
 const BAKE: i64 = 30;
@@ -691,7 +693,7 @@ impl World {
 
     /// Before a step is carried out: (e) no skipped node is replaced; (b) no node is replaced
     /// or admitted twice in one rollout (one template); a paused rollout starts no wave.
-    fn check_step(&mut self, plan: &Plan, step: &Step) -> Result<(), TestCaseError> {
+    fn check_step(&mut self, plan: &Decision, step: &Step) -> Result<(), TestCaseError> {
         let restoring = self.stable().as_ref() == Some(&self.template);
         for pod in &step.replace {
             let node = self.node_of_pod(pod).ok_or_else(|| TestCaseError::fail(format!("no pod {pod}")))?;

@@ -54,9 +54,9 @@ async fn apply(
         return Ok(None);
     }
     crate::throttle::before_write(&ctx.limiter)?;
-    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
-    match daemonsets.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired)).await {
-        Ok(applied) => {
+    match server_side_apply(ctx, name, desired).await {
+        Ok(None) => Ok(None),
+        Ok(Some(applied)) => {
             let generation = applied.metadata.generation.unwrap_or(0);
             let before = lock(&ctx.memo.applied).insert(name.to_owned(), plan::Applied { hash, generation });
             if before.map(|a| a.generation) != Some(generation) {
@@ -68,6 +68,7 @@ async fn apply(
             // The spec passed the CRD schema but the DaemonSet built from it does not: report it
             // on the Scheduler and wait for the user to change the spec.
             warn!(err = %status.message, "API server refused the DaemonSet built from this spec");
+            let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
             let daemonset = daemonsets.get_opt(name).await.map_err(apply_error)?;
             Ok(Some(Deployed { daemonset, spec_error: Some(status.message.clone()), ..Deployed::default() }))
         }
@@ -112,13 +113,26 @@ async fn recreate(ctx: &Context, scheduler: &Scheduler, from: Recreate) -> Resul
         return Ok(None);
     }
     crate::throttle::before_write(&ctx.limiter)?;
-    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
-    let applied = daemonsets
-        .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
-        .await
-        .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
+    let Some(applied) = server_side_apply(ctx, &name, &desired).await.map_err(|source| Error::ApplyDaemonSet {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source,
+    })?
+    else {
+        return Ok(None);
+    };
     info!(daemonset = %format!("{namespace}/{name}"), "made the DaemonSet again (deleted while a failed revision is recorded)");
     Ok(Some(Some(applied)))
+}
+
+/// The one DaemonSet write: `desired` applied server-side as sked's field manager, as the
+/// DaemonSet of Scheduler `name`. `None` when this replica no longer leads.
+async fn server_side_apply(ctx: &Context, name: &str, desired: &DaemonSet) -> Result<Option<DaemonSet>, kube::Error> {
+    if !ctx.leading() {
+        return Ok(None);
+    }
+    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
+    daemonsets.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired)).await.map(Some)
 }
 
 /// The DaemonSet of the Scheduler's current revision `stable` (what a rollback restores): from
@@ -177,15 +191,12 @@ pub(super) async fn roll_back(
     let name = scheduler.name_any();
     let namespace = &ctx.settings.namespace;
     let desired = stable_daemonset(ctx, scheduler, ds.metadata.uid.as_deref(), to).await?;
-    if !ctx.leading() {
-        return Ok(());
-    }
-    let daemonsets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), namespace);
-    daemonsets
-        .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired))
-        .await
-        .map_err(|source| Error::ApplyDaemonSet { namespace: namespace.clone(), name: name.clone(), source })?;
-    if newly {
+    let applied = server_side_apply(ctx, &name, &desired).await.map_err(|source| Error::ApplyDaemonSet {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source,
+    })?;
+    if applied.is_some() && newly {
         info!(revision = %to.name, image = %to.image, "rolled back to the last attached revision");
     }
     Ok(())

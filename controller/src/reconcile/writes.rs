@@ -11,7 +11,7 @@ pub(super) async fn save_status(
     scheduler: &Scheduler,
     uid: &str,
     previous: &SchedulerStatus,
-    outcome: &status::Outcome,
+    outcome: &status::NewStatus,
 ) -> Result<(), Error> {
     let events = outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_events);
     if outcome.status != *previous || events.clone().next().is_some() {

@@ -85,7 +85,7 @@ impl TrustError {
 
 /// How an admitted image was admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum AdmittedBy {
     /// A signature satisfied the rule just now.
     Verified,
     /// This digest satisfied the same rule of the same policy before.
@@ -94,12 +94,12 @@ pub enum Outcome {
     UnsignedAllowed,
 }
 
-impl Outcome {
+impl AdmittedBy {
     pub fn metric_label(self) -> &'static str {
         match self {
-            Outcome::Verified => "verified",
-            Outcome::Cached => "cached",
-            Outcome::UnsignedAllowed => "unsigned_allowed",
+            AdmittedBy::Verified => "verified",
+            AdmittedBy::Cached => "cached",
+            AdmittedBy::UnsignedAllowed => "unsigned_allowed",
         }
     }
 }
@@ -110,7 +110,7 @@ pub struct Admitted {
     /// What the DaemonSet runs: `repository@sha256:...`, or the reference as written when the
     /// rule allows unsigned images.
     pub image: String,
-    pub outcome: Outcome,
+    pub outcome: AdmittedBy,
     /// The digest came from a tag, which may move: resolve it again from time to time.
     pub from_tag: bool,
     /// When the registry was asked for the digest (perhaps for another Scheduler with the same
@@ -215,7 +215,7 @@ impl Trust {
         (recorded == Some(key.as_str())).then_some(())?;
         let running = running.filter(|r| ImageRef::parse(r).is_ok_and(|r| r.is_pinned()))?;
         let from_tag = !ImageRef::parse(image).ok()?.is_pinned();
-        Some(Admitted { image: running.to_owned(), outcome: Outcome::Cached, from_tag, resolved_at: None })
+        Some(Admitted { image: running.to_owned(), outcome: AdmittedBy::Cached, from_tag, resolved_at: None })
     }
 
     /// The policy currently in force.
@@ -240,7 +240,7 @@ impl Trust {
         if matches!(rule.requirement, Requirement::Unsigned) {
             return Ok(Admitted {
                 image: image.to_owned(),
-                outcome: Outcome::UnsignedAllowed,
+                outcome: AdmittedBy::UnsignedAllowed,
                 from_tag: false,
                 resolved_at: None,
             });
@@ -264,7 +264,7 @@ impl Trust {
         let key = (digest.clone(), loaded.generation, rule.line);
         let resolved_at = Some(resolved_at);
         if lock(&self.verified).contains(&key) {
-            return Ok(Admitted { image: deployed, outcome: Outcome::Cached, from_tag, resolved_at });
+            return Ok(Admitted { image: deployed, outcome: AdmittedBy::Cached, from_tag, resolved_at });
         }
 
         self.verify_signature(image, rule, &reference, &digest, &auth).await?;
@@ -273,7 +273,7 @@ impl Trust {
             verified.clear();
         }
         verified.insert(key);
-        Ok(Admitted { image: deployed, outcome: Outcome::Verified, from_tag, resolved_at })
+        Ok(Admitted { image: deployed, outcome: AdmittedBy::Verified, from_tag, resolved_at })
     }
 
     /// The registry credentials the Scheduler's pull secrets hold for `reference`.

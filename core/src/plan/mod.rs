@@ -193,7 +193,7 @@ pub struct Deployed {
 /// then the pods' conditions.
 #[derive(Clone, Debug)]
 pub struct Plan {
-    pub status: status::Outcome,
+    pub status: status::NewStatus,
     pub rollout: Option<RolloutActions>,
     pub pod_conditions: Vec<PodConditionWrite>,
     pub remember: Remember,
@@ -272,14 +272,14 @@ fn status_of(
     deployed: &Deployed,
     kernel: &crate::kernel_summary::KernelSummary,
     step: Option<&RolloutActions>,
-) -> status::Outcome {
+) -> status::NewStatus {
     let daemonset = deployed.daemonset.as_ref();
     let desired = daemonset.and_then(|d| d.status.as_ref()).map_or(0, |s| s.desired_number_scheduled);
     let rollout = step.map(|s| s.status.clone()).or(s.previous.rollout.clone());
     // Only when no pod can go anywhere does the status name what keeps them away.
     let untolerated = (desired == 0 && !s.placement.owned.is_empty()).then(|| untolerated_taints(s)).flatten();
     let refusal = s.admission.as_ref().err();
-    status::compute(&status::Observed {
+    status::compute(&status::Inputs {
         generation: s.scheduler.metadata.generation,
         previous: s.previous,
         daemonset,

@@ -52,9 +52,9 @@ pub struct RolloutActions {
     /// A revision recorded failed runs attached everywhere after all.
     pub recovered: bool,
     pub recheck_in: Option<Duration>,
-    /// Skipped nodes KernelAttached does not count (see `rollout::Plan::off_kernel_count`).
+    /// Skipped nodes KernelAttached does not count (see `rollout::Decision::off_kernel_count`).
     pub off_kernel_count: Vec<String>,
-    /// The nodes the rollout covers (`rollout::Plan::desired`): DESIRED.
+    /// The nodes the rollout covers (`rollout::Decision::desired`): DESIRED.
     pub desired: i32,
 }
 
