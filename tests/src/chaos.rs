@@ -156,7 +156,8 @@ pub fn table(outcomes: &BTreeMap<(Fault, Step), Outcome>) -> String {
 
 /// The writes that a replica made while another held the Lease `lease`: each write by a replica
 /// (one of `replicas`, as the audit log names its user) that changed state is judged against the
-/// last successful write of the Lease before it arrived; it is the writer's own, or a violation.
+/// holder the last successful write of the Lease before it left (its writer, when the audit
+/// log does not say); it is the writer's own, or a violation.
 /// A replica that wrote before any Lease write is a violation too.
 pub fn writes_while_not_leading<'a>(
     writes: &'a [AuditedWrite],
@@ -170,7 +171,14 @@ pub fn writes_while_not_leading<'a>(
             continue;
         }
         if w.resource == "leases" && w.name == lease {
-            leader = Some(&w.user);
+            // The holder the write left (replica identities are `<user>_<suffix>`): a renewal
+            // sent by a replica the Lease has moved away from leaves its new holder in place.
+            leader = match w.holder.as_deref() {
+                Some(holder) => {
+                    replicas.iter().copied().find(|r| holder.strip_prefix(*r).is_some_and(|rest| rest.starts_with('_')))
+                }
+                None => Some(&w.user),
+            };
             continue;
         }
         if leader != Some(w.user.as_str()) {
@@ -200,6 +208,7 @@ mod tests {
             name: if resource == "leases" { "lease".into() } else { "x".into() },
             code: 200,
             received: jiff::Timestamp::from_second(second).unwrap_or_default(),
+            holder: None,
         }
     }
 
@@ -222,6 +231,14 @@ mod tests {
         refused.code = 409;
         let writes = vec![write("b", "leases", 5), refused, write("b", "pods", 7)];
         assert!(writes_while_not_leading(&writes, &["a", "b"], "lease").is_empty());
+        // A renewal a replica sends after the Lease moved on leaves the holder in place (the
+        // answer says who holds it): the holder's writes after it are its own.
+        let stale = AuditedWrite { holder: Some("b_18ee".into()), ..write("a", "leases", 6) };
+        let writes = vec![write("b", "leases", 5), stale, write("b", "pods", 7)];
+        assert!(writes_while_not_leading(&writes, &["a", "b"], "lease").is_empty());
+        let taken = AuditedWrite { holder: Some("a_18ee".into()), ..write("a", "leases", 6) };
+        let writes = vec![write("b", "leases", 5), taken, write("b", "pods", 7)];
+        assert_eq!(writes_while_not_leading(&writes, &["a", "b"], "lease").len(), 1, "a holds it now");
         // Writing before any lease write is not leading.
         assert_eq!(writes_while_not_leading(&[write("a", "pods", 1)], &["a"], "lease").len(), 1);
     }

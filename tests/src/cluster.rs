@@ -49,7 +49,8 @@ pub(crate) fn tool(name: &str) -> Result<PathBuf> {
 /// The API server's audit policy: every request that can change something (any verb but get,
 /// list and watch), once, when its response is complete, without bodies.
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
-rules:\n- level: None\n  verbs: [get, list, watch]\n- level: Metadata\n";
+rules:\n- level: None\n  verbs: [get, list, watch]\n\
+- level: RequestResponse\n  resources: [{group: coordination.k8s.io, resources: [leases]}]\n- level: Metadata\n";
 
 /// The API server's audit log, in the cluster's directory.
 const AUDIT_LOG: &str = "audit.log";
@@ -70,6 +71,9 @@ pub struct AuditedWrite {
     /// The HTTP status code of the answer.
     pub code: u16,
     pub received: jiff::Timestamp,
+    /// For a Lease, its holder once the write was done (`spec.holderIdentity` of the answer):
+    /// a write may renew a Lease its writer no longer holds.
+    pub holder: Option<String>,
 }
 
 impl AuditedWrite {
@@ -103,6 +107,7 @@ impl AuditedWrite {
                 .as_str()
                 .context("an audit event without requestReceivedTimestamp")?
                 .parse()?,
+            holder: v["responseObject"]["spec"]["holderIdentity"].as_str().map(str::to_owned),
         })
     }
 }
