@@ -197,6 +197,10 @@ async fn round(h: &mut Harness, fault: Fault, n: usize) -> Result<Vec<(Step, Out
     }
     // Who led is read from every Lease write since the start; the writes judged are the round's.
     let writes = h.fx.cluster.audited_writes()?;
+    anyhow::ensure!(
+        writes.iter().any(|w| w.resource == "leases" && w.name == LEASE && w.holder.is_some()),
+        "the audit log records no holder of Lease {LEASE}: leadership cannot be judged"
+    );
     let not_leading: Vec<String> = writes_while_not_leading(&writes, &REPLICAS, LEASE)
         .iter()
         .filter(|w| w.received >= since)
