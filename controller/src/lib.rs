@@ -25,6 +25,7 @@ pub mod config;
 mod connections;
 pub mod context;
 pub mod error;
+mod expectations;
 pub mod handshake_gate;
 pub mod health_table;
 pub mod index;

@@ -13,25 +13,6 @@ use crate::trust::Admitted;
 
 pub(crate) use sked_core::plan::{Applied, SentCondition};
 
-/// An owner label this term wrote on a node.
-#[derive(Clone, Debug)]
-pub(crate) struct LabelWrite {
-    /// The Scheduler it names.
-    pub(crate) owner: String,
-    pub(crate) at: Instant,
-    /// The Node's resourceVersion the write made (the watch caught up once it shows one as new).
-    pub(crate) version: Option<u64>,
-}
-
-/// A pod this term deleted for a new revision.
-#[derive(Clone, Debug)]
-pub(crate) struct PodReplaced {
-    /// The Scheduler whose pod it was.
-    pub(crate) scheduler: String,
-    pub(crate) pod: String,
-    pub(crate) at: Instant,
-}
-
 /// An image admission kept for one Scheduler, with what it was decided from.
 #[derive(Clone, Debug)]
 pub(crate) struct Admission {
@@ -62,13 +43,8 @@ pub(crate) struct Memo {
     /// The ejections (`node@time`) whose KernelEjected event this term recorded, or found
     /// recorded: each is recorded once however often its node reports it again.
     recorded_exits: Mutex<std::collections::HashSet<String>>,
-    /// Which Scheduler this term set each node's owner label to, and when: until its pod
-    /// appears (or the attach timeout passes) the node counts as switching, so the next wave
-    /// does not start before it, and as labelled whatever the Node watch shows yet.
-    pub(crate) labelled: Mutex<HashMap<String, LabelWrite>>,
-    /// By node, the pod this term deleted there for a new revision: until its successor shows,
-    /// the node is switching (the expectation client-go keeps for its own deletes).
-    pub(crate) replaced: Mutex<HashMap<String, PodReplaced>>,
+    /// The owner labels and pod deletions this term wrote that the watches may not show yet.
+    pub(crate) expectations: crate::expectations::Expectations,
     /// Per Scheduler, the pod conditions this term wrote that the pod watch has not shown yet,
     /// by pod uid: each with what the pod carried when it was written.
     pub(crate) pod_conditions: Mutex<HashMap<String, HashMap<String, SentCondition>>>,
@@ -83,8 +59,7 @@ impl Default for Memo {
             admissions: Mutex::default(),
             recorded_ejections: Mutex::default(),
             recorded_exits: Mutex::default(),
-            labelled: Mutex::default(),
-            replaced: Mutex::default(),
+            expectations: Default::default(),
             pod_conditions: Mutex::default(),
         }
     }
@@ -98,8 +73,7 @@ impl Memo {
         lock(&self.applied).clear();
         lock(&self.recorded_ejections).clear();
         lock(&self.recorded_exits).clear();
-        lock(&self.labelled).clear();
-        lock(&self.replaced).clear();
+        self.expectations.clear();
         lock(&self.pod_conditions).clear();
     }
 

@@ -124,13 +124,7 @@ fn memory_of(
     nodes: &plan::Nodes,
     reports: &HashMap<String, kernel::NodeReport>,
 ) -> plan::Memory {
-    let (labelled, label_versions) = {
-        let labelled = lock(&ctx.memo.labelled);
-        let ours = |n: &String| labelled.get(n).filter(|w| w.owner == name);
-        let ages = nodes.known.keys().filter_map(|n| Some((n.clone(), ours(n)?.at.elapsed()))).collect();
-        let versions = nodes.known.keys().filter_map(|n| Some((n.clone(), ours(n)?.version?))).collect();
-        (ages, versions)
-    };
+    let expected = ctx.memo.expectations.of(name, nodes.known.keys());
     let exits_recorded = reports
         .values()
         .filter_map(|r| r.last_exit.as_ref())
@@ -139,21 +133,13 @@ fn memory_of(
         .collect();
     plan::Memory {
         term_age: ctx.memo.term_age(),
-        labelled,
-        label_versions,
+        labelled: expected.labelled,
+        label_versions: expected.label_versions,
         applied: lock(&ctx.memo.applied).get(name).cloned(),
         exits_recorded,
         ejections_on_record: Default::default(),
         conditions_sent: lock(&ctx.memo.pod_conditions).get(name).cloned().unwrap_or_default(),
-        replaced: {
-            let replaced = lock(&ctx.memo.replaced);
-            let ours = |n: &String| replaced.get(n).filter(|r| r.scheduler == name);
-            nodes
-                .known
-                .keys()
-                .filter_map(|n| Some((n.clone(), (ours(n)?.pod.clone(), ours(n)?.at.elapsed()))))
-                .collect()
-        },
+        replaced: expected.replaced,
     }
 }
 

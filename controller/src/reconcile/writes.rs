@@ -80,12 +80,7 @@ fn count_verdict(ctx: &Context, name: &str, previous: &sked_api::SchedulerStatus
 /// switching, and the ejections heard have their events.
 fn remember(ctx: &Context, remember: &plan::Remember) {
     ctx.memo.exits_recorded(&remember.exits_recorded);
-    if !remember.attached.is_empty() {
-        let mut labelled = lock(&ctx.memo.labelled);
-        for node in &remember.attached {
-            labelled.remove(node);
-        }
-    }
+    ctx.memo.expectations.seen_attached(&remember.attached);
 }
 
 /// Carries out a rollout step once its status is saved: the rollback, the pods to replace, the
@@ -130,17 +125,10 @@ pub(super) async fn write_owner_labels(ctx: &Context, scheduler: &str, admit: &[
         }
         match crate::owner_labels::write_label(&nodes, node, owner).await {
             Ok(version) => {
-                let mut labelled = lock(&ctx.memo.labelled);
-                if let Some(owner) = owner {
-                    // Past the longest attach timeout an entry tells nothing any more.
-                    labelled.retain(|_, w| w.at.elapsed() < Duration::from_secs(86_400));
-                    let write =
-                        crate::memo::LabelWrite { owner: owner.to_owned(), at: std::time::Instant::now(), version };
-                    labelled.insert(node.clone(), write);
-                    info!(node = %node, "node enters this Scheduler");
-                } else {
-                    labelled.remove(node);
-                    info!(node = %node, "node back on the kernel's default scheduler");
+                ctx.memo.expectations.label_written(node, owner, version);
+                match owner {
+                    Some(_) => info!(node = %node, "node enters this Scheduler"),
+                    None => info!(node = %node, "node back on the kernel's default scheduler"),
                 }
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -165,15 +153,7 @@ pub(super) async fn replace_pods(ctx: &Context, scheduler: &str, replace: &[sked
         };
         match pods.delete(pod, &params).await {
             Ok(_) => {
-                let mut replaced = lock(&ctx.memo.replaced);
-                // Past the longest attach timeout an entry tells nothing any more.
-                replaced.retain(|_, r| r.at.elapsed() < Duration::from_secs(86_400));
-                let entry = crate::memo::PodReplaced {
-                    scheduler: scheduler.to_owned(),
-                    pod: pod.clone(),
-                    at: std::time::Instant::now(),
-                };
-                replaced.insert(node.clone(), entry);
+                ctx.memo.expectations.pod_replaced(node, scheduler, pod);
                 info!(pod = %pod, node = %node, "replacing pod with the new revision");
             }
             // Gone, or another pod by now: decided again at the next reconcile.
