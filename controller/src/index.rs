@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::WatchStreamExt;
@@ -31,7 +30,7 @@ use sked_core::pods::SchedulerPod;
 use sked_core::workload::{FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OWNER_LABEL};
 
 /// Schedulers to reconcile, sent by the indexes, the reports server and policy changes.
-pub(crate) type Triggers = UnboundedSender<ObjectRef<Scheduler>>;
+pub(crate) use crate::triggers::Triggers;
 
 /// Read side of the index, shared by the reconcile loop and the servers.
 #[derive(Clone)]
@@ -245,7 +244,7 @@ fn terminating(s: &Scheduler) -> bool {
 
 fn trigger(tx: &Triggers, changed: Changed) {
     for name in changed {
-        let _ = tx.unbounded_send(ObjectRef::new(&name));
+        tx.send(&name);
     }
 }
 
@@ -487,7 +486,7 @@ where
             }
         };
         for scheduler in touched {
-            let _ = tx.unbounded_send(ObjectRef::new(&scheduler));
+            tx.send(&scheduler);
         }
     }
 }
@@ -530,7 +529,7 @@ async fn feed_daemonsets<S>(
             _ => Vec::new(),
         };
         for scheduler in touched {
-            let _ = tx.unbounded_send(ObjectRef::new(&scheduler));
+            tx.send(&scheduler);
         }
     }
 }

@@ -46,6 +46,7 @@ mod tag_recheck;
 pub mod telemetry;
 pub mod throttle;
 pub mod tls;
+pub mod triggers;
 pub mod trust;
 pub mod webhook;
 

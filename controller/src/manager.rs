@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::channel::mpsc::unbounded;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -212,7 +211,8 @@ async fn control(
 
     let (index, feeds) = index::index();
     let memo = Arc::new(Memo::default());
-    let (triggers, trigger_rx) = unbounded::<ObjectRef<Scheduler>>();
+    let triggers = Triggers::default();
+    let trigger_rx = triggers.stream();
     let (listed_tx, mut listed) = watch::channel(false);
     let feeds = until(
         stop.clone(),
@@ -296,7 +296,7 @@ async fn serve(
     leadership: &Leadership,
     policy: watch::Receiver<Arc<crate::trust::LoadedPolicy>>,
     triggers: &Triggers,
-    trigger_rx: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Scheduler>>,
+    trigger_rx: impl futures::Stream<Item = ObjectRef<Scheduler>> + Send + 'static,
     stop: Stop,
 ) -> Result<(), BoxError> {
     let (client, flags, index, kernel) = (&ctx.client, &ctx.flags, &ctx.index, &ctx.kernel);
@@ -437,7 +437,7 @@ async fn reverify_on_policy_change(
 ) {
     while policy.changed().await.is_ok() {
         for name in index.scheduler_names() {
-            let _ = triggers.unbounded_send(ObjectRef::new(&name));
+            triggers.send(&name);
         }
     }
 }
@@ -485,7 +485,7 @@ async fn reconcile_loop(
     flags: &ControllerFlags,
     index: &Index,
     ctx: Arc<Context>,
-    triggers: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Scheduler>>,
+    triggers: impl futures::Stream<Item = ObjectRef<Scheduler>> + Send + 'static,
     leader: watch::Receiver<bool>,
     stop: Stop,
 ) -> Result<(), BoxError> {

@@ -14,12 +14,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 use sked_proto::contract::{EVERY_REPLICA_METADATA, REPORTS_AUDIENCE};
 use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
@@ -30,7 +28,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::api::{KernelExit, Scheduler};
+use crate::api::KernelExit;
 use crate::connections::{Connection, Guarded, OpenStream};
 use crate::error::BoxError;
 use crate::handshake_gate::{Dropped, HANDSHAKE_AFTER_HELLO, HandshakeGate};
@@ -54,7 +52,7 @@ pub struct Inner {
     agent_namespace: String,
     table: Arc<KernelTable>,
     stale_after: Duration,
-    triggers: UnboundedSender<ObjectRef<Scheduler>>,
+    triggers: crate::triggers::Triggers,
     pub stats: Arc<ReportStats>,
     /// Whether this replica leads. Every replica keeps the streams of agents that hold one to
     /// each replica ([`EVERY_REPLICA_METADATA`]); the stream of an agent that reaches the leader
@@ -130,7 +128,7 @@ impl ReportsService {
         client: Client,
         settings: &ReportsSettings,
         table: Arc<KernelTable>,
-        triggers: UnboundedSender<ObjectRef<Scheduler>>,
+        triggers: crate::triggers::Triggers,
         stats: Arc<ReportStats>,
         leader: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
@@ -535,7 +533,7 @@ impl Session {
             .from_every_replica(!self.follows_leader);
         for scheduler in service.table.record(node, entry, service.stale_after) {
             debug!(node = %node, scheduler = %scheduler, verdict = kernel_verdict(report.verdict).as_str(), "kernel view changed");
-            let _ = service.triggers.unbounded_send(ObjectRef::new(&scheduler));
+            service.triggers.send(&scheduler);
         }
         Ok(Ack { sequence: report.sequence })
     }
@@ -586,7 +584,7 @@ fn kernel_exit(node: &str, e: &sked_proto::KernelExit) -> Option<KernelExit> {
 pub(crate) async fn expire_stale_reports(
     kernel: Arc<KernelTable>,
     index: Index,
-    triggers: UnboundedSender<ObjectRef<Scheduler>>,
+    triggers: crate::triggers::Triggers,
     stale_after: Duration,
 ) {
     let mut expire = tokio::time::interval(Duration::from_secs(1));
@@ -597,7 +595,7 @@ pub(crate) async fn expire_stale_reports(
         tokio::select! {
             _ = expire.tick() => {
                 for scheduler in kernel.expire(Instant::now(), stale_after) {
-                    let _ = triggers.unbounded_send(ObjectRef::new(&scheduler));
+                    triggers.send(&scheduler);
                 }
             }
             _ = prune.tick() => {

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 use tracing::debug;
 
@@ -78,7 +77,7 @@ async fn recheck_due(ctx: &Context, triggers: &Triggers, now: Instant) {
                 Some(at) => entry.recheck_at = Some(at),
                 None => {
                     debug!(scheduler = %d.name, image = %image, "the tag's recheck changed what is admitted; reconciling");
-                    let _ = triggers.unbounded_send(ObjectRef::new(&d.name));
+                    triggers.send(&d.name);
                 }
             }
         }

@@ -685,7 +685,7 @@ async fn a_standby_keeps_the_streams_of_agents_that_reach_every_replica_and_refu
     let s = setup("leader-reports").await?;
     // A second replica's reports server, whose leadership this test controls.
     let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
-    let (triggers, _keep) = futures::channel::mpsc::unbounded();
+    let triggers = sked_controller::triggers::Triggers::default();
     let stats = Arc::new(ReportStats::default());
     let settings = sked_controller::reports::ReportsSettings {
         agent_namespace: s.fx.namespace.clone(),
