@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sked_api::{AnalysisStatus, Reason, Revision, RolloutFailure, RolloutPhase, RolloutStatus, WaveBaseline};
 
-use super::*;
+use super::model::{Decision, Failure};
 
 /// What a rollout step starts from, besides the plan.
 #[derive(Clone, Debug)]
@@ -84,10 +84,12 @@ pub fn advance(p: &Progress<'_>) -> Step {
             None => {}
         },
     }
-    if step.status.failed.is_some() {
-        // While a failure stands no node enters until the spec changes: the nodes waiting to
-        // enter are not ones a pod is meant for, so DESIRED and KernelAttached leave them out
-        // (they said "5 more nodes wait for a pod" of a revision rolled back everywhere).
+    // While the failure of the template's revision stands, no node enters until the spec
+    // changes: the nodes waiting to enter are not ones a pod is meant for, so DESIRED and
+    // KernelAttached leave them out (they said "5 more nodes wait for a pod" of a revision rolled
+    // back everywhere). Back on the stable revision after a rollback, nodes still enter in waves.
+    let nothing_enters = step.status.failed.as_ref().is_some_and(|f| !(p.on_stable() && f.revision != p.template.name));
+    if nothing_enters {
         step.desired = step.desired.saturating_sub(usize::try_from(step.status.entering_nodes).unwrap_or(0));
     }
     if !p.caught_up {

@@ -5,7 +5,9 @@ use std::ops::ControlFlow;
 
 use sked_api::{AnalysisVerdict, RolloutPhase, WaveBaseline};
 
-use super::*;
+use super::model::{Analysis, Decision, Failure, Input, Tally};
+use crate::analysis;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// How often a bake's verdict asks again while it waits for samples.
 const ANALYSIS_RECHECK_SECONDS: i64 = 5;

@@ -1,7 +1,9 @@
 use super::*;
+use crate::analysis;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::prelude::*;
-use sked_api::{Revision, RolloutFailure, RolloutStatus};
+use sked_api::{AnalysisStatus, Revision, RolloutFailure, RolloutSpec, RolloutStatus, WaveBaseline};
 use std::collections::BTreeMap;
 
 const T: &str = "new";
@@ -587,6 +589,26 @@ fn a_failure_rolls_back_when_there_is_something_to_go_back_to() {
     // DESIRED leaves out the nodes that wait to enter: none gets a pod until the spec changes.
     assert_eq!((step.desired, step.status.entering_nodes), (1, 3));
     assert_eq!((step.evict, step.admit, step.status.phase), (vec!["n2".to_string()], vec![], RolloutPhase::Failed));
+}
+
+#[test]
+fn back_on_the_stable_revision_the_nodes_waiting_to_enter_still_count() {
+    // A later revision failed and the template is the stable one again: nodes being taken over
+    // still enter in waves, so DESIRED keeps them.
+    let failed = RolloutFailure {
+        revision: T.into(),
+        generation: 2,
+        node: "n1".into(),
+        cause: "crash".into(),
+        time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        reason: None,
+    };
+    let previous =
+        RolloutStatus { current_revision: Some(revision(S, 1)), failed: Some(failed.clone()), ..Default::default() };
+    let plan = Decision { entering: 2, desired: 5, ..Default::default() };
+    let mut p = progress(&previous, &plan, revision(S, 1));
+    p.failed = Some(&failed);
+    assert_eq!(advance(&p).desired, 5);
 }
 
 fn entering(names: &[&str], joined: bool) -> Vec<Entering> {
