@@ -557,11 +557,16 @@ async fn analysis(s: &Setup, vm: &mut TestVm) -> Result<()> {
         rollout_phase(s) == Some(RolloutPhase::Complete)
     })
     .await?;
-    // The analysis first, alone: pacing changes no revision, and the controller keeps the
+    // The load first, for longer than the agent's report carries (its last 16 samples, one a
+    // second): the window before the next switch must be the loaded node's, not a quiet one's.
+    // (With a first deployment that baked 30 s, the agent's first report after the analysis
+    // below carried 16 quiet samples, and the good revision failed by +2344 %.)
+    vm.run("for i in 1 2 3 4; do sh -c 'while :; do :; done' >/dev/null 2>&1 & done").await?;
+    more_reports(s, 12).await?;
+    // Then the analysis, alone: pacing changes no revision, and the controller keeps the
     // node's samples from then on (its own window before the next switch).
     let pacing = serde_json::json!({"spec": {"rollout": analysed_rollout()}});
     s.fx.schedulers().patch(SCHEDULER, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&pacing)).await?;
-    vm.run("for i in 1 2 3 4; do sh -c 'while :; do :; done' >/dev/null 2>&1 & done").await?;
 
     // A good revision: its bake is judged against the node's own samples before its switch.
     let (second, sched) = bake(s, &first.name_any(), "--again", good, vm).await?;
