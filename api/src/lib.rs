@@ -473,7 +473,7 @@ impl RevisionSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStatus {
-    /// Canary, Rolling, Paused, Complete, RolledBack or Failed.
+    /// Queued, Canary, Rolling, Paused, Complete, RolledBack or Failed.
     pub phase: RolloutPhase,
     /// The last revision that ran attached on every node (what a rollback restores).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -637,6 +637,9 @@ impl AnalysisVerdict {
 /// Where a rollout stands.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
 pub enum RolloutPhase {
+    /// A new revision waits to start its canary: other Schedulers run theirs, as many as the
+    /// controller lets run at once (`--max-concurrent-canaries`).
+    Queued,
     /// The first nodes run the new revision; the rest wait for them to attach and bake.
     Canary,
     /// Waves replace the remaining nodes.
@@ -656,6 +659,7 @@ pub enum RolloutPhase {
 impl RolloutPhase {
     pub const fn as_str(self) -> &'static str {
         match self {
+            RolloutPhase::Queued => "Queued",
             RolloutPhase::Canary => "Canary",
             RolloutPhase::Rolling => "Rolling",
             RolloutPhase::Paused => "Paused",

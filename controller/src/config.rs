@@ -76,6 +76,12 @@ pub struct ControllerFlags {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
 
+    /// Schedulers whose canary may run at the same time; a rollout that would start another
+    /// waits in phase Queued until one of them has baked. An upgrade of sked to a new agent
+    /// image is a new revision of every Scheduler: this paces it across the fleet. 0: no limit.
+    #[arg(long, default_value_t = 1)]
+    pub max_concurrent_canaries: usize,
+
     /// Sustained reconciles per second, across all Schedulers.
     #[arg(long, default_value_t = 5.0, value_parser = parse_positive_f64)]
     pub reconcile_rate_limit_qps: f64,

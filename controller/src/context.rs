@@ -37,6 +37,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Decides which images may run and resolves them to digests.
     pub trust: Arc<Trust>,
+    /// Whose canary runs, across Schedulers (`--max-concurrent-canaries`).
+    pub(crate) canaries: crate::canaries::Canaries,
 }
 
 impl Context {

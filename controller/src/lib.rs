@@ -21,6 +21,7 @@
 pub use sked_api as api;
 pub use sked_api::{crd, image};
 
+mod canaries;
 pub mod config;
 mod connections;
 pub mod context;

@@ -244,7 +244,7 @@ async fn control(
             }
         };
         let leadership = elect(client, parts.flags, &parts.instance, term).await?;
-        let ctx = context(&parts, &index, &memo, &kernel, leadership.leader());
+        let ctx = context(&parts, &index, &memo, &kernel, &triggers, leadership.leader());
         let result = serve(&ctx, &leadership, policy, &triggers, trigger_rx, stop.clone()).await;
         leadership.step_down().await;
         // No longer the leader, whatever ended the term: say so on the pod and in the metric.
@@ -262,6 +262,7 @@ fn context(
     index: &Index,
     memo: &Arc<Memo>,
     kernel: &Arc<KernelTable>,
+    triggers: &Triggers,
     leader: crate::leader::Leader,
 ) -> Arc<Context> {
     let flags = parts.flags;
@@ -286,6 +287,7 @@ fn context(
         leader,
         metrics: parts.metrics.clone(),
         trust: parts.trust.clone(),
+        canaries: crate::canaries::Canaries::new(flags.max_concurrent_canaries, triggers.clone()),
     })
 }
 

@@ -108,6 +108,8 @@ pub struct Metrics {
     /// The Schedulers whose last reconcile asked for another after a delay, and their count.
     timed_rechecks: Mutex<HashSet<String>>,
     timed_rechecks_pending: Gauge,
+    canaries_running: Gauge,
+    rollouts_queued: Gauge,
     agents_connected: Gauge,
     verifications: Family<VerificationLabels, Counter>,
     policy_reloads: Family<ResultLabel, Counter>,
@@ -130,6 +132,8 @@ impl Metrics {
             leader: Gauge::default(),
             timed_rechecks: Mutex::default(),
             timed_rechecks_pending: Gauge::default(),
+            canaries_running: Gauge::default(),
+            rollouts_queued: Gauge::default(),
             agents_connected: Gauge::default(),
             verifications: Family::default(),
             policy_reloads: Family::default(),
@@ -161,6 +165,16 @@ impl Metrics {
             "timed_rechecks_pending",
             "Schedulers whose last reconcile asked to be reconciled again after a delay (a bake, a deadline, a grace); 0 at rest",
             self.timed_rechecks_pending.clone(),
+        );
+        registry.register(
+            "canaries_running",
+            "Schedulers whose canary runs now (at most --max-concurrent-canaries start one)",
+            self.canaries_running.clone(),
+        );
+        registry.register(
+            "rollouts_queued",
+            "Schedulers whose new revision waits for a canary slot (phase Queued)",
+            self.rollouts_queued.clone(),
         );
         registry.register(
             "rollbacks",
@@ -290,6 +304,12 @@ impl Metrics {
         self.analysis_verdicts
             .get_or_create(&VerdictLabels { scheduler: scheduler.to_owned(), verdict: verdict.as_str() })
             .inc();
+    }
+
+    /// How many canaries run, and how many rollouts wait for a slot.
+    pub fn set_canaries(&self, (running, queued): (usize, usize)) {
+        self.canaries_running.set(i64::try_from(running).unwrap_or(i64::MAX));
+        self.rollouts_queued.set(i64::try_from(queued).unwrap_or(i64::MAX));
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -5,38 +5,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
 use sked_api::verdict::Verdict;
 
 use crate::kernel_summary::NodeReport;
 use crate::pods::SchedulerPod;
 use crate::rollout::{CRASH_LOOP_RESTARTS, KernelView, NodeView, PodView};
-use crate::workload;
 
-/// The revision a DaemonSet's pod template makes: what a replaced pod comes back as.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TemplateRevision {
-    /// Its revision label.
-    pub name: String,
-    /// The scheduler container's image and args (a pod from before revision labels is of this
-    /// revision when it runs the same).
-    pub image: String,
-    pub args: Vec<String>,
-}
-
-impl TemplateRevision {
-    pub fn of(ds: &DaemonSet) -> Self {
-        let template = &ds.spec.template;
-        let labels = template.metadata.as_ref().and_then(|m| m.labels.as_ref());
-        let scx =
-            template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == workload::SCHEDULER_CONTAINER));
-        Self {
-            name: labels.and_then(|l| l.get(workload::REVISION_LABEL)).cloned().unwrap_or_default(),
-            image: scx.and_then(|c| c.image.clone()).unwrap_or_default(),
-            args: scx.and_then(|c| c.args.clone()).unwrap_or_default(),
-        }
-    }
-}
+pub use crate::pods::TemplateRevision;
 
 /// What this leadership term remembers of labelling a node, and of replacing its pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +59,7 @@ pub fn runs_attached(kernel: &KernelView, pod: Option<&SchedulerPod>) -> bool {
 pub fn pod_view(pod: &SchedulerPod, template: &TemplateRevision, wall: i64) -> PodView {
     PodView {
         name: pod.name.clone(),
-        revision: pod.revision(&template.name, &template.image, &template.args),
+        revision: pod.revision(template),
         ready_since: pod.ready_since,
         created: pod.created.unwrap_or(wall),
         crash_looping: pod.backing_off || pod.restarts >= CRASH_LOOP_RESTARTS,

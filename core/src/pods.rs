@@ -3,11 +3,12 @@
 //! KiB, and the index holds one per node of the fleet). The reports server (who may report) and
 //! the rollout (what a node's pod tells) read them.
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube_core::ResourceExt;
 use sked_api::pod_kernel::POD_CONDITION;
 
-use crate::workload::{MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, REVISION_LABEL, SCHEDULER_CONTAINER};
+use crate::workload::{AGENT_CONTAINER, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, REVISION_LABEL, SCHEDULER_CONTAINER};
 
 /// The facts of one scheduler pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,6 +32,8 @@ pub struct SchedulerPod {
     /// many pods".
     pub unschedulable: Option<String>,
     pub revision: PodRevision,
+    /// The agent container's image.
+    pub agent_image: Option<String>,
     /// Since when (seconds since the epoch) the pod's Ready condition is True.
     pub ready_since: Option<i64>,
     /// How often the scheduler container restarted.
@@ -83,6 +86,40 @@ fn last_words<'a, 'b>(lines: &'b [&'a str]) -> &'b [&'a str] {
     &lines[start..lines.len().min(start + EXIT_LINES)]
 }
 
+/// The revision a DaemonSet's pod template makes: what a replaced pod comes back as.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TemplateRevision {
+    /// Its revision label.
+    pub name: String,
+    /// The scheduler container's image and args (a pod from before revision labels is of this
+    /// revision when it runs the same).
+    pub image: String,
+    pub args: Vec<String>,
+    /// The agent container's image.
+    pub agent_image: String,
+    /// The name a sked before agent images were part of revisions gave the same spec
+    /// ([`crate::workload::revision_before_agents`]), when the template is the spec's: a pod
+    /// labelled so that runs this agent image is of this revision (adopted, so upgrading to a
+    /// sked that names revisions so restarts no scheduler; a new agent image still does).
+    pub earlier_name: Option<String>,
+}
+
+impl TemplateRevision {
+    pub fn of(ds: &DaemonSet) -> Self {
+        let template = &ds.spec.template;
+        let labels = template.metadata.as_ref().and_then(|m| m.labels.as_ref());
+        let container = |name: &str| template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == name));
+        let scx = container(SCHEDULER_CONTAINER);
+        Self {
+            name: labels.and_then(|l| l.get(REVISION_LABEL)).cloned().unwrap_or_default(),
+            image: scx.and_then(|c| c.image.clone()).unwrap_or_default(),
+            args: scx.and_then(|c| c.args.clone()).unwrap_or_default(),
+            agent_image: container(AGENT_CONTAINER).and_then(|c| c.image.clone()).unwrap_or_default(),
+            earlier_name: None,
+        }
+    }
+}
+
 /// What tells a pod's revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodRevision {
@@ -116,6 +153,11 @@ impl SchedulerPod {
                 }
             }
         };
+        let agent_image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == AGENT_CONTAINER))
+            .and_then(|c| c.image.clone());
         let status = pod.status.as_ref();
         let ready_since = status
             .and_then(|s| s.conditions.as_ref())
@@ -155,6 +197,7 @@ impl SchedulerPod {
             unschedulable: if node.is_some() { None } else { unschedulable(pod) },
             node,
             revision,
+            agent_image,
             ready_since,
             restarts: scx_status.map_or(0, |c| c.restart_count),
             backing_off,
@@ -176,14 +219,21 @@ impl SchedulerPod {
         }
     }
 
-    /// The revision the pod runs: its label, or for a pod without one `current` (adopted, so
-    /// upgrading sked restarts nothing) when its scheduler container runs the same image and
-    /// arguments as `current` would, else a revision of its own.
-    pub fn revision(&self, current: &str, image: &str, args: &[String]) -> String {
+    /// The revision the pod runs: its label, or `current`'s (adopted, so upgrading sked restarts
+    /// nothing) for a pod without one whose scheduler container runs the same image and
+    /// arguments as `current` would, and for one labelled with `current`'s earlier name that
+    /// runs its agent image; else a revision of its own.
+    pub fn revision(&self, current: &TemplateRevision) -> String {
         match &self.revision {
+            PodRevision::Labelled(r)
+                if current.earlier_name.as_ref() == Some(r)
+                    && self.agent_image.as_deref() == Some(current.agent_image.as_str()) =>
+            {
+                current.name.clone()
+            }
             PodRevision::Labelled(r) => r.clone(),
-            PodRevision::Unlabelled { image: Some(ran), args: ran_args } if ran == image && ran_args == args => {
-                current.to_owned()
+            PodRevision::Unlabelled { image: Some(ran), args } if *ran == current.image && *args == current.args => {
+                current.name.clone()
             }
             PodRevision::Unlabelled { .. } => "unlabelled".to_owned(),
         }
@@ -315,6 +365,7 @@ mod tests {
                 meant_for: None,
                 unschedulable: None,
                 revision: PodRevision::Labelled("abc123".into()),
+                agent_image: Some("r.example/agent:v1".into()),
                 ready_since: at("2026-12-01T10:01:00Z"),
                 restarts: 3,
                 backing_off: true,
@@ -334,7 +385,18 @@ mod tests {
             }
         );
         assert!(facts.is_terminating());
-        assert_eq!(facts.revision("cur", "any", &[]), "abc123", "the label wins");
+        let current = |earlier: Option<&str>, agent: &str| TemplateRevision {
+            name: "cur".into(),
+            image: "any".into(),
+            agent_image: agent.into(),
+            earlier_name: earlier.map(str::to_owned),
+            ..Default::default()
+        };
+        assert_eq!(facts.revision(&current(None, "r.example/agent:v1")), "abc123", "the label wins");
+        // Labelled with the current revision's earlier name (before agent images counted) and
+        // running its agent: adopted. With another agent: a revision of its own, rolled out.
+        assert_eq!(facts.revision(&current(Some("abc123"), "r.example/agent:v1")), "cur");
+        assert_eq!(facts.revision(&current(Some("abc123"), "r.example/agent:v2")), "abc123");
     }
 
     #[test]
@@ -373,9 +435,15 @@ mod tests {
     fn an_unlabelled_pod_is_the_current_revision_only_when_it_runs_what_that_would() {
         let facts = SchedulerPod::of(&pod(managed(&[]), daemonset_owner("rusty")));
         let args = ["--slice".to_owned(), "5".to_owned()];
-        assert_eq!(facts.revision("cur", "r.example/rusty@sha256:1", &args), "cur");
-        assert_eq!(facts.revision("cur", "r.example/rusty@sha256:2", &args), "unlabelled");
-        assert_eq!(facts.revision("cur", "r.example/rusty@sha256:1", &args[..1]), "unlabelled");
+        let current = |image: &str, args: &[String]| TemplateRevision {
+            name: "cur".into(),
+            image: image.into(),
+            args: args.to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(facts.revision(&current("r.example/rusty@sha256:1", &args)), "cur");
+        assert_eq!(facts.revision(&current("r.example/rusty@sha256:2", &args)), "unlabelled");
+        assert_eq!(facts.revision(&current("r.example/rusty@sha256:1", &args[..1])), "unlabelled");
     }
 
     #[test]

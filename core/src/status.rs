@@ -52,6 +52,8 @@ pub struct Inputs<'a> {
     pub desired: Option<i32>,
     /// Which taints keep the Scheduler's pods off its selected nodes, if any do.
     pub untolerated: Option<&'a str>,
+    /// Whether it may start a canary now: who holds the slots while it is queued.
+    pub canary_gate: &'a crate::rollout::CanaryGate,
     pub now: Time,
 }
 
@@ -125,7 +127,7 @@ impl Rollout {
 
     /// A rollout is under way (its waves may still replace pods).
     fn rolling(&self) -> bool {
-        matches!(self.phase, RolloutPhase::Canary | RolloutPhase::Rolling | RolloutPhase::Paused)
+        matches!(self.phase, RolloutPhase::Queued | RolloutPhase::Canary | RolloutPhase::Rolling | RolloutPhase::Paused)
     }
 
     fn complete(&self) -> bool {
@@ -572,6 +574,9 @@ fn rollout_state(rollout: &Rollout, obs: &Inputs<'_>, ds_name: &str) -> RolloutS
                 ),
             );
         }
+        RolloutPhase::Queued => {
+            return state(Reason::RolloutInProgress, queued_message(rollout, obs.canary_gate));
+        }
         RolloutPhase::Canary | RolloutPhase::Rolling => {
             return state(
                 Reason::RolloutInProgress,
@@ -610,6 +615,24 @@ fn rollout_state(rollout: &Rollout, obs: &Inputs<'_>, ds_name: &str) -> RolloutS
         );
     }
     state(Reason::RolloutInProgress, format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired))
+}
+
+/// Why a rollout waits to start its canary, and for whom.
+fn queued_message(rollout: &Rollout, gate: &crate::rollout::CanaryGate) -> String {
+    let waiting = format!(
+        "Queued: revision {} waits to start its canary ({} of {} nodes run it)",
+        rollout.revision, rollout.updated, rollout.desired
+    );
+    match gate {
+        crate::rollout::CanaryGate::Full { max, running } => format!(
+            "{waiting}: {} {} now, and at most {max} run at once (the controller's --max-concurrent-canaries, chart value rollout.maxConcurrentCanaries)",
+            running.join(", "),
+            if running.len() == 1 { "runs its canary" } else { "run their canaries" },
+        ),
+        crate::rollout::CanaryGate::Open => {
+            format!("{waiting}: a canary slot is free, it starts at the next reconcile")
+        }
+    }
 }
 
 fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
@@ -782,6 +805,7 @@ mod tests {
                 rollout,
                 desired,
                 untolerated: None,
+                canary_gate: &crate::rollout::CanaryGate::Open,
                 now: time(self.clock),
             });
             self.previous = out.status.clone();
@@ -975,6 +999,7 @@ mod tests {
                 rollout: Some(rollout),
                 desired: None,
                 untolerated: None,
+                canary_gate: &crate::rollout::CanaryGate::Open,
                 now: time(5),
             })
         };
@@ -1035,6 +1060,7 @@ mod tests {
             rollout: Some(rollout),
             desired: None,
             untolerated,
+            canary_gate: &crate::rollout::CanaryGate::Open,
             now: time(5),
         })
     }
@@ -1289,6 +1315,7 @@ mod tests {
             rollout: None,
             desired: None,
             untolerated: None,
+            canary_gate: &crate::rollout::CanaryGate::Open,
             now: time(5),
         });
         assert_eq!(reasons(&out.event), Some((EventKind::Warning, "SpecInvalid")));
@@ -1316,6 +1343,7 @@ mod tests {
             rollout: None,
             desired: None,
             untolerated: None,
+            canary_gate: &crate::rollout::CanaryGate::Open,
             now: time(5),
         };
         let out = compute(&observe(Some("signature of image \"r.io/a:v2\" is invalid")));
@@ -1347,6 +1375,7 @@ mod tests {
                 rollout: None,
                 desired: None,
                 untolerated: None,
+                canary_gate: &crate::rollout::CanaryGate::Open,
                 now: time(5),
             })
         };

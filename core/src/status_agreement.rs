@@ -14,7 +14,8 @@ use crate::arbiter::Placement;
 use crate::kernel_summary::{NodeReport, summarize};
 use crate::status::{Inputs, compute};
 
-const PHASES: [RolloutPhase; 6] = [
+const PHASES: [RolloutPhase; 7] = [
+    RolloutPhase::Queued,
     RolloutPhase::Canary,
     RolloutPhase::Rolling,
     RolloutPhase::Paused,
@@ -104,6 +105,7 @@ fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
     let previous = SchedulerStatus::default();
     let placement = Placement { owned: (0..desired).map(|i| format!("n{i}")).collect(), ..Default::default() };
     let ds = daemonset(scheduled, attached);
+    let gate = crate::rollout::CanaryGate::Full { max: 1, running: vec!["pool-a".into()] };
     let out = compute(&Inputs {
         generation: Some(1),
         previous: &previous,
@@ -117,6 +119,7 @@ fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
         rollout: Some(&rollout),
         desired: Some(desired),
         untolerated: None,
+        canary_gate: &gate,
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     });
     let st = &out.status;
@@ -136,10 +139,18 @@ fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
         if matches!(phase, RolloutPhase::Complete | RolloutPhase::Failed) {
             assert!(!m.contains("wait for a pod") && !m.contains("waits for a pod"), "{case}: {} says {m}", c.type_);
         }
-        // A rollout that ended does not say it is in progress.
-        if matches!(phase, RolloutPhase::RolledBack | RolloutPhase::Failed) {
+        // A queued rollout switches nothing yet; a rollout that ended does not say it is in
+        // progress.
+        if matches!(phase, RolloutPhase::Queued | RolloutPhase::RolledBack | RolloutPhase::Failed) {
             assert!(!m.starts_with("Canary:") && !m.starts_with("Rolling:"), "{case}: {} says {m}", c.type_);
         }
+    }
+    if phase == RolloutPhase::Queued && desired > 0 {
+        let progressing = find(condition::PROGRESSING).map(|c| c.message.as_str()).unwrap_or_default();
+        assert!(
+            progressing.starts_with("Queued:") && progressing.contains("pool-a runs its canary now"),
+            "{case}: {progressing}"
+        );
     }
     if phase == RolloutPhase::Failed {
         let ready = find(condition::READY).map(|c| c.status.as_str());

@@ -81,12 +81,27 @@ pub fn applied_unchanged(live: &DaemonSet, digest: &str) -> bool {
 }
 
 /// The revision of a Scheduler's pods: a short hash of what the Scheduler's spec puts into them
-/// (image, args, env, resources, expected ops, priority class, pull secrets, tolerations).
-/// Placement (the nodeSelector) and sked's own settings (the agent's image, the namespace) are
-/// not part of it: changing them rolls out nothing, and upgrading sked restarts no scheduler.
-pub fn revision(scheduler: &Scheduler, image: &str) -> String {
+/// (image, args, env, resources, expected ops, priority class, pull secrets, tolerations) and
+/// of the agent image beside it. A new agent image restarts the node's scheduler (the agent is
+/// a container of the same pod), so an upgrade of sked to one is rolled out like any revision:
+/// canary, waves, bakes, across Schedulers one canary at a time (`--max-concurrent-canaries`).
+/// Placement (the nodeSelector) and sked's other settings (the namespace, the reports address)
+/// are not part of it: changing them rolls out nothing, and reaches a node's pod at its next
+/// switch.
+pub fn revision(scheduler: &Scheduler, image: &str, agent_image: &str) -> String {
+    revision_of(scheduler, image, Some(agent_image))
+}
+
+/// The name sked gave the revision of `scheduler` running `image` before agent images were part
+/// of revisions: its pods, labelled so, are adopted where they run the current agent image
+/// (see [`crate::pods::TemplateRevision::earlier_name`]).
+pub fn revision_before_agents(scheduler: &Scheduler, image: &str) -> String {
+    revision_of(scheduler, image, None)
+}
+
+fn revision_of(scheduler: &Scheduler, image: &str, agent_image: Option<&str>) -> String {
     let spec = &scheduler.spec;
-    let inputs = serde_json::json!({
+    let mut inputs = serde_json::json!({
         "image": image,
         "args": spec.args,
         "env": spec.env,
@@ -96,6 +111,9 @@ pub fn revision(scheduler: &Scheduler, image: &str) -> String {
         "imagePullSecrets": spec.image_pull_secrets,
         "tolerations": spec.tolerations,
     });
+    if let (Some(agent_image), Some(inputs)) = (agent_image, inputs.as_object_mut()) {
+        inputs.insert("agentImage".to_owned(), agent_image.into());
+    }
     crate::hashing::short_sha256_hex(inputs.to_string().as_bytes(), 5)
 }
 
@@ -115,7 +133,7 @@ pub fn desired_daemonset(
     let labels =
         BTreeMap::from([(NAME_LABEL.to_owned(), name.clone()), (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned())]);
     let mut pod_labels = labels.clone();
-    pod_labels.insert(REVISION_LABEL.to_owned(), revision(scheduler, image));
+    pod_labels.insert(REVISION_LABEL.to_owned(), revision(scheduler, image, &settings.agent.image));
     let mut node_selector = spec.node_selector.clone();
     node_selector.insert(OWNER_LABEL.to_owned(), name.clone());
 
@@ -179,9 +197,11 @@ pub fn desired_daemonset(
 
 /// Puts back, into a DaemonSet built from the current spec and settings, what makes up the
 /// revision of `template` (a pod template from the DaemonSet's history): the scheduler container,
-/// the revision label, the expected ops the agent checks, tolerations, pull secrets and priority
-/// class. Placement (the nodeSelector with the owner label) and sked's settings (the agent, its
-/// volumes) stay current, so a rollback never sends pods to nodes the Scheduler no longer owns.
+/// the revision label, the agent's image and the expected ops it checks, tolerations, pull
+/// secrets and priority class. Placement (the nodeSelector with the owner label) and sked's other
+/// settings (the agent's flags, its volumes) stay current, so a rollback never sends pods to
+/// nodes the Scheduler no longer owns; a revision that failed with a new agent goes back to the
+/// agent it ran with (within the skew policy, that agent still reports to this controller).
 pub fn restore_revision(desired: &mut DaemonSet, template: &PodTemplateSpec) {
     let (Some(pod), Some(old)) = (desired.spec.template.spec.as_mut(), template.spec.as_ref()) else { return };
     let old_container = |name: &str| old.containers.iter().find(|c| c.name == name);
@@ -196,7 +216,11 @@ pub fn restore_revision(desired: &mut DaemonSet, template: &PodTemplateSpec) {
     let old_ops = old_container(AGENT_CONTAINER)
         .and_then(|c| c.env.as_ref())
         .and_then(|env| env.iter().find(|e| e.name == env::EXPECTED_OPS).cloned());
+    let old_agent_image = old_container(AGENT_CONTAINER).and_then(|c| c.image.clone());
     if let Some(agent) = pod.containers.iter_mut().find(|c| c.name == AGENT_CONTAINER) {
+        if old_agent_image.is_some() {
+            agent.image = old_agent_image;
+        }
         let vars = agent.env.get_or_insert_with(Vec::new);
         vars.retain(|e| e.name != env::EXPECTED_OPS);
         vars.extend(old_ops);
@@ -419,7 +443,10 @@ mod tests {
         assert_eq!(scx.security_context.as_ref().unwrap().privileged, Some(true));
         assert!(pod.affinity.is_none(), "placement is the owner label's, not the template's");
         assert_eq!(pod.node_selector.as_ref().unwrap()["sked.schedkit.io/scheduler"], "rusty");
-        assert_eq!(template_labels["sked.schedkit.io/revision"], revision(&s, "ghcr.io/schedkit/scx_rusty:v1"));
+        assert_eq!(
+            template_labels["sked.schedkit.io/revision"],
+            revision(&s, "ghcr.io/schedkit/scx_rusty:v1", "ghcr.io/schedkit/sked-agent:v0.1.0")
+        );
         assert_eq!(spec.update_strategy.as_ref().unwrap().type_.as_deref(), Some("OnDelete"));
 
         // The agent sidecar: identity from the downward API, readiness on /readyz, a token for
@@ -475,29 +502,56 @@ mod tests {
     }
 
     #[test]
-    fn the_revision_follows_what_runs_not_where_or_with_which_agent() {
+    fn the_revision_follows_what_runs_and_its_agent_not_where() {
+        const AGENT: &str = "ghcr.io/schedkit/sked-agent:v0.1.0";
         let base = scheduler(SchedulerSpec { sched: "x/y".into(), ..Default::default() });
-        let r = revision(&base, "x/y@sha256:1");
+        let r = revision(&base, "x/y@sha256:1", AGENT);
         assert_eq!(r.len(), 10);
-        assert_ne!(r, revision(&base, "x/y@sha256:2"), "a new digest is a new revision");
+        assert_ne!(r, revision(&base, "x/y@sha256:2", AGENT), "a new digest is a new revision");
         let args = scheduler(SchedulerSpec { args: vec!["--fast".into()], ..base.spec.clone() });
-        assert_ne!(r, revision(&args, "x/y@sha256:1"), "new args are a new revision");
+        assert_ne!(r, revision(&args, "x/y@sha256:1", AGENT), "new args are a new revision");
         let moved = scheduler(SchedulerSpec {
             node_selector: BTreeMap::from([("pool".into(), "b".into())]),
             rollout: Some(sked_api::RolloutSpec { paused: true, ..Default::default() }),
             ..base.spec.clone()
         });
-        assert_eq!(r, revision(&moved, "x/y@sha256:1"), "placement and pacing are not revisions");
-        // sked's settings change the template, not the revision.
+        assert_eq!(r, revision(&moved, "x/y@sha256:1", AGENT), "placement and pacing are not revisions");
+        // A new agent image restarts the node's scheduler: a new revision, rolled out in waves.
         let mut other = settings();
         other.agent.image = "ghcr.io/schedkit/sked-agent:v9".into();
         let a = desired_daemonset(&base, "x/y@sha256:1", &settings()).unwrap();
         let b = desired_daemonset(&base, "x/y@sha256:1", &other).unwrap();
-        assert_ne!(a, b);
         let label = |ds: &DaemonSet| {
             ds.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap()[REVISION_LABEL].clone()
         };
-        assert_eq!(label(&a), label(&b));
+        assert_eq!(label(&a), r);
+        assert_ne!(label(&a), label(&b), "a new agent image is a new revision");
+        // sked's other settings change the template, not the revision.
+        let mut moved_reports = settings();
+        moved_reports.agent.reports_address = "https://elsewhere:8443".into();
+        let c = desired_daemonset(&base, "x/y@sha256:1", &moved_reports).unwrap();
+        assert_ne!(a, c);
+        assert_eq!(label(&a), label(&c));
+    }
+
+    #[test]
+    fn the_earlier_name_of_a_revision_is_what_sked_wrote_before_agents_counted() {
+        // The formula of the releases before: the spec's fields alone.
+        let s = scheduler(SchedulerSpec { sched: "x/y".into(), args: vec!["--a".into()], ..Default::default() });
+        let spec = &s.spec;
+        let before = serde_json::json!({
+            "image": "x/y@sha256:1",
+            "args": spec.args,
+            "env": spec.env,
+            "resources": spec.resources,
+            "expectedOps": spec.expected_ops,
+            "priorityClassName": spec.priority_class_name,
+            "imagePullSecrets": spec.image_pull_secrets,
+            "tolerations": spec.tolerations,
+        });
+        let earlier = crate::hashing::short_sha256_hex(before.to_string().as_bytes(), 5);
+        assert_eq!(revision_before_agents(&s, "x/y@sha256:1"), earlier);
+        assert_ne!(revision(&s, "x/y@sha256:1", "a:1"), earlier);
     }
 
     #[test]
@@ -529,7 +583,7 @@ mod tests {
         let old_labels = old.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
         assert_eq!(labels[REVISION_LABEL], old_labels[REVISION_LABEL]);
         let agent = &pod.containers[1];
-        assert_eq!(agent.image.as_deref(), Some("ghcr.io/schedkit/sked-agent:v9"), "current settings");
+        assert_eq!(agent.image.as_deref(), Some("ghcr.io/schedkit/sked-agent:v0.1.0"), "the revision's agent");
         let ops: Vec<&str> = agent
             .env
             .as_ref()

@@ -669,6 +669,7 @@ impl World {
                 .map(|f| f.time.0.as_second()),
             pacing,
             analysis: None,
+            canary_gate: &rollout::CanaryGate::Open,
             now: self.now,
         };
         let plan = rollout::decide(&input);

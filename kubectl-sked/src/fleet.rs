@@ -338,7 +338,7 @@ pub fn finished(phase: RolloutPhase) -> Option<bool> {
     match phase {
         RolloutPhase::Complete => Some(true),
         RolloutPhase::RolledBack | RolloutPhase::Failed => Some(false),
-        RolloutPhase::Canary | RolloutPhase::Rolling | RolloutPhase::Paused => None,
+        RolloutPhase::Queued | RolloutPhase::Canary | RolloutPhase::Rolling | RolloutPhase::Paused => None,
     }
 }
 

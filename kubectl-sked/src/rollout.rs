@@ -41,6 +41,12 @@ pub fn progress(s: &Scheduler) -> (String, Option<bool>) {
             };
             format!("Scheduler {name} rolled back to {back}{why}")
         }
+        // Who holds the canary slots, as the controller wrote it.
+        RolloutPhase::Queued => st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == sked_api::condition::PROGRESSING && c.message.starts_with("Queued:"))
+            .map_or_else(|| format!("Queued: revision {revision} waits for a canary slot"), |c| c.message.clone()),
         phase => format!(
             "{}: {} of {desired} nodes updated to revision {revision}, {} attached{}{}{}",
             phase.as_str(),

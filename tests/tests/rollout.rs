@@ -1029,3 +1029,126 @@ async fn entered_nodes(fx: &Fixture, scheduler: &str) -> Result<BTreeSet<String>
     let selector = format!("{OWNER_LABEL}={scheduler}");
     Ok(nodes.list(&ListParams::default().labels(&selector)).await?.items.iter().map(ResourceExt::name_any).collect())
 }
+
+/// The first pod delete of each Scheduler (`prefix` of its pods' names) by `user`, in order.
+fn first_deletes(c: &Cluster, user: &str, schedulers: &[&str]) -> Result<Vec<(String, jiff::Timestamp)>> {
+    let writes = c.fx.writes_by(user)?;
+    let mut firsts: Vec<(String, jiff::Timestamp)> = schedulers
+        .iter()
+        .filter_map(|s| {
+            let prefix = format!("{s}-");
+            let first = writes
+                .iter()
+                .filter(|w| w.kind() == "pods delete" && w.namespace == c.fx.namespace && w.name.starts_with(&prefix))
+                .map(|w| w.received)
+                .min()?;
+            Some(((*s).to_owned(), first))
+        })
+        .collect();
+    firsts.sort_by_key(|(_, t)| *t);
+    Ok(firsts)
+}
+
+/// `helm upgrade` to a new agent image, as the controller sees it: the same Schedulers, a new
+/// `--agent-image`. Each Scheduler's pods are a new revision (the agent shares the scheduler's
+/// pod), rolled out canary first; across Schedulers one canary runs at a time
+/// (`--max-concurrent-canaries` 1), the others wait in phase Queued.
+#[tokio::test]
+async fn a_new_agent_image_rolls_every_scheduler_out_one_canary_at_a_time() -> Result<()> {
+    const NEXT_AGENT: &str = "ghcr.io/schedkit/sked-agent:next";
+    let pools = ["up-a", "up-b", "up-c"];
+    let mut c = cluster(pools[0], &["ua-1", "ua-2"], base_spec(pools[0], rollout(2, 60))).await?;
+    let mut played = Vec::new();
+    for pool in &pools[1..] {
+        for i in 1..=2 {
+            c.fx.create_node(&format!("{pool}-n{i}"), &[("pool", pool)]).await?;
+        }
+        c.fx.create_scheduler(pool, base_spec(pool, rollout(2, 60))).await?;
+        let dir = c.dir.path().join(pool);
+        std::fs::create_dir_all(&dir)?;
+        let reports = ReportsEndpoint { address: &c.controller, ca: &c.ca, server_name: None, replicas: None };
+        let (pods, nodes) = (format!("name={pool}"), format!("pool={pool}"));
+        played.push(FakeNodes::new(&c.fx.client, &c.fx.namespace, &pods, &nodes, &dir, &reports));
+    }
+    let schedulers = c.fx.schedulers();
+    let all_complete = |statuses: &[Scheduler], generation| statuses.iter().all(|s| complete_at(s, generation));
+    let drive_all = async |c: &mut Cluster, played: &mut Vec<FakeNodes>| -> Result<Vec<Scheduler>> {
+        c.drive().await?;
+        for p in played.iter_mut() {
+            p.drive().await?;
+        }
+        let mut statuses = Vec::new();
+        for pool in pools {
+            statuses.push(schedulers.get(pool).await?);
+        }
+        Ok(statuses)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !all_complete(&drive_all(&mut c, &mut played).await?, 1) {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the first deployments did not complete");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // The upgrade: a new controller with the new agent image.
+    c.fx.stop_controller().await?;
+    c.fx.start_controller(ControllerFlags { agent_image: NEXT_AGENT.into(), ..c.flags.clone() })?;
+    let upgrader = c.fx.controller_user.clone();
+    let mut queued: BTreeMap<String, String> = BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(150);
+    loop {
+        let statuses = drive_all(&mut c, &mut played).await?;
+        for s in &statuses {
+            if phase(s) == Some(RolloutPhase::Queued) {
+                // Progressing says why once the DaemonSet controller saw the new template (until
+                // then the conditions keep the last state it reported).
+                let message = condition(s, "Progressing").map(|c| c.message.clone()).unwrap_or_default();
+                if message.starts_with("Queued:") {
+                    queued.insert(s.name_any(), message);
+                } else {
+                    queued.entry(s.name_any()).or_insert(message);
+                }
+            }
+        }
+        let on_next_agent = live_pods_of(&c, &pools).await?.iter().all(|p| agent_image(p) == Some(NEXT_AGENT));
+        if on_next_agent && all_complete(&statuses, 1) {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the upgrade did not complete; queued: {queued:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Two of three waited for a slot, and said whose canary held it.
+    assert_eq!(queued.len(), 2, "{queued:?}");
+    for message in queued.values() {
+        assert!(message.starts_with("Queued: revision") && message.contains("runs its canary now"), "{message}");
+    }
+    // Each canary started once the one before it had attached and baked (2 s): its first pod
+    // delete comes at least a bake after the previous Scheduler's.
+    let firsts = first_deletes(&c, &upgrader, &pools)?;
+    assert_eq!(firsts.len(), 3, "{firsts:?}");
+    for pair in firsts.windows(2) {
+        let apart = pair[1].1.duration_since(pair[0].1);
+        assert!(apart >= jiff::SignedDuration::from_secs(2), "canaries {pair:?} started {apart:?} apart");
+    }
+    // Every node was switched once, to a pod that runs the new agent.
+    let mut replaced = c.replacements();
+    for p in &played {
+        replaced.extend(p.replacements());
+    }
+    assert!(replaced.len() == 6 && replaced.values().all(|n| *n == 1), "each node replaced once: {replaced:?}");
+    Ok(())
+}
+
+/// The live pods of the Schedulers `names`.
+async fn live_pods_of(c: &Cluster, names: &[&str]) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(c.fx.client.clone(), &c.fx.namespace);
+    let mut live = Vec::new();
+    for name in names {
+        let list = pods.list(&ListParams::default().labels(&format!("name={name}"))).await?;
+        live.extend(list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()));
+    }
+    Ok(live)
+}
+
+fn agent_image(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.containers.iter().find(|c| c.name == "agent").and_then(|c| c.image.as_deref())
+}

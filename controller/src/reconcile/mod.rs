@@ -24,6 +24,7 @@ use serde_json::json;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::{Reason, Scheduler, SchedulerStatus};
+use crate::canaries::Settled;
 pub use crate::context::Context;
 use crate::error::ReconcileError as Error;
 use crate::kernel_table as kernel;
@@ -33,6 +34,7 @@ use crate::trust::TrustError;
 use sked_core::arbiter::Placement;
 use sked_core::plan::{self, DaemonSetWrite, Deployed, Plan, Recreate, RolloutActions, Snapshot};
 use sked_core::pods::SchedulerPod;
+use sked_core::rollout::CanaryClaim;
 use sked_core::status::{self, EventKind, EventSpec};
 use sked_core::workload::{self, FIELD_MANAGER};
 
@@ -109,12 +111,24 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
         debug!("not leading; no writes");
         return Ok(None);
     }
-    let Some(observed) = Box::pin(observe(ctx, name)).await else { return Ok(None) };
-    let snapshot = observed.snapshot();
+    let Some(observed) = Box::pin(observe(ctx, name)).await else {
+        release_canary(ctx, name);
+        return Ok(None);
+    };
+    let gate = ctx.canaries.gate(name, |n| ctx.index.snapshot(n).is_some());
+    let snapshot = observed.snapshot(&gate);
     // The DaemonSet first: the rollout is judged against the template the API server accepted.
     let write = plan::daemonset(&snapshot)?;
-    let Some(deployed) = Box::pin(write_daemonset(ctx, &snapshot, write)).await? else { return Ok(None) };
-    let plan = plan::decide(&snapshot, &deployed);
+    let Some(deployed) = Box::pin(write_daemonset(ctx, &snapshot, write)).await? else {
+        release_canary(ctx, name);
+        return Ok(None);
+    };
+    let mut plan = plan::decide(&snapshot, &deployed);
+    if let Settled::Refused(gate) = settle_canary(ctx, name, &plan) {
+        // Another Scheduler's reconcile took the last slot while this one decided.
+        plan = plan::decide(&Snapshot { canary_gate: &gate, ..snapshot }, &deployed);
+        settle_canary(ctx, name, &plan);
+    }
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
         return Ok(None);
@@ -128,6 +142,23 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
         Some(source) => Err(Error::Image { name: name.to_owned(), source }),
         None => Ok(recheck),
     }
+}
+
+/// Records what `plan` does with the Scheduler's canary slot.
+fn settle_canary(ctx: &Context, name: &str, plan: &Plan) -> Settled {
+    let (claim, queued) = plan
+        .rollout
+        .as_ref()
+        .map_or((CanaryClaim::None, false), |r| (r.canary, r.status.phase == crate::api::RolloutPhase::Queued));
+    let settled = ctx.canaries.settle(name, claim, queued);
+    ctx.metrics.set_canaries(ctx.canaries.counts());
+    settled
+}
+
+/// The Scheduler `name` is gone or has no rollout: it holds no canary slot.
+fn release_canary(ctx: &Context, name: &str) {
+    ctx.canaries.release(name);
+    ctx.metrics.set_canaries(ctx.canaries.counts());
 }
 
 /// Counts a failed reconcile of `scheduler` (the streaks of Schedulers that are gone are

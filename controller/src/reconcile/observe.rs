@@ -4,6 +4,7 @@
 //! to `sked_core::plan` as one immutable [`Snapshot`].
 
 use super::*;
+use sked_core::rollout::CanaryGate;
 
 /// One reconcile's reads, owned.
 pub(super) struct Observed {
@@ -26,7 +27,8 @@ pub(super) struct Observed {
 }
 
 impl Observed {
-    pub(super) fn snapshot(&self) -> Snapshot<'_> {
+    /// The snapshot, deciding behind the canary gate `canary_gate`.
+    pub(super) fn snapshot<'a>(&'a self, canary_gate: &'a CanaryGate) -> Snapshot<'a> {
         Snapshot {
             scheduler: &self.scheduler,
             placement: &self.placement,
@@ -39,6 +41,7 @@ impl Observed {
             health: &self.health,
             memory: &self.memory,
             settings: &self.settings,
+            canary_gate,
             clock: self.clock,
         }
     }

@@ -62,6 +62,8 @@ pub struct Snapshot<'a> {
     pub health: &'a BTreeMap<String, crate::analysis::NodeHealth>,
     pub memory: &'a Memory,
     pub settings: &'a Settings,
+    /// Whether it may start a canary now (`--max-concurrent-canaries`).
+    pub canary_gate: &'a crate::rollout::CanaryGate,
     pub clock: Clock,
 }
 
@@ -223,7 +225,8 @@ impl Plan {
 /// failed: then it is not tried again until the spec changes. While the image is not admitted,
 /// the failure of this generation stands too.
 pub fn wanted_revision(s: &Snapshot<'_>) -> (Option<(String, String)>, Option<RolloutFailure>) {
-    let wanted = s.admission.as_ref().ok().map(|a| (workload::revision(s.scheduler, &a.image), a.image.clone()));
+    let agent = &s.settings.workload.agent.image;
+    let wanted = s.admission.as_ref().ok().map(|a| (workload::revision(s.scheduler, &a.image, agent), a.image.clone()));
     let failed = previous_rollout(s).failed.clone().filter(|f| {
         s.scheduler.metadata.generation == Some(f.generation)
             && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
@@ -292,6 +295,7 @@ fn status_of(
         rollout: rollout.as_ref(),
         desired: step.map(|s| s.desired),
         untolerated: untolerated.as_deref(),
+        canary_gate: s.canary_gate,
         now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(s.clock.wall),
     })
 }

@@ -13,6 +13,7 @@ use crate::node_view::{self, Labelling, TemplateRevision};
 use crate::pods::SchedulerPod;
 use crate::rollout;
 use crate::status::{EventKind, EventSpec};
+use crate::workload;
 
 /// What the spec asks for: the revision and image when the image is admitted, and that
 /// revision's failure when it already failed under this generation.
@@ -56,6 +57,8 @@ pub struct RolloutActions {
     pub off_kernel_count: Vec<String>,
     /// The nodes the rollout covers (`rollout::Decision::desired`): DESIRED.
     pub desired: i32,
+    /// What the step does with the canary slot (`rollout::Decision::canary`).
+    pub canary: rollout::CanaryClaim,
 }
 
 impl RolloutActions {
@@ -83,7 +86,7 @@ pub(super) fn decide(
     intent: &Intent<'_>,
 ) -> (RolloutActions, Vec<String>) {
     let previous = previous_rollout(s);
-    let template = TemplateRevision::of(ds);
+    let template = template_revision(s, ds);
     let stable = previous.current_revision.as_ref().map(|r| r.name.as_str());
     let wall = s.clock.wall.as_second();
     let (labelled, entering) = entering_nodes(s);
@@ -115,6 +118,7 @@ pub(super) fn decide(
             baseline: previous.baseline.as_ref(),
             generation: s.scheduler.metadata.generation.unwrap_or(0),
         }),
+        canary_gate: s.canary_gate,
         now: wall,
     });
     let step = rollout::advance(&rollout::Progress {
@@ -140,10 +144,21 @@ pub(super) fn decide(
         plan.recheck_in.map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200));
     let actions = RolloutActions {
         off_kernel_count: plan.off_kernel_count,
+        canary: plan.canary,
         recovered,
         ..RolloutActions::of(step, template.image, s.pods, &previous, recheck_in)
     };
     (actions, attached)
+}
+
+/// The revision the DaemonSet's template makes, with its earlier name when it is the spec's
+/// (not one rolled back to): pods an earlier sked labelled so still count as its own.
+fn template_revision(s: &Snapshot<'_>, ds: &DaemonSet) -> TemplateRevision {
+    let mut template = TemplateRevision::of(ds);
+    if template.name == workload::revision(s.scheduler, &template.image, &template.agent_image) {
+        template.earlier_name = Some(workload::revision_before_agents(s.scheduler, &template.image));
+    }
+    template
 }
 
 impl RolloutActions {
@@ -192,6 +207,7 @@ impl RolloutActions {
             recheck_in,
             off_kernel_count: Vec::new(),
             desired: i32::try_from(step.desired).unwrap_or(i32::MAX),
+            canary: rollout::CanaryClaim::None,
         }
     }
 }

@@ -53,6 +53,7 @@ struct Fleet {
     /// The pod this term deleted on each node for a new revision, and when.
     replaced_at: HashMap<String, (String, i64)>,
     settings: Settings,
+    canary_gate: crate::rollout::CanaryGate,
     start: Instant,
     wall: i64,
     term_began: i64,
@@ -132,6 +133,7 @@ impl Fleet {
             labelled_at: HashMap::new(),
             replaced_at: HashMap::new(),
             settings: settings(),
+            canary_gate: crate::rollout::CanaryGate::Open,
             start: Instant::now(),
             wall,
             term_began: CREATED,
@@ -242,6 +244,7 @@ impl Fleet {
             health: &self.health,
             memory: &memory,
             settings: &self.settings,
+            canary_gate: &self.canary_gate,
             clock,
         })
     }
@@ -468,7 +471,9 @@ impl Fleet {
 /// The image of a revision this fleet made.
 fn image_of(revision: &PodRevision) -> Option<&'static str> {
     let PodRevision::Labelled(r) = revision else { return None };
-    [GOOD, BETTER, BAD, SLOW].into_iter().find(|image| *r == crate::workload::revision(&scheduler(image, 1), image))
+    [GOOD, BETTER, BAD, SLOW]
+        .into_iter()
+        .find(|image| *r == crate::workload::revision(&scheduler(image, 1), image, "r.io/agent:1"))
 }
 
 fn secs(s: i64) -> Duration {

@@ -42,6 +42,9 @@ use sked_api::RolloutPhase;
 /// and then in waves, within `maxUnavailable`.
 pub fn decide(input: &Input<'_>) -> Decision {
     let mut plan = decide_step(input);
+    if plan.canary != CanaryClaim::Starts {
+        plan.canary = claim_of(plan.phase);
+    }
     plan.skipped.sort();
     plan.off_kernel_count.sort();
     plan.desired = (input.nodes.len() + input.entering.len()).saturating_sub(plan.off_kernel_count.len());
@@ -411,12 +414,27 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: De
     let down = old_down.len().min(wave);
     let up = old_up.len().min(wave - down).min(budget);
     let zero = waiting.len().min(wave - down - up).min(budget - up);
+    let starts_canary = !unpaced && canary > 0 && plan.updated == 0 && down + up + zero > 0;
+    if starts_canary && *input.canary_gate != CanaryGate::Open {
+        // Another Scheduler's canary holds the slot: this one starts when it is over.
+        plan.phase = RolloutPhase::Queued;
+        return plan;
+    }
     plan.replace = old_down.into_iter().take(down).chain(old_up.into_iter().take(up)).collect();
     plan.baseline = freeze_wave(input, &tally, &plan.replace, plan.analysis.is_some());
     plan.admit.extend(waiting.into_iter().take(zero));
     plan.entering -= zero;
     plan.phase = phase_for(plan.updated + plan.replace.len() + zero);
+    if starts_canary {
+        plan.canary = CanaryClaim::Starts;
+    }
     plan
+}
+
+/// A canary under way holds its slot until it has baked and the waves start (or it failed, or
+/// was paused).
+fn claim_of(phase: RolloutPhase) -> CanaryClaim {
+    if phase == RolloutPhase::Canary { CanaryClaim::Runs } else { CanaryClaim::None }
 }
 
 /// The size of the wave after `updated` nodes run the target revision, attached and baked:
@@ -447,6 +465,8 @@ fn attach_timeout_cause(kernel: KernelView, pod: &str, timeout: i64) -> String {
 
 mod advance;
 mod bake;
+#[cfg(test)]
+mod gate_tests;
 mod model;
 #[cfg(test)]
 mod tests;
@@ -455,6 +475,7 @@ pub use self::advance::{Progress, Step, advance};
 use self::bake::{after_bake, freeze_wave};
 use self::model::Tally;
 pub use self::model::{
-    Analysis, CRASH_LOOP_RESTARTS, DEFAULT_ATTACH_TIMEOUT_SECONDS, DEFAULT_BAKE_SECONDS, DEFAULT_CANARY,
-    DEFAULT_MAX_UNAVAILABLE_PERCENT, Decision, Entering, Failure, Input, KernelView, NodeView, Pacing, PodView, Skip,
+    Analysis, CRASH_LOOP_RESTARTS, CanaryClaim, CanaryGate, DEFAULT_ATTACH_TIMEOUT_SECONDS, DEFAULT_BAKE_SECONDS,
+    DEFAULT_CANARY, DEFAULT_MAX_UNAVAILABLE_PERCENT, Decision, Entering, Failure, Input, KernelView, NodeView, Pacing,
+    PodView, Skip,
 };

@@ -188,6 +188,29 @@ pub struct Entering {
     pub unfit: Option<Skip>,
 }
 
+/// Whether this Scheduler may start a canary now: across Schedulers, at most
+/// `--max-concurrent-canaries` run one at a time, so an upgrade of sked (a new agent image is a
+/// new revision of every Scheduler) never switches every pool's first nodes at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum CanaryGate {
+    #[default]
+    Open,
+    /// `max` other Schedulers run their canary now: `running` (sorted).
+    Full { max: usize, running: Vec<String> },
+}
+
+/// What a decision does with the canary slot the [`CanaryGate`] guards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CanaryClaim {
+    /// It runs no canary (none is due, it is over, or it waits in [`RolloutPhase::Queued`]).
+    #[default]
+    None,
+    /// It starts its canary now: it switches its first nodes to the target revision.
+    Starts,
+    /// Its canary is under way (nodes switched, not yet attached and baked).
+    Runs,
+}
+
 /// Everything a rollout decision depends on.
 #[derive(Clone, Debug)]
 pub struct Input<'a> {
@@ -215,6 +238,8 @@ pub struct Input<'a> {
     pub pacing: Pacing,
     /// `spec.rollout.analysis`, with the nodes' health samples: each bake is judged by it.
     pub analysis: Option<Analysis<'a>>,
+    /// Whether a canary may start now.
+    pub canary_gate: &'a CanaryGate,
     /// Seconds since the epoch.
     pub now: i64,
 }
@@ -295,6 +320,8 @@ pub struct Decision {
     pub analysis_holds: bool,
     /// The window before the switch of the wave replaced now, frozen (with analysis).
     pub baseline: Option<WaveBaseline>,
+    /// What it does with the canary slot.
+    pub canary: CanaryClaim,
 }
 
 impl Decision {

@@ -6,14 +6,14 @@ use proptest::prelude::*;
 use sked_api::{AnalysisStatus, Revision, RolloutFailure, RolloutSpec, RolloutStatus, WaveBaseline};
 use std::collections::BTreeMap;
 
-const T: &str = "new";
-const S: &str = "old";
+pub(super) const T: &str = "new";
+pub(super) const S: &str = "old";
 
-fn pacing(canary: usize, max_unavailable: usize) -> Pacing {
+pub(super) fn pacing(canary: usize, max_unavailable: usize) -> Pacing {
     Pacing { canary, max_unavailable, bake_seconds: 30, attach_timeout_seconds: 120, paused: false }
 }
 
-fn node(name: &str, revision: &str, kernel: KernelView) -> NodeView {
+pub(super) fn node(name: &str, revision: &str, kernel: KernelView) -> NodeView {
     NodeView {
         node: name.into(),
         pod: Some(PodView {
@@ -45,7 +45,7 @@ fn pod_less(name: &str) -> NodeView {
     NodeView { pod: None, ..node(name, T, KernelView::Unknown) }
 }
 
-fn up(name: &str, revision: &str) -> NodeView {
+pub(super) fn up(name: &str, revision: &str) -> NodeView {
     node(name, revision, KernelView::Attached { since: 0 })
 }
 
@@ -61,6 +61,7 @@ fn decide_expecting(nodes: &[NodeView], stable: Option<&str>, expected: usize) -
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 1000,
     })
 }
@@ -69,7 +70,7 @@ fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Decision {
     decide(&input_at(nodes, pacing, now))
 }
 
-fn input_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Input<'_> {
+pub(super) fn input_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Input<'_> {
     Input {
         target: T,
         stable: Some(S),
@@ -80,6 +81,7 @@ fn input_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Input<'_> {
         retried_after: None,
         pacing,
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now,
     }
 }
@@ -453,6 +455,7 @@ fn restoring_the_stable_revision_replaces_every_other_pod_at_once() {
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 0,
     });
     assert_eq!(plan.replace, vec!["b-bad".to_string(), "a-bad".to_string()]);
@@ -611,7 +614,7 @@ fn back_on_the_stable_revision_the_nodes_waiting_to_enter_still_count() {
     assert_eq!(advance(&p).desired, 5);
 }
 
-fn entering(names: &[&str], joined: bool) -> Vec<Entering> {
+pub(super) fn entering(names: &[&str], joined: bool) -> Vec<Entering> {
     names.iter().map(|n| Entering { node: (*n).into(), joined, runs_it: false, unfit: None }).collect()
 }
 
@@ -626,6 +629,7 @@ fn decide_first(nodes: &[NodeView], entering: &[Entering], pacing: Pacing, now: 
         retried_after: None,
         pacing,
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now,
     })
 }
@@ -667,6 +671,7 @@ fn a_node_that_joined_on_its_own_enters_at_once() {
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 1000,
     });
     // The new node at once, and one relabelled node as the next wave (nothing else switches).
@@ -736,6 +741,7 @@ fn a_node_that_cannot_run_a_pod_takes_no_place_in_a_wave_and_enters_once_it_can(
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 100,
     });
     assert_eq!((plan.admit.clone(), plan.skipped.len()), (vec!["ghost".to_string()], 0));
@@ -751,6 +757,7 @@ fn a_node_that_cannot_run_a_pod_takes_no_place_in_a_wave_and_enters_once_it_can(
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 100,
     };
     assert_eq!(decide(&input).admit.len(), 0);
@@ -802,6 +809,7 @@ fn a_retry_makes_the_failed_attempts_pod_again_before_it_judges_the_revision() {
         retried_after: Some(225),
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 230,
     };
     let plan = decide(&input);
@@ -866,6 +874,7 @@ fn nodes_no_pod_can_run_on_are_skipped_and_counted_not_failed() {
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 500,
     });
     assert_eq!(plan.failure, None);
@@ -902,6 +911,7 @@ fn when_every_node_is_tainted_nothing_rolls_and_nothing_is_promoted() {
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 500,
     });
     // Not Rolling for ever: there is nothing to roll, and no timer either.
@@ -924,6 +934,7 @@ fn when_every_node_is_tainted_nothing_rolls_and_nothing_is_promoted() {
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 500,
     });
     assert_eq!(plan.admit, vec!["b".to_string()]);
@@ -971,6 +982,7 @@ fn a_takeover_that_fails_sends_only_the_nodes_it_switched_back_to_revision_zero(
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 300,
     };
     let plan = decide(&input);
@@ -1021,6 +1033,7 @@ fn a_takeover_failing_under_an_updates_recorded_failure_holds_that_node_until_a_
         retried_after: None,
         pacing: pacing(1, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 300,
     };
     let plan = decide(&input);
@@ -1063,6 +1076,7 @@ fn a_held_node_takes_no_place_in_a_wave_and_the_nodes_behind_it_enter() {
         retried_after: None,
         pacing: pacing(0, 1),
         analysis: None,
+        canary_gate: &CanaryGate::Open,
         now: 1_000,
     };
     let plan = decide(&input);
@@ -1167,7 +1181,7 @@ proptest! {
         let changed: Vec<String> = sim.nodes.iter().filter(|(_, (r, _))| r == T).map(|(n, _)| n.clone()).collect();
         // The rollback: the template is the stable revision again, every changed node restored.
         let views = sim.views(now);
-        let restore = decide(&Input { target: S, stable: Some(S), nodes: &views, entering: &[], held: &[], expected_pods: views.len(), retried_after: None, pacing: p, analysis: None, now });
+        let restore = decide(&Input { canary_gate: &CanaryGate::Open, target: S, stable: Some(S), nodes: &views, entering: &[], held: &[], expected_pods: views.len(), retried_after: None, pacing: p, analysis: None, now });
         let mut restored: Vec<String> = restore.replace.iter().map(|p| p.split('/').next().unwrap_or_default().to_owned()).collect();
         restored.sort();
         prop_assert_eq!(restored, changed);
@@ -1211,7 +1225,7 @@ proptest! {
             let waiting: Vec<Entering> = names.iter().filter(|n| !labelled.contains_key(*n))
                 .map(|n| Entering { node: n.clone(), joined: joined.contains(n), runs_it: false, unfit: None }).collect();
             let expected = views.iter().filter(|v| v.unfit.is_none()).count();
-            let plan = decide(&Input { target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, retried_after: None, pacing: p, analysis: None, now });
+            let plan = decide(&Input { canary_gate: &CanaryGate::Open, target: T, stable: None, nodes: &views, entering: &waiting, held: &[], expected_pods: expected, retried_after: None, pacing: p, analysis: None, now });
             prop_assert!(tainted.is_none() || plan.failure.as_ref().map(|f| &f.node) != tainted.as_ref(), "a tainted node never fails it");
             let switching = views.iter().filter(|v| v.unfit.is_none() && !matches!(v.kernel, KernelView::Attached { .. })).count();
             // Leaving revision zero counts against the budget like any switch; in a first
