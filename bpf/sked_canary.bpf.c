@@ -18,7 +18,8 @@
 // attaches, stays attached and strands work: a task that may run on CPU 0 waits for CPU 0
 // alone, so the other CPUs idle beside waiting tasks (the tests use it to see the analysis of a
 // bake roll back a revision that hurts by the slice-neutral signals: waiting tasks, idle CPUs
-// beside them, utilisation).
+// beside them, utilisation). Every variant records how the kernel disabled it, so that its
+// loader registers it again when the kernel asks for a restart (a CPU going on or off line).
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -131,8 +132,25 @@ void BPF_PROG(strand_dispatch, s32 cpu, struct task_struct *prev)
 }
 #endif
 
+// How the kernel last disabled the scheduler: its exit code, for the loader to register again
+// when the kernel asks it to (SCX_ECODE_ACT_RESTART, as on a CPU going on or off line), as
+// scx_utils schedulers do. In .bss: the loader reads it through the object's .bss map.
+struct sked_exit_info {
+	s64 exit_code;
+	u64 exited;
+};
+struct sked_exit_info sked_exit = {};
+
+SEC("struct_ops/canary_exit")
+void BPF_PROG(canary_exit, struct scx_exit_info *ei)
+{
+	sked_exit.exit_code = ei->exit_code;
+	sked_exit.exited = 1;
+}
+
 SEC(".struct_ops.link")
 struct sched_ext_ops sked_canary_ops = {
+	.exit = (void *)canary_exit,
 #ifdef SKED_STALL
 	.select_cpu = (void *)stall_select_cpu,
 	.enqueue = (void *)stall_enqueue,

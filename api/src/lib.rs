@@ -375,8 +375,13 @@ pub struct KernelExit {
     pub time: String,
     /// True when the kernel threw the scheduler out (an error, a stall, SysRq-S, the scheduler's
     /// own exit); false when its user space unregistered it (its process ended: a rollout, a
-    /// deleted pod).
+    /// deleted pod), and for a restart.
     pub ejected: bool,
+    /// The kernel asked the scheduler to restart (`unregistered from the main kernel`: a CPU
+    /// went on or off line): not a failure while the same pod's scheduler attaches again within
+    /// the attach timeout.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart: bool,
 }
 
 impl KernelExit {
@@ -390,13 +395,18 @@ impl KernelExit {
         self.node == other.node && self.time == other.time && self.ops == other.ops && self.reason == other.reason
     }
 
-    /// `the kernel disabled OPS (REASON: DETAIL)`.
+    /// `the kernel ejected OPS at TIME (REASON: DETAIL)`, or `unregistered`, or `asked OPS to
+    /// restart`.
     pub fn describe(&self) -> String {
-        let verb = if self.ejected { "ejected" } else { "unregistered" };
+        let what = match (self.ejected, self.restart) {
+            (true, _) => format!("ejected {}", self.ops),
+            (false, true) => format!("asked {} to restart", self.ops),
+            (false, false) => format!("unregistered {}", self.ops),
+        };
         if self.detail.is_empty() {
-            format!("the kernel {verb} {} at {} ({})", self.ops, self.time, self.reason)
+            format!("the kernel {what} at {} ({})", self.time, self.reason)
         } else {
-            format!("the kernel {verb} {} at {} ({}: {})", self.ops, self.time, self.reason, self.detail)
+            format!("the kernel {what} at {} ({}: {})", self.time, self.reason, self.detail)
         }
     }
 }

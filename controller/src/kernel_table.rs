@@ -36,12 +36,22 @@ impl KernelTable {
             .get(node)
             .filter(|p| p.pod == report.pod && p.pod_uid == report.pod_uid && p.scheduler == report.scheduler);
         let was_attached = same_pod.and_then(|p| p.attached_since);
+        let now = jiff::Timestamp::now().as_second();
         if report.verdict == Verdict::Attached {
-            report.attached_since = Some(was_attached.unwrap_or_else(|| jiff::Timestamp::now().as_second()));
-            report.ejected = false;
+            report.attached_since = Some(was_attached.unwrap_or(now));
+            (report.ejected, report.restarting_since) = (false, None);
         } else {
             report.attached_since = None;
-            report.ejected = was_attached.is_some() || same_pod.is_some_and(|p| p.ejected);
+            // Away since the kernel asked it to restart (its last exit says so): not ejected,
+            // unless it was before.
+            let restarting = same_pod.and_then(|p| p.restarting_since);
+            let away = was_attached.is_some() || restarting.is_some();
+            let ejected_before = same_pod.is_some_and(|p| p.ejected);
+            if away && !ejected_before && report.last_exit.as_ref().is_some_and(|e| e.restart) {
+                (report.ejected, report.restarting_since) = (false, Some(restarting.unwrap_or(now)));
+            } else {
+                (report.ejected, report.restarting_since) = (away || ejected_before, None);
+            }
         }
         let previous = nodes.insert(node.to_owned(), report.clone());
         if previous.is_none() {
@@ -307,5 +317,33 @@ mod tests {
         next.pod = "p2".into();
         t.record("a", next, STALE);
         assert!(!t.read(|n| n["a"].ejected), "a new pod starts clean");
+    }
+
+    #[test]
+    fn a_restart_the_kernel_asked_for_is_no_ejection_and_ends_when_it_attaches_again() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        let away = |exit: &str, restart: bool| {
+            let mut r = report("s", Verdict::NotAttached, now);
+            r.last_exit = Some(KernelExit { node: "a".into(), reason: exit.into(), restart, ..KernelExit::default() });
+            r
+        };
+        let state = |t: &KernelTable| t.read(|n| (n["a"].ejected, n["a"].restarting_since.is_some()));
+        // Never attached: a restart is nothing to wait for.
+        t.record("a", away("unregistered from the main kernel", true), STALE);
+        assert_eq!(state(&t), (false, false));
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        t.record("a", away("unregistered from the main kernel", true), STALE);
+        assert_eq!(state(&t), (false, true), "away for a restart");
+        let since = t.read(|n| n["a"].restarting_since);
+        t.record("a", away("unregistered from the main kernel", true), STALE);
+        assert_eq!(t.read(|n| n["a"].restarting_since), since, "a heartbeat keeps when it went");
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        assert_eq!(state(&t), (false, false), "back");
+        // Thrown out after that: an ejection, and it stays one.
+        t.record("a", away("disabled by sysrq-S", false), STALE);
+        assert_eq!(state(&t), (true, false));
+        t.record("a", away("unregistered from the main kernel", true), STALE);
+        assert_eq!(state(&t), (true, false), "an ejection is not undone by a later restart");
     }
 }

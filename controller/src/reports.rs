@@ -568,13 +568,16 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
 /// The node's exit, escaped and capped; `None` when its time is not a time.
 fn kernel_exit(node: &str, e: &sked_proto::KernelExit) -> Option<KernelExit> {
     let time = jiff::Timestamp::from_millisecond(e.time_unix_ms).ok()?;
+    let restart = e.restart || e.reason == sked_proto::text::RESTART_EXIT_REASON;
     Some(KernelExit {
         node: node.to_owned(),
         ops: escape_and_cap(&e.ops, MAX_NAME_CHARS),
         reason: escape_and_cap(&e.reason, MAX_EXIT_REASON_CHARS),
         detail: escape_and_cap(&e.detail, MAX_REASON_CHARS),
         time: format!("{time:.3}"),
-        ejected: e.ejected,
+        // An agent of the release before `restart` sends the kernel's reason alone.
+        ejected: e.ejected && !restart,
+        restart,
     })
 }
 

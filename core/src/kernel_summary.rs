@@ -31,6 +31,10 @@ pub struct NodeReport {
     /// This pod's scheduler was attached and no longer is: the kernel ejected it, or it exited.
     /// Kept by the kernel table for as long as the same pod reports.
     pub ejected: bool,
+    /// Since when (seconds since the epoch) this pod's scheduler, which was attached, is away
+    /// because the kernel asked it to restart (a CPU went on or off line): not an ejection while
+    /// it attaches again within the rollout's attach timeout. Kept by the kernel table.
+    pub restarting_since: Option<i64>,
     /// Marked by the kernel table once the report went stale.
     pub stale: bool,
     /// The node's last exit from the kernel log, since its agent started.
@@ -70,6 +74,7 @@ impl NodeReport {
             received,
             attached_since: None,
             ejected: false,
+            restarting_since: None,
             stale: false,
             last_exit,
             every_replica: false,
@@ -212,7 +217,8 @@ pub fn summarize(
             Verdict::ForeignScheduler => Reason::ForeignScheduler,
             Verdict::KernelUnsupported => Reason::KernelUnsupported,
         };
-        match r.last_exit.as_ref().filter(|e| e.ejected && kind == Reason::NotAttached) {
+        let told = |e: &&KernelExit| e.ejected || (e.restart && r.restarting_since.is_some());
+        match r.last_exit.as_ref().filter(told).filter(|_| kind == Reason::NotAttached) {
             Some(exit) => by_kind.entry(kind).or_default().push(format!("{node}: {}; {}", r.reason, exit.describe())),
             None => by_kind.entry(kind).or_default().push(format!("{node}: {}", r.reason)),
         }
@@ -399,6 +405,7 @@ mod tests {
             detail: String::new(),
             time: time.into(),
             ejected: true,
+            restart: false,
         };
         let mut a = report("s", Verdict::NotAttached, now);
         a.last_exit = Some(exit("a", "2026-12-01T00:00:02.000Z"));

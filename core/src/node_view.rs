@@ -38,10 +38,11 @@ pub fn kernel_view(report: Option<&NodeReport>, pod: Option<&SchedulerPod>) -> K
         Verdict::ForeignScheduler => KernelView::Foreign,
         Verdict::Attached | Verdict::NotAttached => match pod.filter(|p| p.name == report.pod) {
             None => KernelView::Unknown,
-            Some(_) => match (report.attached_since, report.ejected) {
-                (Some(since), _) => KernelView::Attached { since },
-                (None, true) => KernelView::Ejected,
-                (None, false) => KernelView::NotAttached,
+            Some(_) => match (report.attached_since, report.ejected, report.restarting_since) {
+                (Some(since), _, _) => KernelView::Attached { since },
+                (None, true, _) => KernelView::Ejected,
+                (None, false, Some(since)) => KernelView::Restarting { since },
+                (None, false, None) => KernelView::NotAttached,
             },
         },
     }

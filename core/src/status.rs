@@ -566,10 +566,19 @@ fn rollout_state(rollout: &Rollout, obs: &Inputs<'_>, ds_name: &str) -> RolloutS
     }
     match rollout.phase {
         RolloutPhase::Paused => {
+            // Paused by the spec, or held by an Inconclusive verdict: say which.
+            let held = obs.rollout.and_then(|r| r.analysis.as_ref()).filter(|a| a.holds);
+            let why = match held {
+                Some(a) => format!(
+                    "the analysis of the last bake was Inconclusive ({}); kubectl sked rollout proceed goes on",
+                    a.message
+                ),
+                None => "spec.rollout.paused".to_owned(),
+            };
             return state(
                 Reason::RolloutPaused,
                 format!(
-                    "Rollout paused (spec.rollout.paused): {} of {} nodes run revision {}",
+                    "Rollout paused ({why}): {} of {} nodes run revision {}",
                     rollout.updated, rollout.desired, rollout.revision
                 ),
             );
@@ -1430,6 +1439,7 @@ mod tests {
             detail: String::new(),
             time: time.into(),
             ejected,
+            restart: false,
         };
         let mut run = Run::new();
         let stall = exit("n1", "2026-12-01T00:00:01.000Z", true);

@@ -79,7 +79,7 @@ fn counted(message: &str) -> Option<(i32, i32)> {
 
 /// What the status says of `phase`, `desired` nodes covered, `scheduled` of them with a pod and
 /// `attached` of those attached, checked against the phase and the numbers shown.
-fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
+fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32, held: bool) {
     let nodes: BTreeSet<String> = (0..scheduled).map(|i| format!("n{i}")).collect();
     let now = Instant::now();
     let reports: HashMap<String, NodeReport> = nodes
@@ -101,7 +101,19 @@ fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
         })
         .collect();
     let kernel = summarize("s", &nodes, desired, &reports, now, Duration::from_secs(30));
-    let rollout = rollout(phase, scheduled);
+    let mut rollout = rollout(phase, scheduled);
+    if held {
+        // Paused by an Inconclusive verdict that holds the rollout, not by the spec.
+        rollout.analysis = Some(sked_api::AnalysisStatus {
+            revision: "r2".into(),
+            verdict: sked_api::AnalysisVerdict::Inconclusive,
+            generation: Some(1),
+            holds: true,
+            message: "too few samples".into(),
+            nodes: Vec::new(),
+            time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        });
+    }
     let previous = SchedulerStatus::default();
     let placement = Placement { owned: (0..desired).map(|i| format!("n{i}")).collect(), ..Default::default() };
     let ds = daemonset(scheduled, attached);
@@ -123,7 +135,7 @@ fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
         now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     });
     let st = &out.status;
-    let case = format!("{phase:?}, desired {desired}, scheduled {scheduled}, attached {attached}");
+    let case = format!("{phase:?} (held {held}), desired {desired}, scheduled {scheduled}, attached {attached}");
     let find = |t: &str| st.conditions.iter().find(|c| c.type_ == t);
     let kernel_attached = find(condition::KERNEL_ATTACHED).map(|c| c.message.clone()).unwrap_or_default();
     // The numbers: what the message counts is what KERNEL-ATTACHED and DESIRED show.
@@ -144,6 +156,13 @@ fn check(phase: RolloutPhase, desired: i32, scheduled: i32, attached: i32) {
         if matches!(phase, RolloutPhase::Queued | RolloutPhase::RolledBack | RolloutPhase::Failed) {
             assert!(!m.starts_with("Canary:") && !m.starts_with("Rolling:"), "{case}: {} says {m}", c.type_);
         }
+    }
+    if phase == RolloutPhase::Paused && desired > 0 {
+        // Who paused it: the spec, or the analysis.
+        let progressing = find(condition::PROGRESSING).map(|c| c.message.as_str()).unwrap_or_default();
+        let said = if held { "Inconclusive" } else { "spec.rollout.paused" };
+        assert!(progressing.contains(said), "{case}: {progressing}");
+        assert!(!held || !st.conditions.iter().any(|c| c.message.contains("spec.rollout.paused")), "{case}");
     }
     if phase == RolloutPhase::Queued && desired > 0 {
         let progressing = find(condition::PROGRESSING).map(|c| c.message.as_str()).unwrap_or_default();
@@ -178,7 +197,9 @@ fn no_message_contradicts_the_phase_or_the_numbers_beside_it() {
                     continue;
                 }
                 for attached in 0..=scheduled {
-                    check(phase, desired, scheduled, attached);
+                    for held in [false, true].into_iter().filter(|h| !h || phase == RolloutPhase::Paused) {
+                        check(phase, desired, scheduled, attached, held);
+                    }
                 }
             }
         }

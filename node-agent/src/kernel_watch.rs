@@ -118,6 +118,15 @@ impl Observer {
             };
             let mut o = self.observe();
             o.last_exit = exits.borrow_and_update().clone();
+            if o.left_without_a_reason(&tx.borrow()) {
+                // Reported with its reason (an ejection, or a restart the kernel asked for), so
+                // the controller never fails a revision for a restart: the log line is a moment
+                // behind the state. Without a kernel log, the wait ends at once or at the bound.
+                if let Ok(Ok(())) = tokio::time::timeout(kmsg::REASON_WAIT, exits.changed()).await {
+                    o = self.observe();
+                    o.last_exit = exits.borrow_and_update().clone();
+                }
+            }
             metrics.observe(&o);
             let changed = tx.send_if_modified(|current| {
                 let differs = o.differs_from(current);

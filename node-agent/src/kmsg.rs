@@ -26,6 +26,13 @@ pub const MAX_RECORD: usize = 8192;
 /// parent went away.
 const NORMAL_EXITS: [&str; 2] = ["unregistered from user space", "parent exiting"];
 
+/// The reason of an exit the kernel asks the scheduler's user space to restart from: the kernel
+/// itself unregisters a scheduler so when a CPU goes on or off line and the scheduler implements
+/// no `cpu_online`/`cpu_offline` (`SCX_ECODE_RSN_HOTPLUG`). The kernel logs it at info level, with
+/// no detail line; scx_utils schedulers register again in the same process. Not an ejection: a
+/// restart, which the controller waits for (its attach timeout) before it calls it a failure.
+pub use sked_proto::text::RESTART_EXIT_REASON as RESTART_EXIT;
+
 /// The kernel's reasons for an exit (`scx_exit_reason()`), counted from zero as soon as the log is
 /// followed, so an alert on `increase()` sees the first exit of each.
 pub const KNOWN_REASONS: [&str; 8] = [
@@ -130,7 +137,13 @@ pub struct Exit {
     /// Whether the kernel threw the scheduler out (error, stall, SysRq-S, the scheduler's own
     /// exit) rather than its user space unregistering it.
     pub ejected: bool,
+    /// Whether the kernel asked the scheduler to restart ([`RESTART_EXIT`]).
+    pub restart: bool,
 }
+
+/// How long a report of a scheduler that left waits for the kernel log's line that says why
+/// (the kernel sets `state` first, then logs the reason) before it is sent without it.
+pub const REASON_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long an error exit waits for its detail line before it is reported without it.
 pub const DETAIL_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
@@ -145,9 +158,10 @@ impl Exit {
     }
 }
 
-/// Whether an exit with the kernel's `reason` is an ejection (see [`Exit::ejected`]).
+/// Whether an exit with the kernel's `reason` is an ejection (see [`Exit::ejected`]): neither a
+/// normal exit nor a restart.
 pub fn is_ejection(reason: &str) -> bool {
-    !NORMAL_EXITS.contains(&reason)
+    !NORMAL_EXITS.contains(&reason) && reason != RESTART_EXIT
 }
 
 /// Folds sched_ext's log lines into the node's last exit.
@@ -169,6 +183,7 @@ impl Tracker {
                     at_ms,
                     seq: record.seq,
                     ejected: is_ejection(reason),
+                    restart: reason == RESTART_EXIT,
                 });
                 (Some(exit.reason.as_str()), true)
             }
@@ -285,6 +300,19 @@ mod tests {
         for reason in ["runtime error", "scx_bpf_error", "runnable task stall", "unregistered from BPF"] {
             assert!(is_ejection(reason), "{reason}");
         }
+    }
+
+    #[test]
+    fn a_cpu_going_off_line_asks_for_a_restart_not_an_ejection() {
+        // As the kernel logs its own unregistration on a hotplug (info level, no detail line).
+        let mut t = Tracker::default();
+        feed_all(
+            &mut t,
+            &[b"6,7,100,-;sched_ext: BPF scheduler \"bpfland_1.1.4\" disabled (unregistered from the main kernel)"],
+        );
+        let exit = t.last().unwrap();
+        assert_eq!((exit.ejected, exit.restart, exit.awaits_detail()), (false, true, false));
+        assert!(!is_ejection(RESTART_EXIT));
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64, health: Option<H
             time_unix_ms: e.at_ms,
             sequence: e.seq,
             ejected: e.ejected,
+            restart: e.restart,
         }),
         health: health.map(|h| Health { sent_unix_ms: jiff::Timestamp::now().as_millisecond(), ..h }),
     }

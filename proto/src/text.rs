@@ -8,6 +8,11 @@ pub const MAX_REASON_CHARS: usize = 256;
 pub const MAX_NAME_CHARS: usize = 128;
 /// Most characters kept of the kernel's reason for an exit ("runnable task stall").
 pub const MAX_EXIT_REASON_CHARS: usize = 128;
+/// The kernel's reason for an exit it asks the scheduler's user space to restart from
+/// (`SCX_EXIT_UNREG_KERN` with `SCX_ECODE_ACT_RESTART`: on current kernels, a CPU went on or off
+/// line and the scheduler implements no `cpu_online`/`cpu_offline`). Both ends read it: an agent
+/// of the release before `KernelExit.restart` sends the reason alone.
+pub const RESTART_EXIT_REASON: &str = "unregistered from the main kernel";
 
 /// `text` with every control or unprintable character escaped (`\u{0}`, `\u{1b}`, `\u{fffd}` for
 /// invalid UTF-8 read lossily), cut to `max` characters of output, with how much was cut.

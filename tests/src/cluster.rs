@@ -185,16 +185,29 @@ pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
 
 /// A free TCP port on 127.0.0.1, never one this process was given before: the kernel may hand
 /// out a port it just freed again, and two servers told the same port fail at start (a CI run
-/// lost cert-manager's webhook to its own metrics server that way).
+/// lost cert-manager's webhook to its own metrics server that way). Taken below the kernel's
+/// ephemeral range (`net.ipv4.ip_local_port_range`, 32768 and up by default), from a random
+/// start: a port the kernel hands out for `bind(0)` is also one it hands out as the source port
+/// of an outgoing connection, and a suite running beside (`make test` runs two) opened one on
+/// the port a controller was about to bind (a CI run lost a rollout test that way).
 pub fn free_port() -> Result<u16> {
+    const LOW: u16 = 20_000;
+    const HIGH: u16 = 32_767;
     static GIVEN: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
-    for _ in 0..100 {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        if GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(port) {
+    // A random start: std's hasher is seeded randomly per process.
+    let seed = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), std::process::id());
+    let span = u64::from(HIGH - LOW) + 1;
+    for i in 0..span {
+        let port = LOW + u16::try_from((seed.wrapping_add(i.wrapping_mul(7919))) % span).unwrap_or(0);
+        if GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(port);
             return Ok(port);
         }
     }
-    bail!("no TCP port on 127.0.0.1 that this process was not given before")
+    bail!("no free TCP port on 127.0.0.1 between {LOW} and {HIGH} that this process was not given before")
 }
 
 struct Pki {

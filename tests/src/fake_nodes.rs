@@ -336,6 +336,29 @@ impl FakeNodes {
         }
     }
 
+    /// The kernel of `node` asks its pod's scheduler to restart now, as it does when a CPU goes
+    /// on or off line under a scheduler without `cpu_online`/`cpu_offline`: the scheduler leaves
+    /// ("unregistered from the main kernel", logged at info level, no detail line) and stays
+    /// away until [`FakeNodes::attach_again`].
+    pub fn ask_restart(&mut self, node: &str) -> Result<()> {
+        let p = self.agents.get_mut(node).ok_or_else(|| anyhow!("no agent runs for node {node}"))?;
+        let (name, usec) = (&p.ops, uptime_usec()?);
+        let exit =
+            format!("6,103,{usec},-;sched_ext: BPF scheduler \"{name}\" disabled (unregistered from the main kernel)");
+        p.agent.kernel_logs(&exit)?;
+        p.agent.set_kernel("disabled", None, 1)?;
+        p.stage = Stage::Settled;
+        Ok(())
+    }
+
+    /// The scheduler of `node`'s pod registers again after a restart (a new enable).
+    pub fn attach_again(&mut self, node: &str) -> Result<()> {
+        let p = self.agents.get_mut(node).ok_or_else(|| anyhow!("no agent runs for node {node}"))?;
+        p.agent.set_kernel("enabled", Some(&p.ops), 2)?;
+        p.stage = Stage::Attached(Instant::now());
+        Ok(())
+    }
+
     /// The agents of every node, by node.
     pub fn agents(&self) -> impl Iterator<Item = (&String, &AgentProcess)> {
         self.agents.iter().map(|(n, p)| (n, &p.agent))

@@ -94,7 +94,8 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
 
 /// A Scheduler spec with just an image, for suites that are not about pacing: every selected
 /// node enters at once (no canary, `maxUnavailable: 100%`), as if no kubelet had to attach
-/// anything first; the test control plane runs none. The rollout suite sets its own pacing.
+/// anything first (the test control plane runs none), and the one wave bakes a second, not the
+/// default 30 s, before the rollout is Complete. The rollout suite sets its own pacing.
 pub fn spec(image: &str) -> SchedulerSpec {
     SchedulerSpec { sched: image.into(), rollout: Some(all_at_once()), ..SchedulerSpec::default() }
 }
@@ -107,11 +108,12 @@ pub fn spec_on(image: &str, selector: &[(&str, &str)]) -> SchedulerSpec {
     }
 }
 
-/// Pacing that switches every node in one wave.
+/// Pacing that switches every node in one wave, baked for a second.
 pub fn all_at_once() -> sked_controller::api::RolloutSpec {
     sked_controller::api::RolloutSpec {
         canary: Some(0),
         max_unavailable: Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("100%".into())),
+        bake_seconds: Some(1),
         ..Default::default()
     }
 }

@@ -1084,9 +1084,11 @@ async fn a_scheduler_made_again_under_the_same_name_reads_none_of_the_old_ones_r
     let pods = sked_tests::wait_bound_pods(&s.fx.client, &s.fx.namespace, &s.name, 2).await?;
     let sched =
         s.fx.wait_scheduler(&s.name, "the new Scheduler's kernel view", |sc| {
+            // Once its status counts both pods (the first one may be written before the pod
+            // watch showed them).
             sc.uid().is_some_and(|u| u != old_uid)
                 && sc.status.as_ref().is_some_and(|st| st.desired_number_scheduled == 2)
-                && condition(sc, "KernelAttached").is_some()
+                && condition(sc, "KernelAttached").is_some_and(|c| c.message.contains("of 2 scheduled nodes"))
         })
         .await?;
     let status = sched.status.as_ref().context("status")?;

@@ -501,6 +501,65 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
+async fn a_cpu_going_off_line_restarts_the_scheduler_and_fails_no_revision() -> Result<()> {
+    in_sched_ext_vm("hotplug", async |s, vm| hotplug(s, vm).await).await
+}
+
+/// A vCPU taken off line and back under the canary scheduler, during a new revision's bake: the
+/// kernel unregisters the scheduler itself and asks for a restart (the canary implements no
+/// cpu_online/cpu_offline), its loader registers it again, and the rollout goes on to
+/// Complete: no ejection, no rollback.
+async fn hotplug(s: &Setup, vm: &mut TestVm) -> Result<()> {
+    use sked_controller::api::RolloutPhase;
+    let params = kube::api::PatchParams::default();
+    let canary = "/bin/sked-canary-loader hold /sked/sked_canary.bpf.o";
+    let first = run_pod(s, vm, "", canary).await?;
+    s.wait_kernel("the first revision attached", 1, "KernelAttached").await?;
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    let complete = |generation: i64| {
+        move |s: &Scheduler| {
+            rollout_phase(s) == Some(RolloutPhase::Complete)
+                && s.status
+                    .as_ref()
+                    .and_then(|st| st.rollout.as_ref())
+                    .and_then(|r| r.current_revision.as_ref())
+                    .is_some_and(|r| r.generation == generation)
+        }
+    };
+    s.fx.wait_scheduler(SCHEDULER, "the first deployment complete", complete(1)).await?;
+
+    // A new revision, baked 20 s: the CPU goes off line and back within its bake.
+    let next = serde_json::json!({"spec": {"args": ["--hotplug"], "rollout": {"bakeSeconds": 20, "attachTimeoutSeconds": 60}}});
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&next)).await?;
+    run_pod(s, vm, &first.name_any(), canary).await?;
+    s.wait_kernel("the new revision attached", 1, "KernelAttached").await?;
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    let online = "/sys/devices/system/cpu/cpu1/online";
+    vm.run(&format!("echo 0 > {online}")).await?;
+    let exit = wait_exit(s, "unregistered from the main kernel").await?;
+    assert!(exit.restart && !exit.ejected && exit.ops == "sked_canary", "{exit:?}");
+    let attached = vm
+        .run(
+            "for i in $(seq 1 200); do [ $(grep -c ^attached /run/canary.out) -ge 2 ] && break; sleep 0.05; done; \
+             grep -c ^attached /run/canary.out",
+        )
+        .await?;
+    assert_eq!(attached.trim(), "2", "the loader registered the canary again");
+    s.wait_kernel("attached again after the restart", 1, "KernelAttached").await?;
+    vm.run(&format!("echo 1 > {online}")).await?;
+    let sched = s.fx.wait_scheduler(SCHEDULER, "the new revision complete", complete(2)).await?;
+    let loader = vm.run("cat /run/canary.out").await?;
+    eprintln!("measured: the canary's loader through the hotplug:\n{loader}");
+    assert!(loader.lines().filter(|l| l.starts_with("restart ")).count() >= 1, "{loader}");
+    let events = s.fx.scheduler_events(SCHEDULER).await?;
+    let warnings: Vec<&(String, String)> = events.keys().filter(|(kind, _)| kind == "Warning").collect();
+    assert!(warnings.is_empty(), "no ejection, no rollback: {warnings:?}");
+    assert!(sched.status.and_then(|st| st.rollout).is_some_and(|r| r.failed.is_none()));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "boots qemu with Debian kernels: run it with `make test-kernel`"]
 async fn a_revision_that_slows_a_real_kernel_is_rolled_back_by_analysis() -> Result<()> {
     in_sched_ext_vm("analysis", async |s, vm| analysis(s, vm).await).await
 }

@@ -1152,3 +1152,39 @@ async fn live_pods_of(c: &Cluster, names: &[&str]) -> Result<Vec<Pod>> {
 fn agent_image(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.containers.iter().find(|c| c.name == "agent").and_then(|c| c.image.as_deref())
 }
+
+/// A CPU going on or off line under a scheduler without `cpu_online`/`cpu_offline`: the kernel
+/// asks it to restart ("unregistered from the main kernel"). During the canary's bake that is a
+/// restart, not an ejection: the rollout waits for the scheduler to attach again and goes on.
+#[tokio::test]
+async fn a_restart_the_kernel_asks_for_during_a_bake_fails_nothing() -> Result<()> {
+    let nodes = ["hp-1", "hp-2"];
+    let mut c = cluster("hotplug", &nodes, base_spec("hotplug", rollout(1, 60))).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    // A new revision whose canary bakes long enough for the restart to fall in its bake.
+    c.patch_spec(json!({"args": ["--v2"], "rollout": {"bakeSeconds": 20}})).await?;
+    c.drive_until("the canary attached", |s| {
+        s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.attached_nodes == 1)
+    })
+    .await?;
+    let canary = live_pods(&c)
+        .await?
+        .into_iter()
+        .find(|p| args(p) == ["--v2"])
+        .and_then(|p| p.spec.and_then(|s| s.node_name))
+        .context("the canary's node")?;
+    c.nodes.ask_restart(&canary)?;
+    let asked = c
+        .drive_until("KernelAttached to tell the restart", |s| {
+            condition(s, "KernelAttached").is_some_and(|k| k.message.contains("to restart"))
+        })
+        .await?;
+    let message = condition(&asked, "KernelAttached").map(|k| k.message.clone()).unwrap_or_default();
+    assert!(message.contains("the kernel asked") && message.contains("unregistered from the main kernel"), "{message}");
+    assert_eq!(phase(&asked), Some(RolloutPhase::Canary), "no rollback for a restart");
+    c.nodes.attach_again(&canary)?;
+    c.drive_until("the rollout complete", |s| complete_at(s, 2)).await?;
+    assert!(!c.phases.contains(&RolloutPhase::RolledBack), "{:?}", c.phases);
+    assert!(c.replacements().values().all(|n| *n == 1), "each node replaced once: {:?}", c.replacements());
+    Ok(())
+}

@@ -315,7 +315,12 @@ fn judge_unattached(
 /// crash-loops, the kernel ejected it, or its attach deadline passed. Before the deadline, a
 /// recheck at it.
 fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut Decision) -> Option<Failure> {
-    let deadline = pod.created + pacing.attach_timeout_seconds;
+    // A restart the kernel asked for has the attach timeout from when it was asked.
+    let restarting = match n.kernel {
+        KernelView::Restarting { since } => Some(since),
+        _ => None,
+    };
+    let deadline = restarting.unwrap_or(pod.created) + pacing.attach_timeout_seconds;
     let cause = if pod.crash_looping {
         match &pod.last_exit {
             Some(exit) => format!("the scheduler container is crash-looping; it last ended with {exit}"),
@@ -329,6 +334,12 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
     } else if let Some(why) = pod.pull_error.as_ref().filter(|_| now >= deadline) {
         format!(
             "the kubelet could not pull the scheduler's image within {}s (spec.rollout.attachTimeoutSeconds): {why}; check spec.sched and spec.imagePullSecrets",
+            pacing.attach_timeout_seconds
+        )
+    } else if let Some(since) = restarting.filter(|_| now >= deadline) {
+        format!(
+            "the kernel asked the scheduler to restart {}s ago (a CPU went on or off line: unregistered from the main kernel) and it did not attach again within {}s (spec.rollout.attachTimeoutSeconds); check that the scheduler registers again when the kernel asks it to restart (scx_utils schedulers do)",
+            now - since,
             pacing.attach_timeout_seconds
         )
     } else if now >= deadline {
@@ -468,6 +479,8 @@ mod bake;
 #[cfg(test)]
 mod gate_tests;
 mod model;
+#[cfg(test)]
+mod restart_tests;
 #[cfg(test)]
 mod tests;
 

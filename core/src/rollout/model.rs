@@ -138,6 +138,12 @@ pub enum KernelView {
     NotAttached,
     /// It was attached, then the kernel stopped running it (while the same pod runs).
     Ejected,
+    /// It was attached, and the kernel asked it to restart at `since` (seconds since the epoch;
+    /// a CPU went on or off line): down until it attaches again, a failure only once the attach
+    /// timeout has passed since.
+    Restarting {
+        since: i64,
+    },
     /// The node's kernel has no sched_ext.
     Unsupported,
     /// Another scheduler owns the node's kernel.

@@ -66,7 +66,7 @@ fn decide_expecting(nodes: &[NodeView], stable: Option<&str>, expected: usize) -
     })
 }
 
-fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Decision {
+pub(super) fn decide_at(nodes: &[NodeView], pacing: Pacing, now: i64) -> Decision {
     decide(&input_at(nodes, pacing, now))
 }
 
