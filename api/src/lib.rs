@@ -382,6 +382,10 @@ pub struct KernelExit {
     /// the attach timeout.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restart: bool,
+    /// The backtrace the kernel printed with an error exit (at most 16 lines, escaped and
+    /// capped): where in the kernel the scheduler was when it failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trace: Vec<String>,
 }
 
 impl KernelExit {
@@ -587,6 +591,31 @@ pub struct RolloutFailure {
     /// unset when the kernel or the pod failed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What the kernel and the scheduler said last on that node, kept with the failure
+    /// (`kubectl sked why` prints it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<FailureEvidence>,
+}
+
+/// What the kernel and the scheduler said last on the node where a revision failed, as its
+/// agent and its kubelet reported them (escaped and capped).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureEvidence {
+    /// The node's last exit from the kernel log (reason, detail, the kernel's backtrace), when
+    /// the kernel ended the scheduler there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_exit: Option<KernelExit>,
+    /// How the scheduler container last ended (exit code, its last log lines), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_exit: Option<String>,
+}
+
+impl FailureEvidence {
+    /// `None` when there is nothing to keep.
+    pub fn of(kernel_exit: Option<KernelExit>, scheduler_exit: Option<String>) -> Option<Self> {
+        (kernel_exit.is_some() || scheduler_exit.is_some()).then_some(Self { kernel_exit, scheduler_exit })
+    }
 }
 
 /// The verdict of the analysis of the last bake (`spec.rollout.analysis`).

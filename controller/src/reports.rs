@@ -578,6 +578,12 @@ fn kernel_exit(node: &str, e: &sked_proto::KernelExit) -> Option<KernelExit> {
         // An agent of the release before `restart` sends the kernel's reason alone.
         ejected: e.ejected && !restart,
         restart,
+        trace: e
+            .trace
+            .iter()
+            .take(sked_proto::text::MAX_TRACE_LINES)
+            .map(|l| escape_and_cap(l, sked_proto::text::MAX_TRACE_LINE_CHARS))
+            .collect(),
     })
 }
 

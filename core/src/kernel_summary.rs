@@ -406,6 +406,7 @@ mod tests {
             time: time.into(),
             ejected: true,
             restart: false,
+            trace: Vec::new(),
         };
         let mut a = report("s", Verdict::NotAttached, now);
         a.last_exit = Some(exit("a", "2026-12-01T00:00:02.000Z"));

@@ -97,7 +97,7 @@ pub fn node_view(
         node: node.to_owned(),
         pod: view,
         kernel: kernel_view(report, pod),
-        exit: own_report.and_then(|r| r.last_exit.as_ref()).map(|e| e.describe()),
+        exit: own_report.and_then(|r| r.last_exit.clone()),
         just_labelled,
         just_replaced,
         unfit: None,

@@ -1032,6 +1032,7 @@ mod tests {
                 node: "n1".into(),
                 cause: "the scheduler did not attach within 120s".into(),
                 time: time(4),
+                evidence: None,
             }),
             ..Default::default()
         };
@@ -1096,6 +1097,7 @@ mod tests {
                 node: "n1".into(),
                 cause: "the scheduler container is crash-looping".into(),
                 time: time(4),
+                evidence: None,
             }),
             ..Default::default()
         };
@@ -1440,6 +1442,7 @@ mod tests {
             time: time.into(),
             ejected,
             restart: false,
+            trace: Vec::new(),
         };
         let mut run = Run::new();
         let stall = exit("n1", "2026-12-01T00:00:01.000Z", true);

@@ -44,6 +44,7 @@ fn rollout(phase: RolloutPhase, updated: i32) -> RolloutStatus {
             cause: "the kernel stopped running the scheduler after it had attached".into(),
             time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             reason: None,
+            evidence: None,
         }),
         ..Default::default()
     }

@@ -61,6 +61,12 @@ pub enum Command {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// Why a Scheduler's last revision failed: the cause, the node, what the kernel and the
+    /// scheduler said last there.
+    Why {
+        /// The Scheduler.
+        scheduler: String,
+    },
     /// Follow or steer a Scheduler's rollout.
     #[command(subcommand)]
     Rollout(Rollout),

@@ -13,6 +13,7 @@ mod rollout;
 mod stats;
 #[cfg(test)]
 mod test_objects;
+mod why;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -54,6 +55,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Nodes(output) => nodes(&cluster, output).await,
         Command::Doctor { node } => doctor(&cluster, &node).await,
         Command::Stats { node, output } => node_stats(&cluster, &node, output).await,
+        Command::Why { scheduler } => why::why(&cluster, &scheduler).await,
         Command::Rollout(Rollout::Status { scheduler, watch, timeout }) => {
             rollout::status(&cluster, &scheduler, watch, timeout).await
         }

@@ -12,7 +12,9 @@
 //! record, [`classify`] recognises sched_ext's lines, and [`Tracker`] folds them into the last
 //! [`Exit`] of the node. Pure: [`crate::kernel_watch::follow_kernel_log`] reads `/dev/kmsg`.
 
-use sked_proto::text::{MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, escape_and_cap};
+use sked_proto::text::{
+    MAX_EXIT_REASON_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_TRACE_LINE_CHARS, MAX_TRACE_LINES, escape_and_cap,
+};
 
 /// A detail line is taken when it comes within this many records of its `disabled` line
 /// (other CPUs may log in between).
@@ -139,6 +141,10 @@ pub struct Exit {
     pub ejected: bool,
     /// Whether the kernel asked the scheduler to restart ([`RESTART_EXIT`]).
     pub restart: bool,
+    /// The backtrace the kernel printed after an error exit's lines: records indented by
+    /// `stack_trace_print`, within [`DETAIL_WITHIN_RECORDS`] of the exit, at most
+    /// [`MAX_TRACE_LINES`].
+    pub trace: Vec<String>,
 }
 
 /// How long a report of a scheduler that left waits for the kernel log's line that says why
@@ -184,8 +190,21 @@ impl Tracker {
                     seq: record.seq,
                     ejected: is_ejection(reason),
                     restart: reason == RESTART_EXIT,
+                    trace: Vec::new(),
                 });
                 (Some(exit.reason.as_str()), true)
+            }
+            None if record.text.starts_with(' ') => {
+                // A line of the backtrace the kernel prints after an error exit.
+                let Some(exit) = self.last.as_mut() else { return (None, false) };
+                let fits = ERROR_REASONS.contains(&exit.reason.as_str())
+                    && record.seq > exit.seq
+                    && record.seq - exit.seq <= DETAIL_WITHIN_RECORDS + MAX_TRACE_LINES as u64
+                    && exit.trace.len() < MAX_TRACE_LINES;
+                if fits {
+                    exit.trace.push(escape_and_cap(record.text.trim(), MAX_TRACE_LINE_CHARS));
+                }
+                (None, fits)
             }
             Some(Line::Detail { ops, text }) => {
                 let Some(exit) = self.last.as_mut() else { return (None, false) };
@@ -300,6 +319,33 @@ mod tests {
         for reason in ["runtime error", "scx_bpf_error", "runnable task stall", "unregistered from BPF"] {
             assert!(is_ejection(reason), "{reason}");
         }
+    }
+
+    #[test]
+    fn an_error_exit_keeps_the_kernel_s_backtrace_and_no_other_line() {
+        let mut t = Tracker::default();
+        feed_all(&mut t, &STALL);
+        let trace: Vec<String> =
+            (0..20).map(|i| format!("4,{},5427900,-;  scx_watchdog_workfn+0x{i:x}/0x1f0", 376 + i)).collect();
+        let raw: Vec<&[u8]> = trace.iter().map(|l| l.as_bytes()).collect();
+        feed_all(&mut t, &raw[..3]);
+        feed_all(&mut t, &[b"6,400,5428000,-;eth0: link up"]);
+        let exit = t.last().unwrap();
+        assert_eq!(
+            exit.trace,
+            ["scx_watchdog_workfn+0x0/0x1f0", "scx_watchdog_workfn+0x1/0x1f0", "scx_watchdog_workfn+0x2/0x1f0"]
+        );
+        feed_all(&mut t, &raw[3..]);
+        assert_eq!(t.last().unwrap().trace.len(), MAX_TRACE_LINES, "bounded");
+        // A normal exit keeps none: an indented line after it is someone else's.
+        feed_all(
+            &mut t,
+            &[
+                b"6,500,100,-;sched_ext: BPF scheduler \"a\" disabled (unregistered from user space)",
+                b"4,501,100,-;  other+0x1/0x2",
+            ],
+        );
+        assert!(t.last().unwrap().trace.is_empty());
     }
 
     #[test]

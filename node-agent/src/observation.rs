@@ -52,6 +52,7 @@ mod tests {
             seq,
             ejected: false,
             restart: true,
+            trace: Vec::new(),
         });
         Observation { read, verdict, reason: String::new(), last_exit }
     }

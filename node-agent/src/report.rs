@@ -81,6 +81,7 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64, health: Option<H
             sequence: e.seq,
             ejected: e.ejected,
             restart: e.restart,
+            trace: e.trace.clone(),
         }),
         health: health.map(|h| Health { sent_unix_ms: jiff::Timestamp::now().as_millisecond(), ..h }),
     }

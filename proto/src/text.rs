@@ -8,6 +8,10 @@ pub const MAX_REASON_CHARS: usize = 256;
 pub const MAX_NAME_CHARS: usize = 128;
 /// Most characters kept of the kernel's reason for an exit ("runnable task stall").
 pub const MAX_EXIT_REASON_CHARS: usize = 128;
+/// Most lines kept of the backtrace the kernel prints with an error exit.
+pub const MAX_TRACE_LINES: usize = 16;
+/// Most characters kept of one of those lines.
+pub const MAX_TRACE_LINE_CHARS: usize = 160;
 /// The kernel's reason for an exit it asks the scheduler's user space to restart from
 /// (`SCX_EXIT_UNREG_KERN` with `SCX_ECODE_ACT_RESTART`: on current kernels, a CPU went on or off
 /// line and the scheduler implements no `cpu_online`/`cpu_offline`). Both ends read it: an agent

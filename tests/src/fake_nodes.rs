@@ -565,6 +565,10 @@ fn eject(p: &mut Played) -> Result<()> {
     p.agent.kernel_logs(&exit)?;
     let detail = format!("3,102,{},-;sched_ext: {name}: kworker/1:2[91] failed to run for 31.004s", usec + 2000);
     p.agent.kernel_logs(&detail)?;
+    // The backtrace the kernel prints after an error exit, indented.
+    for (i, frame) in ["scx_watchdog_workfn+0x15b/0x1f0", "process_one_work+0x176/0x330"].iter().enumerate() {
+        p.agent.kernel_logs(&format!("4,{},{},-;  {frame}", 103 + i, usec + 2100))?;
+    }
     p.agent.set_kernel("disabled", None, 1)?;
     p.stage = Stage::Settled;
     Ok(())

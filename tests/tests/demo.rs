@@ -79,6 +79,9 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     let three = section(&stdout, 3);
     assert!(three.contains("runnable task stall"), "{three}");
     assert_eq!(most_down(three), Some(1), "{three}");
+    // `kubectl sked why`: the kernel's words with its backtrace, kept with the failure.
+    assert!(three.contains("$ kubectl sked why scx-rusty") && three.contains("Kernel: the kernel ejected "), "{three}");
+    assert!(three.contains("    scx_watchdog_workfn+0x15b/0x1f0"), "{three}");
     assert_eq!(line_after(three, "revisions running: "), Some(stable), "{three}");
 
     // 4. A revision that attaches and slows its nodes: the analysis of the canary's bake rolls

@@ -344,6 +344,14 @@ async fn stall_and_sysrq(s: &Setup, vm: &mut TestVm) -> Result<()> {
     let exit = wait_exit(s, "runnable task stall").await?;
     assert!(exit.ejected && exit.node == NODE && exit.ops == "sked_canary", "{exit:?}");
     assert!(exit.detail.contains("sked-stall") && exit.detail.contains("failed to run"), "{exit:?}");
+    // The backtrace the kernel printed with the error follows its lines.
+    let traced =
+        s.fx.wait_scheduler(SCHEDULER, "the kernel's backtrace of the stall", |s| {
+            s.status.as_ref().and_then(|st| st.last_exit.as_ref()).is_some_and(|e| !e.trace.is_empty())
+        })
+        .await?;
+    let trace = traced.status.and_then(|st| st.last_exit).map(|e| e.trace).unwrap_or_default();
+    eprintln!("measured: the kernel's backtrace of the stall, {} lines: {trace:?}", trace.len());
     let sched = s.wait_kernel("not attached after the stall", 0, "NotAttached").await?;
     let message = condition(&sched, "KernelAttached").map(|c| c.message.clone()).unwrap_or_default();
     assert!(message.contains("the kernel ejected sked_canary") && message.contains("runnable task stall"), "{message}");

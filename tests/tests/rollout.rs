@@ -336,8 +336,9 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
     let canary_node = pods.iter().find(|(_, p)| args(p) == ["--v3"]).map(|(n, _)| n.clone()).context("canary")?;
     assert_ne!(canary_node, "e-3", "the foreign node is no canary");
-    let sysfs = c.nodes.agent(&canary_node).map(|a| a.sysfs.clone()).context("canary agent")?;
-    sked_agent::sysfs::fixture::write(&sysfs, "disabled", None, 2)?;
+    // As the kernel does: its lines in the log (a stall, its detail, its backtrace), then the
+    // state disabled.
+    c.nodes.eject(&canary_node)?;
     c.nodes.kernel = Box::new(|node, pod| {
         if node == "e-3" {
             Kernel::Foreign
@@ -351,6 +352,14 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     let failure = failed.status.and_then(|s| s.rollout).and_then(|r| r.failed).context("failure")?;
     assert_eq!(failure.node, canary_node);
     assert!(failure.cause.contains("stopped running"), "{}", failure.cause);
+    // The evidence kept with the failure: the kernel's words and its backtrace.
+    let kernel = failure.evidence.as_ref().and_then(|e| e.kernel_exit.as_ref());
+    let kernel = kernel.with_context(|| format!("the kernel's exit kept with {failure:?}"))?;
+    assert_eq!(
+        (kernel.reason.as_str(), kernel.detail.as_str()),
+        ("runnable task stall", "kworker/1:2[91] failed to run for 31.004s")
+    );
+    assert_eq!(kernel.trace, ["scx_watchdog_workfn+0x15b/0x1f0", "process_one_work+0x176/0x330"]);
     c.drive_until("the canary restored", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 2)).await?;
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
     for (node, pod) in &pods {

@@ -260,6 +260,7 @@ impl Step {
             cause: failure.cause.clone(),
             time: p.now.clone(),
             reason: failure.by_analysis.then(|| Reason::AnalysisFailed.as_str().to_owned()),
+            evidence: failure.evidence.clone(),
         };
         self.status.phase = p.failed_phase();
         self.status.failed = Some(failure.clone());

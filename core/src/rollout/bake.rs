@@ -46,7 +46,7 @@ pub(super) fn after_bake(
         }
         Some(analysis::Outcome::Judged(mut judgement)) => {
             if let Some((node, cause)) = judgement.failure.clone() {
-                plan.failure = Some(Failure { node, cause, by_analysis: true });
+                plan.failure = Some(Failure { node, cause, by_analysis: true, evidence: None });
                 plan.phase = RolloutPhase::RolledBack;
                 plan.analysis = Some(judgement);
                 return ControlFlow::Break(plan);

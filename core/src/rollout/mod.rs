@@ -244,7 +244,7 @@ fn fallen_failure(input: &Input<'_>, t: &Tally, plan: &mut Decision) {
             "two or more nodes of a wave that go NotReady within two bakes of their switch"
         }
     );
-    plan.failure = Some(Failure { node: node.clone(), cause, by_analysis: true });
+    plan.failure = Some(Failure { node: node.clone(), cause, by_analysis: true, evidence: None });
 }
 
 /// How many labelled nodes without a live pod are waited for. Only as far as the DaemonSet
@@ -328,7 +328,7 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
         }
     } else if n.kernel == KernelView::Ejected {
         match &n.exit {
-            Some(why) => format!("the scheduler stopped running after it had attached: {why}"),
+            Some(exit) => format!("the scheduler stopped running after it had attached: {}", exit.describe()),
             None => "the kernel stopped running the scheduler after it had attached".to_owned(),
         }
     } else if let Some(why) = pod.pull_error.as_ref().filter(|_| now >= deadline) {
@@ -348,7 +348,11 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
         plan.recheck(deadline - now);
         return None;
     };
-    Some(Failure { node: n.node.clone(), cause, by_analysis: false })
+    // The kernel's exit when the kernel ended the scheduler (not a normal unregistration), and
+    // the scheduler container's last words.
+    let kernel_exit = n.exit.clone().filter(|e| e.ejected || e.restart);
+    let evidence = sked_api::FailureEvidence::of(kernel_exit, pod.last_exit.clone());
+    Some(Failure { node: n.node.clone(), cause, by_analysis: false, evidence })
 }
 
 /// The next wave: pods of another revision (those down first), then entering nodes, once every

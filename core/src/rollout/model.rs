@@ -157,8 +157,8 @@ pub struct NodeView {
     /// Its live or terminating scheduler pod; `None` until the DaemonSet controller creates one.
     pub pod: Option<PodView>,
     pub kernel: KernelView,
-    /// The kernel's words for the node's last exit, when its agent read them from the kernel log.
-    pub exit: Option<String>,
+    /// The node's last exit, when its agent read it from the kernel log.
+    pub exit: Option<sked_api::KernelExit>,
     /// Its owner label was written moments ago (less than the attach timeout) and its pod is
     /// not there yet: the DaemonSet controller is about to make it.
     pub just_labelled: bool,
@@ -283,6 +283,8 @@ pub struct Failure {
     pub cause: String,
     /// The analysis of a bake failed it (the revision attached).
     pub by_analysis: bool,
+    /// What the kernel and the scheduler said last on that node.
+    pub evidence: Option<sked_api::FailureEvidence>,
 }
 
 /// What the rollout decides at one moment: the nodes to switch now, and the counts it read.

@@ -359,9 +359,21 @@ fn failures_of_the_new_revision() {
     assert!(ejected.failure.unwrap().cause.contains("stopped running"));
     // With the kernel log read, the cause is the kernel's own.
     let why = "the kernel ejected lavd at 2026-12-01T00:00:00.000Z (runnable task stall)";
-    let said = NodeView { exit: Some(why.into()), ..node("a", T, KernelView::Ejected) };
-    let ejected = decide_at(&[said, up("b", S)], pacing(1, 1), 10);
-    assert!(ejected.failure.unwrap().cause.ends_with(why));
+    let exit = sked_api::KernelExit {
+        node: "a".into(),
+        ops: "lavd".into(),
+        reason: "runnable task stall".into(),
+        time: "2026-12-01T00:00:00.000Z".into(),
+        ejected: true,
+        trace: vec!["scx_watchdog_workfn+0x15b/0x1f0".into()],
+        ..Default::default()
+    };
+    let said = NodeView { exit: Some(exit.clone()), ..node("a", T, KernelView::Ejected) };
+    let failure = decide_at(&[said, up("b", S)], pacing(1, 1), 10).failure.unwrap();
+    assert!(failure.cause.ends_with(why));
+    // The kernel's exit, backtrace included, is kept with the failure as its evidence.
+    let evidence = failure.evidence.unwrap();
+    assert_eq!((evidence.kernel_exit, evidence.scheduler_exit), (Some(exit), None));
 
     let mut crashing = node("a", T, KernelView::NotAttached);
     crashing.pod.as_mut().unwrap().crash_looping = true;
@@ -555,7 +567,7 @@ fn a_complete_revision_becomes_the_current_one() {
 
 #[test]
 fn a_failure_rolls_back_when_there_is_something_to_go_back_to() {
-    let failure = Failure { node: "n1".into(), cause: "crash".into(), by_analysis: false };
+    let failure = Failure { node: "n1".into(), cause: "crash".into(), by_analysis: false, evidence: None };
     let plan = Decision { failure: Some(failure), replace: vec!["p".into()], ..Default::default() };
     let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
     let step = advance(&progress(&previous, &plan, revision(T, 2)));
@@ -605,6 +617,7 @@ fn back_on_the_stable_revision_the_nodes_waiting_to_enter_still_count() {
         cause: "crash".into(),
         time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         reason: None,
+        evidence: None,
     };
     let previous =
         RolloutStatus { current_revision: Some(revision(S, 1)), failed: Some(failed.clone()), ..Default::default() };
@@ -829,6 +842,7 @@ fn a_retry_makes_the_failed_attempts_pod_again_before_it_judges_the_revision() {
         node: "a".into(),
         cause: "x".into(),
         time: Time(k8s_openapi::jiff::Timestamp::from_second(225).unwrap_or_default()),
+        evidence: None,
     };
     let previous =
         RolloutStatus { current_revision: Some(revision(S, 1)), failed: Some(failed.clone()), ..Default::default() };
@@ -1016,6 +1030,7 @@ fn a_takeover_failing_under_an_updates_recorded_failure_holds_that_node_until_a_
         node: "a".into(),
         cause: "crash".into(),
         time: Time(k8s_openapi::jiff::Timestamp::from_second(900).unwrap()),
+        evidence: None,
     };
     let mut c = node("c", S, KernelView::NotAttached);
     c.entered_at = Some(100);
@@ -1097,6 +1112,7 @@ fn a_recorded_failure_stops_the_rollout_until_restored_or_recovered() {
         node: "n1".into(),
         cause: "crash".into(),
         time: Time(k8s_openapi::jiff::Timestamp::from_second(900).unwrap()),
+        evidence: None,
     };
     let previous = RolloutStatus { current_revision: Some(revision(S, 1)), ..Default::default() };
     // The template is the stable revision again: its restoring replacements go ahead.

@@ -310,7 +310,8 @@ fn what_to_try(cluster: &TestCluster) -> String {
          (PHASE Canary -> Rolling -> Complete, UP-TO-DATE counting up):\n    {args}\n\
          - A revision whose scheduler never attaches: the canary fails after 15 s and is rolled back\n    \
          (PHASE RolledBack, Degraded=True RolloutFailed, a RolledBack event; 4 nodes never touched):\n    {broken}\n\
-         - A revision the kernel ejects during its bake (the kernel's reason in the cause):\n    {eject}\n\
+         - A revision the kernel ejects during its bake (the kernel's reason in the cause; what the\n    \
+         kernel and the scheduler said last: kubectl sked why {NAME}):\n    {eject}\n\
          - A revision that attaches and slows its nodes down, judged by the analysis of its bake\n    \
          (the canary's change against the nodes it left alone; reason AnalysisFailed):\n    {slow}\n\
          - Pause, change, resume:\n    {pause}\n    {paused_args}\n    {resume}\n\
@@ -390,6 +391,7 @@ async fn tour(demo: &Demo) -> Result<()> {
     tour_step(demo, "3. a revision the kernel ejects during its bake", r#"{"spec":{"args":["--demo-eject"]}}"#).await?;
     let phases = wait_scheduler(demo, "rolled back after the ejection", rolled_back).await?;
     tour_report(demo, &phases).await?;
+    show_sked(&demo.cluster, &["why", NAME])?;
 
     tour_step(demo, "4. a revision that slows its nodes, judged by the analysis of its bake", SLOW_REVISION).await?;
     let phases = wait_scheduler(demo, "rolled back by the analysis", rolled_back).await?;
