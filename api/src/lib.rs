@@ -609,12 +609,21 @@ pub struct FailureEvidence {
     /// How the scheduler container last ended (exit code, its last log lines), when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler_exit: Option<String>,
+    /// The scheduler's last statistics (its scx_stats reply, JSON, escaped and capped at 4,096
+    /// characters) the node's agent read while it ran attached, when the kernel ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_stats: Option<String>,
 }
 
 impl FailureEvidence {
     /// `None` when there is nothing to keep.
-    pub fn of(kernel_exit: Option<KernelExit>, scheduler_exit: Option<String>) -> Option<Self> {
-        (kernel_exit.is_some() || scheduler_exit.is_some()).then_some(Self { kernel_exit, scheduler_exit })
+    pub fn of(
+        kernel_exit: Option<KernelExit>,
+        scheduler_exit: Option<String>,
+        scheduler_stats: Option<String>,
+    ) -> Option<Self> {
+        let evidence = Self { kernel_exit, scheduler_exit, scheduler_stats };
+        (evidence != Self::default()).then_some(evidence)
     }
 }
 

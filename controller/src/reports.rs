@@ -554,7 +554,9 @@ fn kernel_verdict(wire: i32) -> sked_api::verdict::Verdict {
 /// What the table keeps of a report: the node's words escaped and capped, so no raw byte from a
 /// node reaches a status, an event or a log line.
 fn node_report(report: &Report, received: Instant) -> NodeReport {
-    NodeReport::arrived(
+    let stats = (!report.scheduler_stats.is_empty())
+        .then(|| escape_and_cap(&report.scheduler_stats, sked_proto::text::MAX_SCHEDULER_STATS_CHARS));
+    let arrived = NodeReport::arrived(
         report.scheduler.clone(),
         report.pod.clone(),
         kernel_verdict(report.verdict),
@@ -562,7 +564,8 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
         report.kernel.as_ref().map(|k| escape_and_cap(&k.ops, MAX_NAME_CHARS)).unwrap_or_default(),
         received,
         report.last_exit.as_ref().and_then(|e| kernel_exit(&report.node, e)),
-    )
+    );
+    NodeReport { scheduler_stats: stats, ..arrived }
 }
 
 /// The node's exit, escaped and capped; `None` when its time is not a time.

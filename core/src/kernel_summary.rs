@@ -39,6 +39,8 @@ pub struct NodeReport {
     pub stale: bool,
     /// The node's last exit from the kernel log, since its agent started.
     pub last_exit: Option<KernelExit>,
+    /// The scheduler's last statistics, sent once the kernel ended it (escaped and capped).
+    pub scheduler_stats: Option<String>,
     /// It came on a stream its agent holds to every controller replica: a standby heard it
     /// too, and keeps it into its term as leader. An agent that reaches the leader alone told
     /// another leader in the meantime, so its report is not kept into a new term.
@@ -77,6 +79,7 @@ impl NodeReport {
             restarting_since: None,
             stale: false,
             last_exit,
+            scheduler_stats: None,
             every_replica: false,
         }
     }

@@ -98,6 +98,7 @@ pub fn node_view(
         pod: view,
         kernel: kernel_view(report, pod),
         exit: own_report.and_then(|r| r.last_exit.clone()),
+        scheduler_stats: own_report.and_then(|r| r.scheduler_stats.clone()),
         just_labelled,
         just_replaced,
         unfit: None,

@@ -626,17 +626,17 @@ fn rollout_state(rollout: &Rollout, obs: &Inputs<'_>, ds_name: &str) -> RolloutS
     state(Reason::RolloutInProgress, format!("{ds_name}: {} of {} pods available", rollout.available, rollout.desired))
 }
 
-/// Why a rollout waits to start its canary, and for whom.
+/// Why a rollout waits to start its canary. It names no other Scheduler: the message stays the
+/// same while the slot passes from one to the next, so a queued Scheduler's status is written
+/// once, not at every hand-off.
 fn queued_message(rollout: &Rollout, gate: &crate::rollout::CanaryGate) -> String {
     let waiting = format!(
         "Queued: revision {} waits to start its canary ({} of {} nodes run it)",
         rollout.revision, rollout.updated, rollout.desired
     );
     match gate {
-        crate::rollout::CanaryGate::Full { max, running } => format!(
-            "{waiting}: {} {} now, and at most {max} run at once (the controller's --max-concurrent-canaries, chart value rollout.maxConcurrentCanaries)",
-            running.join(", "),
-            if running.len() == 1 { "runs its canary" } else { "run their canaries" },
+        crate::rollout::CanaryGate::Full { max } => format!(
+            "{waiting}: other Schedulers run their canary, at most {max} at a time (the controller's --max-concurrent-canaries, chart value rollout.maxConcurrentCanaries); it starts once one of theirs has baked (kubectl get schedulers: PHASE Canary)"
         ),
         crate::rollout::CanaryGate::Open => {
             format!("{waiting}: a canary slot is free, it starts at the next reconcile")

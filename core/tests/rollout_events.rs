@@ -594,6 +594,7 @@ impl World {
             just_replaced: false,
             unfit,
             entered_at: at.map(|at| at - 1),
+            scheduler_stats: None,
         }
     }
 

@@ -51,6 +51,9 @@ fn failure_text(name: &str, f: &RolloutFailure) -> String {
         Some(words) => out.push_str(&format!("\nScheduler container: {words}\n")),
         None => out.push_str("\nScheduler container: it did not end (or its kubelet did not say how).\n"),
     }
+    if let Some(stats) = evidence.and_then(|e| e.scheduler_stats.as_ref()) {
+        out.push_str(&format!("\nScheduler statistics (its last scx_stats reply): {stats}\n"));
+    }
     out.push_str(&format!(
         "\nThe revision is not tried again until the spec changes: fix it, or `kubectl sked rollout retry {name}`.\n"
     ));
@@ -96,7 +99,11 @@ mod tests {
             restart: false,
             trace: vec!["scx_watchdog_workfn+0x15b/0x1f0".into()],
         };
-        let evidence = FailureEvidence::of(Some(exit), Some("exit code 1: Error: EXIT: runnable task stall".into()));
+        let evidence = FailureEvidence::of(
+            Some(exit),
+            Some("exit code 1: Error: EXIT: runnable task stall".into()),
+            Some(r#"{"nr_running":3}"#.into()),
+        );
         let text = explain(&failed(evidence));
         assert!(
             text.starts_with("Scheduler bpfland: revision 5f0c2a9e1b (generation 3) failed on node node-7"),
@@ -104,6 +111,7 @@ mod tests {
         );
         assert!(text.contains("Kernel: the kernel ejected bpfland_1.1.4 at 1970-01-01T00:00:00.000Z (runnable task stall: kworker/1:2[91] failed to run for 31.004s)\n    scx_watchdog_workfn+0x15b/0x1f0\n"), "{text}");
         assert!(text.contains("Scheduler container: exit code 1: Error: EXIT: runnable task stall"), "{text}");
+        assert!(text.contains("Scheduler statistics (its last scx_stats reply): {\"nr_running\":3}"), "{text}");
         assert!(text.contains("kubectl sked rollout retry bpfland"), "{text}");
     }
 

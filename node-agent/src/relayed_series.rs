@@ -16,15 +16,33 @@ use crate::scx_stats::Sample;
 /// A series' labels, in order.
 type Labels = Vec<(String, String)>;
 
+/// Most characters kept of the last reply as text (the snapshot a report carries when the
+/// scheduler left).
+pub const MAX_SNAPSHOT_CHARS: usize = sked_proto::text::MAX_SCHEDULER_STATS_CHARS;
+
 /// The last reply relayed, as series: what scrapes serve.
 #[derive(Debug, Default)]
 pub struct Relayed {
     samples: Mutex<Vec<Sample>>,
     /// The labels every relayed series carries: scheduler and ops.
     own: Mutex<Vec<(String, String)>>,
+    /// The last reply as JSON text, escaped and capped: kept when the scheduler leaves, for
+    /// the report that tells why ([`Relayed::snapshot`]).
+    snapshot: Mutex<Option<String>>,
 }
 
 impl Relayed {
+    /// Keeps `reply` (the scheduler's last `stats` answer) as the snapshot.
+    pub(crate) fn keep_snapshot(&self, reply: &serde_json::Value) {
+        let text = sked_proto::text::escape_and_cap(&reply.to_string(), MAX_SNAPSHOT_CHARS);
+        *crate::lock(&self.snapshot) = Some(text);
+    }
+
+    /// The scheduler's last statistics the relay read (while it ran attached), if any.
+    pub fn snapshot(&self) -> Option<String> {
+        crate::lock(&self.snapshot).clone()
+    }
+
     pub(crate) fn set(&self, own: Vec<(String, String)>, samples: Vec<Sample>) {
         *crate::lock(&self.own) = own;
         *crate::lock(&self.samples) = samples;

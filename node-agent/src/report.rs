@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::observation::Observation;
+use crate::verdict::Verdict;
 
 /// Who is reporting.
 #[derive(Clone, Debug)]
@@ -54,8 +55,16 @@ use sked_logging::BoxError;
 /// Builds the wire report for an observation, with the node's scheduling health when the agent
 /// samples it, stamped with the node's clock now, as the report is built
 /// ([`Health::sent_unix_ms`]).
-pub fn to_report(id: &Identity, o: &Observation, sequence: u64, health: Option<Health>) -> Report {
+pub fn to_report(
+    id: &Identity,
+    o: &Observation,
+    sequence: u64,
+    health: Option<Health>,
+    stats: Option<String>,
+) -> Report {
     let r = &o.read;
+    // What the scheduler said last, only once the kernel ended it (or asked it to restart).
+    let ended = o.verdict != Verdict::Attached && o.last_exit.as_ref().is_some_and(|e| e.ejected || e.restart);
     Report {
         node: id.node.clone(),
         pod: id.pod.clone(),
@@ -84,6 +93,7 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64, health: Option<H
             trace: e.trace.clone(),
         }),
         health: health.map(|h| Health { sent_unix_ms: jiff::Timestamp::now().as_millisecond(), ..h }),
+        scheduler_stats: stats.filter(|_| ended).unwrap_or_default(),
     }
 }
 
@@ -351,7 +361,7 @@ async fn session(
                 }
             }
             let newest = health.as_ref().map(|h| h.borrow().clone());
-            let report = to_report(&id, &rx.borrow_and_update(), seq + 1, newest);
+            let report = to_report(&id, &rx.borrow_and_update(), seq + 1, newest, metrics.scx_stats.snapshot());
             metrics.reports_sent.inc();
             Some((report, (rx, tick, seq + 1, metrics, id, health)))
         },
@@ -397,7 +407,7 @@ mod tests {
             reason: "no scheduler attached".into(),
             last_exit: None,
         };
-        assert_eq!(to_report(&id, &o, 1, None).health, None, "the agent does not sample");
+        assert_eq!(to_report(&id, &o, 1, None, None).health, None, "the agent does not sample");
         let sample = sked_proto::HealthSample { time_unix_ms: 5, run_delay_us: Some(12.5), ..Default::default() };
         let health = Health {
             samples: vec![sample],
@@ -406,11 +416,38 @@ mod tests {
             sent_unix_ms: 0,
         };
         let earliest = jiff::Timestamp::now().as_millisecond();
-        let report = to_report(&id, &o, 2, Some(health.clone()));
+        let report = to_report(&id, &o, 2, Some(health.clone()), None);
         let latest = jiff::Timestamp::now().as_millisecond();
         let sent = report.health.as_ref().map_or(0, |h| h.sent_unix_ms);
         assert!((earliest..=latest).contains(&sent), "stamped as it is built: {sent}");
         assert_eq!((report.sequence, report.health), (2, Some(Health { sent_unix_ms: sent, ..health })));
+    }
+
+    #[test]
+    fn the_scheduler_s_last_statistics_go_only_with_a_scheduler_the_kernel_ended() {
+        let id = Identity { node: "n1".into(), pod: "p1".into(), scheduler: "s".into() };
+        let stats = Some(r#"{"nr_running":3}"#.to_owned());
+        let exit = |ejected: bool| crate::kmsg::Exit {
+            ops: "a".into(),
+            reason: if ejected { "runnable task stall" } else { "unregistered from user space" }.into(),
+            detail: String::new(),
+            at_ms: 1,
+            seq: 1,
+            ejected,
+            restart: false,
+            trace: Vec::new(),
+        };
+        let away = |last_exit| Observation {
+            read: crate::sysfs::read(std::path::Path::new("/nonexistent")),
+            verdict: Verdict::NotAttached,
+            reason: String::new(),
+            last_exit,
+        };
+        let sent = |o: &Observation| to_report(&id, o, 1, None, stats.clone()).scheduler_stats;
+        assert_eq!(sent(&away(Some(exit(true)))), r#"{"nr_running":3}"#, "ejected: what it said last");
+        assert_eq!(sent(&away(Some(exit(false)))), "", "unregistered by its own process: nothing to tell");
+        assert_eq!(sent(&away(None)), "");
+        assert_eq!(sent(&Observation { verdict: Verdict::Attached, ..away(Some(exit(true))) }), "", "attached again");
     }
 
     #[test]

@@ -129,6 +129,7 @@ async fn session(
             (first, *logged) = (false, None);
         }
         metrics.scx_stats.set(own.clone(), samples);
+        metrics.scx_stats.keep_snapshot(&stats);
         metrics.scx_stats_up.set(1);
         if let Some(ended) = until(tokio::time::Instant::now() + cfg.interval, attach, kernel).await {
             return ended;
@@ -292,6 +293,10 @@ mod tests {
         gone.verdict = Verdict::NotAttached;
         tx.send_replace(gone);
         until(&metrics, "the series gone", |t| value(t, DISPATCHES).is_none() && !t.contains("scx_nr_running")).await;
+        // The last reply is kept past the detach: what the scheduler said last, for the report
+        // that tells why it left.
+        let snapshot = metrics.scx_stats.snapshot().unwrap_or_default();
+        assert!(snapshot.contains("nr_direct_dispatches"), "{snapshot}");
         let mut again = attached("bpfland_1.1.4_x86_64");
         again.read.enable_seq = Some(2);
         tx.send_replace(again);

@@ -12,6 +12,8 @@ pub const MAX_EXIT_REASON_CHARS: usize = 128;
 pub const MAX_TRACE_LINES: usize = 16;
 /// Most characters kept of one of those lines.
 pub const MAX_TRACE_LINE_CHARS: usize = 160;
+/// Most characters kept of a scheduler's last statistics (its scx_stats reply, as JSON text).
+pub const MAX_SCHEDULER_STATS_CHARS: usize = 4096;
 /// The kernel's reason for an exit it asks the scheduler's user space to restart from
 /// (`SCX_EXIT_UNREG_KERN` with `SCX_ECODE_ACT_RESTART`: on current kernels, a CPU went on or off
 /// line and the scheduler implements no `cpu_online`/`cpu_offline`). Both ends read it: an agent

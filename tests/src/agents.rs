@@ -204,6 +204,9 @@ pub struct AgentProcess {
     /// The agent's kernel log: a pipe the test writes `/dev/kmsg` records into (held open for
     /// writing, so the agent never sees its end).
     kernel_log: std::fs::File,
+    /// Where the agent asks the scheduler for its statistics (scx_stats): nothing serves there
+    /// unless a test does ([`AgentProcess::serve_stats`]).
+    pub stats_socket: PathBuf,
 }
 
 /// What an agent needs to run.
@@ -317,8 +320,38 @@ impl AgentProcess {
         if let Some(replicas) = spec.replicas {
             cmd.args(["--controller-replicas", replicas]);
         }
+        let stats_socket = dir.join("stats");
+        cmd.arg("--stats-socket").arg(&stats_socket).args(["--stats-interval", "1s"]);
         let child = cmd.spawn().context("starting sked-agent")?;
-        Ok(Self { child, node: spec.node.to_owned(), sysfs, proc_root, http, log, kernel_log })
+        Ok(Self { child, node: spec.node.to_owned(), sysfs, proc_root, http, log, kernel_log, stats_socket })
+    }
+
+    /// Serves scx_stats on the agent's stats socket as a scheduler built on scx_utils does: the
+    /// meta of one `Metrics` struct with `nr_running`, then `stats` with `nr_running` as given.
+    /// For as long as the test's runtime runs.
+    pub fn serve_stats(&self, nr_running: u64) -> Result<()> {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let _ = std::fs::remove_file(&self.stats_socket);
+        let listener = tokio::net::UnixListener::bind(&self.stats_socket)?;
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut lines = tokio::io::BufReader::new(read).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let reply = if line.contains("stats_meta") {
+                            r#"{"errno":0,"args":{"resp":{"Metrics":{"name":"Metrics","top":"true","fields":{"nr_running":{"datum":"u64","desc":"Number of running tasks"}}}}}}"#.to_owned()
+                        } else {
+                            format!(r#"{{"errno":0,"args":{{"resp":{{"nr_running":{nr_running}}}}}}}"#)
+                        };
+                        if write.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(())
     }
 
     /// Logs `record` (a `/dev/kmsg` record: `PRI,SEQ,USEC,-;TEXT`) in the agent's kernel log.

@@ -169,6 +169,7 @@ fn report(id: &AgentIdentity, verdict: Verdict, sequence: u64) -> Report {
         sequence,
         last_exit: None,
         health: Some(health()),
+        scheduler_stats: String::new(),
     }
 }
 

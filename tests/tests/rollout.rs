@@ -336,6 +336,13 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
     let canary_node = pods.iter().find(|(_, p)| args(p) == ["--v3"]).map(|(n, _)| n.clone()).context("canary")?;
     assert_ne!(canary_node, "e-3", "the foreign node is no canary");
+    // The canary's scheduler serves its statistics; its agent relays them.
+    let agent = c.nodes.agent(&canary_node).context("the canary's agent")?;
+    agent.serve_stats(7)?;
+    sked_tests::wait_for("the canary's statistics relayed", || async {
+        Ok(agent.get("/metrics")?.1.contains("sked_agent_scx_stats_up 1").then_some(()))
+    })
+    .await?;
     // As the kernel does: its lines in the log (a stall, its detail, its backtrace), then the
     // state disabled.
     c.nodes.eject(&canary_node)?;
@@ -360,6 +367,9 @@ async fn an_ejection_during_the_bake_rolls_back_and_foreign_nodes_are_skipped() 
         ("runnable task stall", "kworker/1:2[91] failed to run for 31.004s")
     );
     assert_eq!(kernel.trace, ["scx_watchdog_workfn+0x15b/0x1f0", "process_one_work+0x176/0x330"]);
+    // And what the scheduler said last: its statistics, relayed before the kernel ended it.
+    let stats = failure.evidence.as_ref().and_then(|e| e.scheduler_stats.as_deref()).unwrap_or_default();
+    assert_eq!(stats, r#"{"nr_running":7}"#);
     c.drive_until("the canary restored", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 2)).await?;
     let pods = sked_tests::wait_bound_pods(&c.fx.client, &c.fx.namespace, "eject", 3).await?;
     for (node, pod) in &pods {
@@ -1125,10 +1135,10 @@ async fn a_new_agent_image_rolls_every_scheduler_out_one_canary_at_a_time() -> R
         anyhow::ensure!(std::time::Instant::now() < deadline, "the upgrade did not complete; queued: {queued:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    // Two of three waited for a slot, and said whose canary held it.
+    // Two of three waited for a slot, and said why.
     assert_eq!(queued.len(), 2, "{queued:?}");
     for message in queued.values() {
-        assert!(message.starts_with("Queued: revision") && message.contains("runs its canary now"), "{message}");
+        assert!(message.starts_with("Queued: revision") && message.contains("at most 1 at a time"), "{message}");
     }
     // Each canary started once the one before it had attached and baked (2 s): its first pod
     // delete comes at least a bake after the previous Scheduler's, less the second the rollout's

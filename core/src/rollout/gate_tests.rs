@@ -6,7 +6,7 @@ use super::tests::{S, T, entering, input_at, node, pacing, up};
 use super::*;
 
 fn full() -> CanaryGate {
-    CanaryGate::Full { max: 1, running: vec!["pool-a".into()] }
+    CanaryGate::Full { max: 1 }
 }
 
 #[test]

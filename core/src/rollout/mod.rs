@@ -351,7 +351,7 @@ fn failure_of(n: &NodeView, pod: &PodView, pacing: Pacing, now: i64, plan: &mut 
     // The kernel's exit when the kernel ended the scheduler (not a normal unregistration), and
     // the scheduler container's last words.
     let kernel_exit = n.exit.clone().filter(|e| e.ejected || e.restart);
-    let evidence = sked_api::FailureEvidence::of(kernel_exit, pod.last_exit.clone());
+    let evidence = sked_api::FailureEvidence::of(kernel_exit, pod.last_exit.clone(), n.scheduler_stats.clone());
     Some(Failure { node: n.node.clone(), cause, by_analysis: false, evidence })
 }
 

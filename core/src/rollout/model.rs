@@ -159,6 +159,9 @@ pub struct NodeView {
     pub kernel: KernelView,
     /// The node's last exit, when its agent read it from the kernel log.
     pub exit: Option<sked_api::KernelExit>,
+    /// The scheduler's last statistics (scx_stats), when its agent sent them after the kernel
+    /// ended it.
+    pub scheduler_stats: Option<String>,
     /// Its owner label was written moments ago (less than the attach timeout) and its pod is
     /// not there yet: the DaemonSet controller is about to make it.
     pub just_labelled: bool,
@@ -201,8 +204,11 @@ pub struct Entering {
 pub enum CanaryGate {
     #[default]
     Open,
-    /// `max` other Schedulers run their canary now: `running` (sorted).
-    Full { max: usize, running: Vec<String> },
+    /// `max` other Schedulers run their canary now. Who they are is not part of it: a queued
+    /// Scheduler's status says nothing that changes with another object (else every hand-off
+    /// of the slot would rewrite every queued Scheduler's status, each write a token of the
+    /// rate limit).
+    Full { max: usize },
 }
 
 /// What a decision does with the canary slot the [`CanaryGate`] guards.

@@ -37,6 +37,7 @@ pub(super) fn node(name: &str, revision: &str, kernel: KernelView) -> NodeView {
         just_replaced: false,
         unfit: None,
         entered_at: None,
+        scheduler_stats: None,
     }
 }
 
@@ -914,6 +915,7 @@ fn when_every_node_is_tainted_nothing_rolls_and_nothing_is_promoted() {
         just_replaced: false,
         unfit: Some(Skip::TaintNotTolerated),
         entered_at: None,
+        scheduler_stats: None,
     };
     let plan = decide(&Input {
         target: T,

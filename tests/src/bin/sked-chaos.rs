@@ -131,6 +131,10 @@ impl Harness {
             format!("--reports-key-file={}", self.tls.key.display()),
             "--agent-heartbeat-interval=1s".to_owned(),
             format!("--report-stale-after={}s", STALE_AFTER.as_secs()),
+            // Each cell of a round is an experiment of its own, on a Scheduler of its own, all
+            // started together: none waits for another's canary (the fleet-wide gate is the
+            // rollout suite's to test).
+            "--max-concurrent-canaries=0".to_owned(),
         ];
         let process = ControllerProcess::start(self.fx.cluster, self.dir.path(), name, &flags)?;
         self.replicas[i].2 = Some(process);
