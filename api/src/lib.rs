@@ -429,6 +429,10 @@ pub struct Revision {
     /// (or an undo) can make its pods again even when the DaemonSet and its history are gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<RevisionSpec>,
+    /// The image of sked's agent its pods run (part of the revision): a rollback makes its pods
+    /// again with this agent, not the controller's current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image: Option<String>,
 }
 
 /// The fields of a Scheduler's spec that make up a revision of its pods (placement and pacing

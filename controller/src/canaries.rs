@@ -51,7 +51,11 @@ impl Canaries {
     /// last reconcile found it gone) holds none.
     pub fn gate(&self, name: &str, exists: impl Fn(&str) -> bool) -> CanaryGate {
         let mut slots = lock(&self.slots);
+        let before = slots.running.len();
         slots.running.retain(|n| n == name || exists(n));
+        if slots.running.len() < before {
+            self.wake(&mut slots);
+        }
         self.gate_of(&slots, name)
     }
 
@@ -81,13 +85,18 @@ impl Canaries {
                 slots.running.insert(name.to_owned());
             }
             CanaryClaim::None => {
-                if queued {
+                if slots.running.remove(name) {
+                    self.wake(&mut slots);
+                }
+                if queued && self.gate_of(&slots, name) == CanaryGate::Open {
+                    // A slot came free while this one decided behind a closed gate: the wake
+                    // went out before it queued. It decides again now.
+                    slots.queued.remove(name);
+                    self.triggers.send(name);
+                } else if queued {
                     slots.queued.insert(name.to_owned());
                 } else {
                     slots.queued.remove(name);
-                }
-                if slots.running.remove(name) {
-                    self.wake(&mut slots);
                 }
             }
         }
@@ -143,6 +152,26 @@ mod tests {
         canaries.settle("a", CanaryClaim::None, false);
         assert_eq!((canaries.counts(), triggers.pending()), ((0, 0), 1));
         assert_eq!(canaries.gate("b", all), CanaryGate::Open);
+    }
+
+    #[test]
+    fn a_scheduler_that_queues_after_the_slot_came_free_is_woken_at_once() {
+        // b read a closed gate, then a gave the slot back (waking nobody: b was not queued yet),
+        // then b settled as queued.
+        let triggers = Triggers::default();
+        let canaries = Canaries::new(1, triggers.clone());
+        canaries.settle("a", CanaryClaim::Starts, false);
+        assert_eq!(canaries.gate("b", all), CanaryGate::Full { max: 1 });
+        canaries.settle("a", CanaryClaim::None, false);
+        assert_eq!(triggers.pending(), 0);
+        canaries.settle("b", CanaryClaim::None, true);
+        assert_eq!((triggers.pending(), canaries.counts()), (1, (0, 0)), "b decides again now");
+        // A holder gone from the index wakes the queue.
+        canaries.settle("c", CanaryClaim::Starts, false);
+        canaries.settle("d", CanaryClaim::None, true);
+        let pending = triggers.pending();
+        assert_eq!(canaries.gate("e", |n| n != "c"), CanaryGate::Open);
+        assert_eq!(triggers.pending(), pending + 1, "d is woken");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use sked_api::KernelExit;
 use sked_api::verdict::Verdict;
 
 use crate::mutex::lock;
@@ -47,7 +48,13 @@ impl KernelTable {
             let restarting = same_pod.and_then(|p| p.restarting_since);
             let away = was_attached.is_some() || restarting.is_some();
             let ejected_before = same_pod.is_some_and(|p| p.ejected);
-            if away && !ejected_before && report.last_exit.as_ref().is_some_and(|e| e.restart) {
+            // A restart the kernel asked for since the scheduler attached (an older one was
+            // answered: the scheduler attached again after it).
+            let asked_since = |e: &KernelExit| {
+                let at = e.time.parse::<jiff::Timestamp>().map_or(i64::MIN, |t| t.as_second());
+                e.restart && was_attached.is_none_or(|since| at + 1 >= since)
+            };
+            if away && !ejected_before && report.last_exit.as_ref().is_some_and(asked_since) {
                 (report.ejected, report.restarting_since) = (false, Some(restarting.unwrap_or(now)));
             } else {
                 (report.ejected, report.restarting_since) = (away || ejected_before, None);
@@ -323,9 +330,12 @@ mod tests {
     fn a_restart_the_kernel_asked_for_is_no_ejection_and_ends_when_it_attaches_again() {
         let t = KernelTable::default();
         let now = Instant::now();
+        let logged = jiff::Timestamp::now().to_string();
         let away = |exit: &str, restart: bool| {
             let mut r = report("s", Verdict::NotAttached, now);
-            r.last_exit = Some(KernelExit { node: "a".into(), reason: exit.into(), restart, ..KernelExit::default() });
+            let time = logged.clone();
+            r.last_exit =
+                Some(KernelExit { node: "a".into(), reason: exit.into(), restart, time, ..KernelExit::default() });
             r
         };
         let state = |t: &KernelTable| t.read(|n| (n["a"].ejected, n["a"].restarting_since.is_some()));
@@ -345,5 +355,13 @@ mod tests {
         assert_eq!(state(&t), (true, false));
         t.record("a", away("unregistered from the main kernel", true), STALE);
         assert_eq!(state(&t), (true, false), "an ejection is not undone by a later restart");
+        // A restart asked for before the scheduler attached again was answered: leaving after
+        // that, with no newer line in the log, is an ejection.
+        let t = KernelTable::default();
+        let mut old = away("unregistered from the main kernel", true);
+        old.last_exit.iter_mut().for_each(|e| e.time = "2020-01-01T00:00:00.000Z".into());
+        t.record("a", report("s", Verdict::Attached, now), STALE);
+        t.record("a", old, STALE);
+        assert_eq!(state(&t), (true, false));
     }
 }

@@ -249,6 +249,8 @@ async fn control(
         leadership.step_down().await;
         // No longer the leader, whatever ended the term: say so on the pod and in the metric.
         parts.metrics.set_leader(false);
+        // Only the leader counts canaries.
+        parts.metrics.set_canaries((0, 0));
         label_own_pod(client, false).await;
         result
     };

@@ -52,7 +52,7 @@ pub struct Inputs<'a> {
     pub desired: Option<i32>,
     /// Which taints keep the Scheduler's pods off its selected nodes, if any do.
     pub untolerated: Option<&'a str>,
-    /// Whether it may start a canary now: who holds the slots while it is queued.
+    /// Whether it may start a canary now, and how many may run at once while it is queued.
     pub canary_gate: &'a crate::rollout::CanaryGate,
     pub now: Time,
 }
@@ -636,7 +636,7 @@ fn queued_message(rollout: &Rollout, gate: &crate::rollout::CanaryGate) -> Strin
     );
     match gate {
         crate::rollout::CanaryGate::Full { max } => format!(
-            "{waiting}: other Schedulers run their canary, at most {max} at a time (the controller's --max-concurrent-canaries, chart value rollout.maxConcurrentCanaries); it starts once one of theirs has baked (kubectl get schedulers: PHASE Canary)"
+            "{waiting}: other Schedulers run their canary, at most {max} at a time (the controller's --max-concurrent-canaries, chart value rollout.maxConcurrentCanaries); it starts once a slot is free (kubectl get schedulers: PHASE Canary shows who holds one)"
         ),
         crate::rollout::CanaryGate::Open => {
             format!("{waiting}: a canary slot is free, it starts at the next reconcile")
@@ -757,6 +757,7 @@ mod tests {
                 image: "i".into(),
                 generation: 1,
                 spec: None,
+                agent_image: None,
             }),
             ..Default::default()
         }
@@ -912,6 +913,7 @@ mod tests {
                 image: "i".into(),
                 generation: 1,
                 spec: None,
+                agent_image: None,
             }),
             ..first(5, 0, RolloutPhase::Complete)
         };
@@ -935,6 +937,7 @@ mod tests {
                 image: "i".into(),
                 generation: 1,
                 spec: None,
+                agent_image: None,
             }),
             ..Default::default()
         };
@@ -993,7 +996,8 @@ mod tests {
         let daemonset = ds(3, 3, 1, 0, 1);
         let previous = SchedulerStatus::default();
         let kernel_summary = kernel(1, 1, "KernelAttached");
-        let running = Revision { name: "aaa".into(), image: "x/y@sha256:1".into(), generation: 2, spec: None };
+        let running =
+            Revision { name: "aaa".into(), image: "x/y@sha256:1".into(), generation: 2, spec: None, agent_image: None };
         let observe = |rollout: &RolloutStatus| {
             compute(&Inputs {
                 generation: Some(3),
@@ -1088,6 +1092,7 @@ mod tests {
                 image: "x/y@sha256:2".into(),
                 generation: 1,
                 spec: None,
+                agent_image: None,
             }),
             entering_nodes: 1,
             failed: Some(RolloutFailure {

@@ -25,7 +25,7 @@ const PHASES: [RolloutPhase; 7] = [
 ];
 
 fn revision(name: &str) -> Revision {
-    Revision { name: name.into(), image: "i".into(), generation: 1, spec: None }
+    Revision { name: name.into(), image: "i".into(), generation: 1, spec: None, agent_image: None }
 }
 
 /// The rollout status of `phase` with `updated` nodes on the new revision: a failure stands in

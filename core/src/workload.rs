@@ -195,6 +195,18 @@ pub fn desired_daemonset(
     })
 }
 
+/// The revision label of `ds`'s pod template.
+pub fn template_revision(ds: &DaemonSet) -> Option<&str> {
+    ds.spec.template.metadata.as_ref()?.labels.as_ref()?.get(REVISION_LABEL).map(String::as_str)
+}
+
+/// Sets the revision label of `ds`'s pod template to `revision`.
+pub fn set_template_revision(ds: &mut DaemonSet, revision: &str) {
+    let metadata = ds.spec.template.metadata.get_or_insert_with(Default::default);
+    let labels = metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(REVISION_LABEL.to_owned(), revision.to_owned());
+}
+
 /// Puts back, into a DaemonSet built from the current spec and settings, what makes up the
 /// revision of `template` (a pod template from the DaemonSet's history): the scheduler container,
 /// the revision label, the agent's image and the expected ops it checks, tolerations, pull

@@ -236,7 +236,7 @@ fn arb_setup() -> impl Strategy<Value = Setup> {
 }
 
 fn revision(name: &str, generation: i64) -> Revision {
-    Revision { name: name.into(), image: image(name), generation, spec: None }
+    Revision { name: name.into(), image: image(name), generation, spec: None, agent_image: None }
 }
 
 fn image(revision: &str) -> String {

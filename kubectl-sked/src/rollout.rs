@@ -41,7 +41,7 @@ pub fn progress(s: &Scheduler) -> (String, Option<bool>) {
             };
             format!("Scheduler {name} rolled back to {back}{why}")
         }
-        // Who holds the canary slots, as the controller wrote it.
+        // Why it waits, as the controller wrote it.
         RolloutPhase::Queued => st
             .conditions
             .iter()

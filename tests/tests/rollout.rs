@@ -1208,3 +1208,35 @@ async fn a_restart_the_kernel_asks_for_during_a_bake_fails_nothing() -> Result<(
     assert!(c.replacements().values().all(|n| *n == 1), "each node replaced once: {:?}", c.replacements());
     Ok(())
 }
+
+/// A new agent image whose pods never attach: its canary fails and the Scheduler goes back to
+/// the revision that ran, with the agent it ran with, and stays there.
+#[tokio::test]
+async fn a_new_agent_that_fails_its_canary_is_rolled_back_to_the_previous_agent() -> Result<()> {
+    const NEXT_AGENT: &str = "ghcr.io/schedkit/sked-agent:broken";
+    let nodes = ["af-1", "af-2", "af-3"];
+    let mut c = cluster("agentfail", &nodes, base_spec("agentfail", rollout(1, 8))).await?;
+    c.drive_until("the first deployment complete", |s| complete_at(s, 1)).await?;
+    let before = live_pods_of(&c, &["agentfail"]).await?;
+    let previous = before.first().and_then(agent_image).context("the agent image")?.to_owned();
+    c.nodes.kernel =
+        Box::new(|_, pod| if agent_image(pod) == Some(NEXT_AGENT) { Kernel::Refuses } else { Kernel::Attaches });
+    c.fx.stop_controller().await?;
+    c.fx.start_controller(ControllerFlags { agent_image: NEXT_AGENT.into(), ..c.flags.clone() })?;
+    let failed = c.drive_until("rolled back", |s| phase(s) == Some(RolloutPhase::RolledBack)).await?;
+    let rollout = failed.status.and_then(|st| st.rollout).context("rollout status")?;
+    let stable = rollout.current_revision.context("the revision rolled back to")?;
+    // Every node back on the previous agent, attached.
+    c.drive_until("every node attached again", |s| s.status.as_ref().is_some_and(|st| st.kernel_attached == 3)).await?;
+    // The DaemonSet is the revision that ran, agent included: not the failed one.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(c.fx.client.clone(), &c.fx.namespace);
+    let ds = daemonsets.get("agentfail").await?;
+    let template = &ds.spec.template;
+    let label = template.metadata.as_ref().and_then(|m| m.labels.as_ref()).and_then(|l| l.get(REVISION));
+    assert_eq!(label, Some(&stable.name), "the template is the stable revision's");
+    let agent = template.spec.as_ref().and_then(|p| p.containers.iter().find(|c| c.name == "agent"));
+    assert_eq!(agent.and_then(|a| a.image.as_deref()), Some(previous.as_str()), "with its agent");
+    let after = live_pods_of(&c, &["agentfail"]).await?;
+    assert!(after.iter().all(|p| agent_image(p) == Some(previous.as_str())), "the previous agent everywhere");
+    Ok(())
+}

@@ -136,9 +136,39 @@ async fn server_side_apply(ctx: &Context, name: &str, desired: &DaemonSet) -> Re
 }
 
 /// The DaemonSet of the Scheduler's current revision `stable` (what a rollback restores): from
-/// the revision's fields the status keeps or, for a revision recorded before sked kept them,
-/// from the ControllerRevision history of the DaemonSet `ds_uid`.
+/// the revision's fields and agent image the status keeps or, for a revision recorded before
+/// sked kept them (or before agent images were part of revisions), from the ControllerRevision
+/// history of the DaemonSet `ds_uid`. Either way its pods carry `stable`'s name, so the rollout
+/// knows them for the revision it went back to.
 pub(super) async fn stable_daemonset(
+    ctx: &Context,
+    scheduler: &Scheduler,
+    ds_uid: Option<&str>,
+    stable: &crate::api::Revision,
+) -> Result<DaemonSet, Error> {
+    let Some(fields) = &stable.spec else { return from_history(ctx, scheduler, ds_uid, stable).await };
+    let mut restored = scheduler.clone();
+    restored.spec = fields.applied_to(&scheduler.spec, &stable.image);
+    let mut settings = ctx.settings.clone();
+    if let Some(agent) = &stable.agent_image {
+        settings.agent.image = agent.clone();
+    }
+    let mut desired = workload::desired_daemonset(&restored, &stable.image, &settings)?;
+    if workload::template_revision(&desired) == Some(stable.name.as_str()) {
+        return Ok(desired);
+    }
+    // Recorded under the name an earlier sked gave it: its template as it ran, from the
+    // history; else its fields with the current agent, under its own name.
+    if let Ok(ran) = from_history(ctx, scheduler, ds_uid, stable).await {
+        return Ok(ran);
+    }
+    workload::set_template_revision(&mut desired, &stable.name);
+    Ok(desired)
+}
+
+/// The DaemonSet of revision `stable` from the ControllerRevision history of the DaemonSet
+/// `ds_uid`: its template as it ran, in the current placement.
+async fn from_history(
     ctx: &Context,
     scheduler: &Scheduler,
     ds_uid: Option<&str>,
@@ -146,11 +176,6 @@ pub(super) async fn stable_daemonset(
 ) -> Result<DaemonSet, Error> {
     let name = scheduler.name_any();
     let namespace = &ctx.settings.namespace;
-    if let Some(fields) = &stable.spec {
-        let mut restored = scheduler.clone();
-        restored.spec = fields.applied_to(&scheduler.spec, &stable.image);
-        return Ok(workload::desired_daemonset(&restored, &stable.image, &ctx.settings)?);
-    }
     let lost =
         || Error::RollbackLost { name: name.clone(), namespace: namespace.clone(), revision: stable.name.clone() };
     let ds_uid = ds_uid.ok_or_else(lost)?;

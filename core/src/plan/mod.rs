@@ -222,15 +222,30 @@ impl Plan {
 }
 
 /// The revision the spec asks for (with the admitted image), and its failure if it already
-/// failed: then it is not tried again until the spec changes. While the image is not admitted,
-/// the failure of this generation stands too.
+/// failed: then it is not tried again until the spec (or sked's agent image) changes. While the
+/// image is not admitted, the failure of this generation stands too. A failure recorded under
+/// the name an earlier sked gave the same revision (before agent images were part of revisions)
+/// is this revision's, under its name now: upgrading sked retries no failed revision.
 pub fn wanted_revision(s: &Snapshot<'_>) -> (Option<(String, String)>, Option<RolloutFailure>) {
     let agent = &s.settings.workload.agent.image;
-    let wanted = s.admission.as_ref().ok().map(|a| (workload::revision(s.scheduler, &a.image, agent), a.image.clone()));
-    let failed = previous_rollout(s).failed.clone().filter(|f| {
-        s.scheduler.metadata.generation == Some(f.generation)
-            && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
-    });
+    let admitted = s.admission.as_ref().ok();
+    let wanted = admitted.map(|a| (workload::revision(s.scheduler, &a.image, agent), a.image.clone()));
+    let earlier = admitted.map(|a| workload::revision_before_agents(s.scheduler, &a.image));
+    let failed = previous_rollout(s)
+        .failed
+        .clone()
+        .map(|mut f| {
+            if let (Some((name, _)), Some(earlier)) = (&wanted, &earlier)
+                && f.revision == *earlier
+            {
+                f.revision = name.clone();
+            }
+            f
+        })
+        .filter(|f| {
+            s.scheduler.metadata.generation == Some(f.generation)
+                && wanted.as_ref().is_none_or(|(revision, _)| *revision == f.revision)
+        });
     (wanted, failed)
 }
 

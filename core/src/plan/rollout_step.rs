@@ -134,21 +134,41 @@ pub(super) fn decide(
                 .wanted
                 .is_some_and(|(revision, _)| *revision == template.name)
                 .then(|| RevisionSpec::of(&s.scheduler.spec)),
+            agent_image: Some(template.agent_image.clone()).filter(|a| !a.is_empty()),
         },
         wanted: intent.wanted.map(|(revision, image)| (revision.as_str(), image.as_str())),
         caught_up: caught_up(ds, applied_generation),
         now: Time(s.clock.wall),
     });
     let recovered = step.status.failed.is_none() && intent.failed.is_some();
+    let canary = canary_claim(plan.canary, &step);
     let recheck_in =
         plan.recheck_in.map(|s| Duration::from_secs(u64::try_from(s).unwrap_or(1)) + Duration::from_millis(200));
     let actions = RolloutActions {
         off_kernel_count: plan.off_kernel_count,
-        canary: plan.canary,
+        canary,
         recovered,
         ..RolloutActions::of(step, template.image, s.pods, &previous, recheck_in)
     };
     (actions, attached)
+}
+
+/// What the step does with the canary slot, as carried out: the decision's claim, unless the
+/// step switches nothing after all (a failure stands: the rollout is RolledBack or Failed), and
+/// a canary runs only while the phase written is Canary (a wave past the canary stays Rolling
+/// while its pods come back, though the decision alone would call it Canary again).
+fn canary_claim(decided: rollout::CanaryClaim, step: &rollout::Step) -> rollout::CanaryClaim {
+    use sked_api::RolloutPhase;
+    let phase = step.status.phase;
+    let switches = !step.replace.is_empty() || !step.admit.is_empty();
+    match decided {
+        _ if matches!(phase, RolloutPhase::RolledBack | RolloutPhase::Failed) => rollout::CanaryClaim::None,
+        // A start that switches nothing yet (the DaemonSet controller has not seen the new
+        // template) claims nothing: it claims when it switches.
+        rollout::CanaryClaim::Starts if switches => rollout::CanaryClaim::Starts,
+        rollout::CanaryClaim::Runs if phase == RolloutPhase::Canary => rollout::CanaryClaim::Runs,
+        _ => rollout::CanaryClaim::None,
+    }
 }
 
 /// The revision the DaemonSet's template makes, with its earlier name when it is the spec's

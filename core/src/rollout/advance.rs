@@ -232,6 +232,7 @@ impl Step {
             image: image.into(),
             generation: f.generation,
             spec: None,
+            agent_image: None,
         });
         self.status.phase = p.failed_phase();
         if p.on_stable() {

@@ -15,7 +15,7 @@ fn a_canary_waits_while_another_schedulers_canary_holds_the_slot() {
     let gate = full();
     let queued = decide(&Input { canary_gate: &gate, ..input_at(&nodes, pacing(1, 2), 1000) });
     assert_eq!((queued.phase, queued.replace.len(), queued.canary), (RolloutPhase::Queued, 0, CanaryClaim::None));
-    assert_eq!(queued.recheck_in, None, "a slot set free wakes it, not a timer");
+    assert_eq!(queued.recheck_in, Some(QUEUED_RECHECK_SECONDS), "a slot set free wakes it; a timer is the net");
     // The slot is free: the canary starts, and claims it.
     let started = decide(&input_at(&nodes, pacing(1, 2), 1000));
     assert_eq!((started.phase, started.replace.len(), started.canary), (RolloutPhase::Canary, 1, CanaryClaim::Starts));

@@ -431,8 +431,10 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: De
     let zero = waiting.len().min(wave - down - up).min(budget - up);
     let starts_canary = !unpaced && canary > 0 && plan.updated == 0 && down + up + zero > 0;
     if starts_canary && *input.canary_gate != CanaryGate::Open {
-        // Another Scheduler's canary holds the slot: this one starts when it is over.
+        // Another Scheduler's canary holds the slot: this one starts when it is over (a slot
+        // coming free wakes it; the recheck is the safety net).
         plan.phase = RolloutPhase::Queued;
+        plan.recheck(QUEUED_RECHECK_SECONDS);
         return plan;
     }
     plan.replace = old_down.into_iter().take(down).chain(old_up.into_iter().take(up)).collect();
@@ -445,6 +447,10 @@ fn next_wave(input: &Input<'_>, tally: Tally, waiting: Vec<String>, mut plan: De
     }
     plan
 }
+
+/// How often a queued rollout looks at the canary slots again, should no hand-off wake it (a
+/// holder deleted while this replica did not see it go, say).
+pub const QUEUED_RECHECK_SECONDS: i64 = 30;
 
 /// A canary under way holds its slot until it has baked and the waves start (or it failed, or
 /// was paused).

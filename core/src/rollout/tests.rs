@@ -533,7 +533,7 @@ impl Sim {
 }
 
 fn revision(name: &str, generation: i64) -> Revision {
-    Revision { name: name.into(), image: format!("r.io/s@sha256:{name}"), generation, spec: None }
+    Revision { name: name.into(), image: format!("r.io/s@sha256:{name}"), generation, spec: None, agent_image: None }
 }
 
 fn progress<'a>(previous: &'a RolloutStatus, plan: &'a Decision, template: Revision) -> Progress<'a> {
