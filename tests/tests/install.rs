@@ -310,6 +310,13 @@ async fn a_helm_upgrade_from_the_previous_chart_restarts_no_scheduler_pod() -> R
     };
     let out = install.await??;
     assert!(out.status.success(), "helm install (previous chart):\n{}\n{}", text(&out), pods.logs());
+    // The harness's controller pods run this checkout's binary, which writes this release's
+    // status fields (server-side apply refuses a field the CRD does not declare): this
+    // release's CRD first, as the chart README asks before an upgrade. A real previous
+    // release's controller writes only the fields its own CRD has.
+    let crd = workspace_root().join("crds/sked.schedkit.io_schedulers.yaml");
+    let out = fx.cluster.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crd.to_string_lossy()])?;
+    ensure!(out.status.success(), "{}", text(&out));
 
     // A Scheduler and its pods, from the previous release's controller.
     let spec = sked_tests::spec_on("registry.example/sched/canary:v1", &[("pool", "sched")]);
