@@ -31,8 +31,14 @@ impl KernelTable {
     /// Stores a node's report. Returns the Schedulers whose kernel view changed (the reporting
     /// one, and a previous one on that node), or nothing for a heartbeat that changes nothing.
     /// A heartbeat after `stale_after` of silence is news: the node is back.
+    /// A report from a pod older than the one whose fresh report the node holds changes nothing
+    /// (see [`NodeReport::yields_to`]): while a replaced pod terminates, its agent still reports
+    /// for the node beside the new pod's.
     pub fn record(&self, node: &str, mut report: NodeReport, stale_after: Duration) -> Vec<String> {
         let mut nodes = lock(&self.nodes);
+        if nodes.get(node).is_some_and(|held| report.yields_to(held, report.received, stale_after)) {
+            return Vec::new();
+        }
         let same_pod = nodes
             .get(node)
             .filter(|p| p.pod == report.pod && p.pod_uid == report.pod_uid && p.scheduler == report.scheduler);

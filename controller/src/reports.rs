@@ -218,6 +218,8 @@ pub struct Caller {
     pub pod: String,
     /// The UID of the pod its token is bound to.
     pub pod_uid: String,
+    /// When that pod was created (seconds since the epoch).
+    pub pod_created: Option<i64>,
     pub scheduler: String,
 }
 
@@ -411,7 +413,7 @@ impl Inner {
         if !ours {
             return Err(not_scheduler_pod());
         }
-        Ok(Caller { node, pod: pod_name, pod_uid, scheduler })
+        Ok(Caller { node, pod: pod_name, pod_uid, pod_created: pod.created, scheduler })
     }
 }
 
@@ -530,6 +532,7 @@ impl Session {
         }
         let entry = node_report(&report, Instant::now())
             .from_pod(&self.caller.pod_uid)
+            .created_at(self.caller.pod_created)
             .from_every_replica(!self.follows_leader);
         for scheduler in service.table.record(node, entry, service.stale_after) {
             debug!(node = %node, scheduler = %scheduler, verdict = kernel_verdict(report.verdict).as_str(), "kernel view changed");

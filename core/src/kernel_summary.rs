@@ -21,6 +21,10 @@ pub struct NodeReport {
     /// that pod alone, never for another of the same name or a Scheduler made again under the
     /// same name.
     pub pod_uid: String,
+    /// When that pod was created (seconds since the epoch), if known: of two pods reporting
+    /// for one node, the older is on its way out (a Scheduler made again, a pod replaced) and
+    /// does not speak over the newer one while the newer one's report is fresh.
+    pub pod_created: Option<i64>,
     pub verdict: Verdict,
     pub reason: String,
     pub ops: String,
@@ -70,6 +74,7 @@ impl NodeReport {
             scheduler,
             pod,
             pod_uid: String::new(),
+            pod_created: None,
             verdict,
             reason,
             ops,
@@ -87,6 +92,21 @@ impl NodeReport {
     /// The same report, from the pod with UID `uid`.
     pub fn from_pod(self, uid: &str) -> Self {
         Self { pod_uid: uid.to_owned(), ..self }
+    }
+
+    /// The same report, from a pod created at `created` (seconds since the epoch).
+    pub fn created_at(self, created: Option<i64>) -> Self {
+        Self { pod_created: created, ..self }
+    }
+
+    /// Whether this report, from another pod than `newer`'s, must not replace `newer` at `now`:
+    /// `newer` is fresh and came from a pod created later than this one's.
+    pub fn yields_to(&self, newer: &NodeReport, now: Instant, stale_after: Duration) -> bool {
+        let older = match (self.pod_created, newer.pod_created) {
+            (Some(mine), Some(theirs)) => mine < theirs,
+            _ => false,
+        };
+        older && self.pod_uid != newer.pod_uid && !newer.stale && newer.fresh(now, stale_after)
     }
 
     /// The same report, marked as come on a stream its agent holds to every replica.

@@ -173,13 +173,26 @@ pub async fn wait_bound_pods(
         let pods = pods.clone();
         async move {
             let list = pods.list(&ListParams::default().labels(&format!("name={scheduler}"))).await?;
+            // What a timeout shows: every pod of the Scheduler, bound or not, deleted or not.
+            let seen: Vec<String> = list
+                .items
+                .iter()
+                .map(|p| {
+                    let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| "-".into());
+                    let deleted = if p.metadata.deletion_timestamp.is_some() { " (deleted)" } else { "" };
+                    format!("{} on {node}{deleted}", p.name_any())
+                })
+                .collect();
             let bound: BTreeMap<String, Pod> = list
                 .items
                 .into_iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
                 .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
                 .collect();
-            Ok((bound.len() == count).then_some(bound))
+            if bound.len() == count {
+                return Ok(Some(bound));
+            }
+            Err(anyhow::anyhow!("pods of {scheduler}: {seen:?}"))
         }
     })
     .await

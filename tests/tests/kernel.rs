@@ -1075,6 +1075,13 @@ async fn a_scheduler_made_again_under_the_same_name_reads_none_of_the_old_ones_r
     let s = setup("again").await?;
     let (_old1, _old2, sched) = s.both_attached().await?;
     let old_uid = sched.uid().context("the first Scheduler's UID")?;
+    // The new pods are made in a later second than the old ones (creation times have seconds),
+    // so the old pods' agents, still reporting while their pods go, yield to the new ones.
+    let made = s.pods.values().filter_map(|p| p.metadata.creation_timestamp.as_ref()).map(|t| t.0.as_second()).max();
+    wait_for("a second later than the first pods' creation", || async move {
+        Ok((jiff::Timestamp::now().as_second() > made.unwrap_or(0)).then_some(()))
+    })
+    .await?;
     s.fx.schedulers().delete(&s.name, &Default::default()).await?;
     s.fx.wait_daemonset_gone(&s.name).await?;
     let spec = SchedulerSpec { expected_ops: Some("rusty".into()), ..spec_on(IMAGE, &[("pool", "k")]) };
