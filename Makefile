@@ -5,7 +5,7 @@ CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
 
-.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout chaos images cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
+.PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout bench-upgrade chaos images cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
 
 COVERAGE_THRESHOLD ?= 40
 COVERAGE_REPORT ?= $(CURDIR)/coverage/lcov.info
@@ -108,6 +108,13 @@ bench: setup
 bench-rollout: setup
 	$(call build_tools,$(TOOLS_BENCH_ROLLOUT))
 	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench-rollout
+
+## bench-upgrade: an upgrade of sked to a new agent image over 5,000 simulated nodes under 200
+## Schedulers, one canary at a time (release build; not part of `make test`): what it restarts
+## and how long it takes. BENCH_NODES, BENCH_SCHEDULERS, BENCH_BAKE_SECONDS (default 1).
+bench-upgrade: setup
+	$(call build_tools,$(TOOLS_BENCH_ROLLOUT))
+	$(CARGO) run --release --quiet -p sked-tests --bin sked-bench-upgrade
 
 ## chaos: each fault (leader killed or frozen, kube-apiserver restarted, an agent restarted,
 ## the agents' path stalled, a node NotReady or deleted) at each rollout step, with two

@@ -70,7 +70,8 @@ pub struct AgentSlot {
 /// Simulated agents, each holding a report stream to every endpoint.
 pub struct AgentFleet {
     pub agents: Vec<Arc<AgentSlot>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Each agent's reporting tasks, by its pod's name.
+    tasks: std::collections::HashMap<String, Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl AgentFleet {
@@ -84,7 +85,7 @@ impl AgentFleet {
         let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("localhost");
         let endpoints = Arc::new(endpoints);
         let mut agents = Vec::new();
-        let mut tasks = Vec::new();
+        let mut tasks = std::collections::HashMap::<String, Vec<_>>::new();
         for (n, identity) in (first..).zip(identities) {
             let (verdict, _) = watch::channel(Verdict::Attached);
             let source = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 1, 0, 1)) + n));
@@ -94,7 +95,7 @@ impl AgentFleet {
             agents.push(slot.clone());
             for index in 0..endpoints.len() {
                 let (tls, endpoints, slot) = (tls.clone(), endpoints.clone(), slot.clone());
-                tasks.push(tokio::spawn(async move {
+                tasks.entry(slot.identity.pod.clone()).or_default().push(tokio::spawn(async move {
                     let mut delay = Duration::ZERO;
                     loop {
                         let mut accepted = false;
@@ -107,6 +108,16 @@ impl AgentFleet {
             }
         }
         Ok(Self { agents, tasks })
+    }
+
+    /// Stops the agent of `pod`, as its pod's end stops it: its streams close. Returns whether
+    /// this fleet had it.
+    pub fn retire(&mut self, pod: &str) -> bool {
+        let Some(tasks) = self.tasks.remove(pod) else { return false };
+        for t in tasks {
+            t.abort();
+        }
+        true
     }
 
     /// How many agents' open streams to endpoint `index` were accepted after `since`.
@@ -145,7 +156,7 @@ impl AgentFleet {
 
 impl Drop for AgentFleet {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in self.tasks.values().flatten() {
             t.abort();
         }
     }

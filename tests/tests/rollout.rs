@@ -1113,9 +1113,13 @@ async fn a_new_agent_image_rolls_every_scheduler_out_one_canary_at_a_time() -> R
     c.fx.start_controller(ControllerFlags { agent_image: NEXT_AGENT.into(), ..c.flags.clone() })?;
     let upgrader = c.fx.controller_user.clone();
     let mut queued: BTreeMap<String, String> = BTreeMap::new();
+    let mut most_in_canary = 0;
     let deadline = std::time::Instant::now() + Duration::from_secs(150);
     loop {
         let statuses = drive_all(&mut c, &mut played).await?;
+        // A status in Canary is a canary holding the one slot: never two at once.
+        let in_canary = statuses.iter().filter(|s| phase(s) == Some(RolloutPhase::Canary)).count();
+        most_in_canary = most_in_canary.max(in_canary);
         for s in &statuses {
             if phase(s) == Some(RolloutPhase::Queued) {
                 // Progressing says why once the DaemonSet controller saw the new template (until
@@ -1135,6 +1139,7 @@ async fn a_new_agent_image_rolls_every_scheduler_out_one_canary_at_a_time() -> R
         anyhow::ensure!(std::time::Instant::now() < deadline, "the upgrade did not complete; queued: {queued:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    assert_eq!(most_in_canary, 1, "Schedulers whose status said Canary at once");
     // Two of three waited for a slot, and said why.
     assert_eq!(queued.len(), 2, "{queued:?}");
     for message in queued.values() {

@@ -124,10 +124,10 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
         return Ok(None);
     };
     let mut plan = plan::decide(&snapshot, &deployed);
-    if let Settled::Refused(gate) = settle_canary(ctx, name, &plan) {
+    if let Settled::Refused(gate) = settle_canary(ctx, name, &plan, Claims::Taken) {
         // Another Scheduler's reconcile took the last slot while this one decided.
         plan = plan::decide(&Snapshot { canary_gate: &gate, ..snapshot }, &deployed);
-        settle_canary(ctx, name, &plan);
+        settle_canary(ctx, name, &plan, Claims::Taken);
     }
     if !ctx.leading() {
         // Leadership was lost during this reconcile: the new leader writes the status.
@@ -137,6 +137,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
     // agents ends, when a tag is due to be resolved again, and when pod conditions are left to
     // write; everything else (reports, reports going stale, pods, the DaemonSet) is an event.
     let recheck = Box::pin(carry_out(ctx, &snapshot, &deployed, &plan)).await?;
+    settle_canary(ctx, name, &plan, Claims::GivenUp);
     match observed.refusal {
         // Retried with backoff by `error_policy`; the Warning event already says why.
         Some(source) => Err(Error::Image { name: name.to_owned(), source }),
@@ -144,12 +145,27 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
     }
 }
 
-/// Records what `plan` does with the Scheduler's canary slot.
-fn settle_canary(ctx: &Context, name: &str, plan: &Plan) -> Settled {
+/// Which claims on the canary slots [`settle_canary`] records.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Claims {
+    /// A slot taken or kept (a canary starts or runs): recorded before the plan is carried out.
+    Taken,
+    /// No slot (a slot given up, a wait for one): recorded once the plan's writes are done, so
+    /// a slot comes free only when the status no longer shows the canary, and the next
+    /// Scheduler's canary never shows beside it.
+    GivenUp,
+}
+
+/// Records what `plan` does with the Scheduler's canary slot, if its claim is of the kind
+/// `claims`.
+fn settle_canary(ctx: &Context, name: &str, plan: &Plan, claims: Claims) -> Settled {
     let (claim, queued) = plan
         .rollout
         .as_ref()
         .map_or((CanaryClaim::None, false), |r| (r.canary, r.status.phase == crate::api::RolloutPhase::Queued));
+    if (claim == CanaryClaim::None) != (claims == Claims::GivenUp) {
+        return Settled::Kept;
+    }
     let settled = ctx.canaries.settle(name, claim, queued);
     ctx.metrics.set_canaries(ctx.canaries.counts());
     settled

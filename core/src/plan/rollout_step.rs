@@ -153,9 +153,9 @@ pub(super) fn decide(
     (actions, attached)
 }
 
-/// What the step does with the canary slot, as carried out: the decision's claim, unless the
-/// step switches nothing after all (a failure stands: the rollout is RolledBack or Failed), and
-/// a canary runs only while the phase written is Canary (a wave past the canary stays Rolling
+/// What the step does with the canary slot, as carried out: the decision's claim, unless a
+/// failure stands (the rollout is RolledBack or Failed) or a start neither switches a node nor
+/// writes Canary; and a canary runs only while the phase written is Canary (a wave past the canary stays Rolling
 /// while its pods come back, though the decision alone would call it Canary again).
 fn canary_claim(decided: rollout::CanaryClaim, step: &rollout::Step) -> rollout::CanaryClaim {
     use sked_api::RolloutPhase;
@@ -163,9 +163,10 @@ fn canary_claim(decided: rollout::CanaryClaim, step: &rollout::Step) -> rollout:
     let switches = !step.replace.is_empty() || !step.admit.is_empty();
     match decided {
         _ if matches!(phase, RolloutPhase::RolledBack | RolloutPhase::Failed) => rollout::CanaryClaim::None,
-        // A start that switches nothing yet (the DaemonSet controller has not seen the new
-        // template) claims nothing: it claims when it switches.
-        rollout::CanaryClaim::Starts if switches => rollout::CanaryClaim::Starts,
+        // A start claims its slot even when it switches nothing yet (the DaemonSet controller
+        // has not seen the new template): its status already says Canary, and a status in
+        // Canary is a canary that holds a slot.
+        rollout::CanaryClaim::Starts if switches || phase == RolloutPhase::Canary => rollout::CanaryClaim::Starts,
         rollout::CanaryClaim::Runs if phase == RolloutPhase::Canary => rollout::CanaryClaim::Runs,
         _ => rollout::CanaryClaim::None,
     }
