@@ -4,9 +4,9 @@
 //! a time, not every pool's.
 //!
 //! Held in memory by the leader. The claims are facts of the Schedulers' own rollouts (a
-//! canary under way is one whose pods already run the new revision), so a new leader rebuilds
-//! them from its first reconcile of each Scheduler: a canary under way keeps its slot whatever
-//! the count, and only the start of a canary is refused.
+//! canary under way is one whose status says Canary), so a new leader seeds them from the
+//! statuses it finds and settles them at its first reconcile of each Scheduler: a canary under
+//! way keeps its slot whatever the count, and only the start of a canary is refused.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -44,6 +44,13 @@ pub enum Settled {
 impl Canaries {
     pub fn new(max: usize, triggers: Triggers) -> Self {
         Self { max, slots: Mutex::default(), triggers }
+    }
+
+    /// A new term's slots, from the Schedulers whose status says their canary runs (a status
+    /// in Canary holds a slot): taken before the first reconcile, so no other canary starts
+    /// before this term has seen the ones under way.
+    pub fn seed<'a>(&self, running: impl IntoIterator<Item = &'a str>) {
+        lock(&self.slots).running.extend(running.into_iter().map(str::to_owned));
     }
 
     /// The gate the Scheduler `name` decides behind: open when it holds a slot or one is free.
@@ -185,6 +192,18 @@ mod tests {
         assert_eq!(canaries.counts(), (2, 0));
         canaries.release("a");
         assert!(matches!(canaries.gate("c", all), CanaryGate::Full { .. }), "b still runs its canary");
+    }
+
+    #[test]
+    fn a_new_term_seeded_with_a_canary_under_way_starts_no_other() {
+        let canaries = Canaries::new(1, Triggers::default());
+        canaries.seed(["a"]);
+        assert_eq!(canaries.gate("b", all), CanaryGate::Full { max: 1 }, "a's canary, from its status, holds the slot");
+        assert!(matches!(canaries.settle("b", CanaryClaim::Starts, false), Settled::Refused(_)));
+        assert_eq!(canaries.gate("a", all), CanaryGate::Open, "a goes on");
+        // a's first reconcile finds its canary over: the slot goes to b.
+        canaries.settle("a", CanaryClaim::None, false);
+        assert_eq!(canaries.settle("b", CanaryClaim::Starts, false), Settled::Kept);
     }
 
     #[test]

@@ -31,9 +31,9 @@ impl KernelTable {
     /// Stores a node's report. Returns the Schedulers whose kernel view changed (the reporting
     /// one, and a previous one on that node), or nothing for a heartbeat that changes nothing.
     /// A heartbeat after `stale_after` of silence is news: the node is back.
-    /// A report from a pod older than the one whose fresh report the node holds changes nothing
-    /// (see [`NodeReport::yields_to`]): while a replaced pod terminates, its agent still reports
-    /// for the node beside the new pod's.
+    /// A report from a pod on its way out (older than the one whose fresh report the node holds,
+    /// or terminating) changes nothing (see [`NodeReport::yields_to`]): while a replaced pod
+    /// terminates, its agent still reports for the node beside the new pod's.
     pub fn record(&self, node: &str, mut report: NodeReport, stale_after: Duration) -> Vec<String> {
         let mut nodes = lock(&self.nodes);
         if nodes.get(node).is_some_and(|held| report.yields_to(held, report.received, stale_after)) {
@@ -201,6 +201,33 @@ mod tests {
         let replaced = NodeReport { pod: "p2".into(), ..report("s2", Verdict::Attached, later) };
         assert_eq!(t.record("a", replaced.clone(), STALE), vec!["s2"]);
         assert!(t.record("a", replaced, STALE).is_empty());
+    }
+
+    #[test]
+    fn a_terminating_older_pod_does_not_speak_over_the_newer_one() {
+        let t = KernelTable::default();
+        let now = Instant::now();
+        let of = |uid: &str, created: i64, received: Instant| {
+            report("s", Verdict::Attached, received).from_pod(uid).created_at(Some(created))
+        };
+        assert_eq!(t.record("a", of("old", 100, now), STALE), vec!["s"]);
+        assert_eq!(t.record("a", of("new", 101, now), STALE), vec!["s"], "the newer pod replaces the older");
+        // The older pod's agent, still up while its pod terminates, keeps reporting: nothing changes.
+        for k in 1..5 {
+            assert!(t.record("a", of("old", 100, now + STALE / 8 * k), STALE).is_empty());
+        }
+        assert_eq!(t.read(|n| n["a"].pod_uid.clone()), "new");
+        // Once the newer pod's report is stale, the older one speaks again.
+        let later = now + STALE + Duration::from_secs(1);
+        assert_eq!(t.record("a", of("old", 100, later), STALE), vec!["s"]);
+        assert_eq!(t.read(|n| n["a"].pod_uid.clone()), "old");
+        // Pods created in the same second: a terminating one yields to one that is not; else
+        // (or for pods of unknown age) the latest report wins.
+        assert_eq!(t.record("a", of("twin", 100, later), STALE), vec!["s"]);
+        assert!(t.record("a", of("old", 100, later).leaving(true), STALE).is_empty(), "the leaving twin yields");
+        assert_eq!(t.read(|n| n["a"].pod_uid.clone()), "twin");
+        let unknown = report("s", Verdict::Attached, later).from_pod("unknown");
+        assert_eq!(t.record("a", unknown, STALE), vec!["s"]);
     }
 
     #[test]

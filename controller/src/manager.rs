@@ -289,8 +289,22 @@ fn context(
         leader,
         metrics: parts.metrics.clone(),
         trust: parts.trust.clone(),
-        canaries: crate::canaries::Canaries::new(flags.max_concurrent_canaries, triggers.clone()),
+        canaries: seeded_canaries(flags.max_concurrent_canaries, index, triggers),
     })
+}
+
+/// A term's canary slots, taken by the Schedulers whose status says their canary runs.
+fn seeded_canaries(max: usize, index: &Index, triggers: &Triggers) -> crate::canaries::Canaries {
+    let canaries = crate::canaries::Canaries::new(max, triggers.clone());
+    let schedulers = index.store().state();
+    let running = schedulers.iter().filter(|s| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.rollout.as_ref())
+            .is_some_and(|r| r.phase == crate::api::RolloutPhase::Canary)
+    });
+    canaries.seed(running.map(|s| s.metadata.name.as_deref().unwrap_or_default()));
+    canaries
 }
 
 /// Runs the reports server, the label keepers, the policy re-verifier, the tags' rechecks and

@@ -533,6 +533,13 @@ impl Session {
         let entry = node_report(&report, Instant::now())
             .from_pod(&self.caller.pod_uid)
             .created_at(self.caller.pod_created)
+            .leaving(
+                service
+                    .index
+                    .get()
+                    .and_then(|i| i.pod(&self.caller.pod))
+                    .is_some_and(|p| p.uid == self.caller.pod_uid && p.is_terminating()),
+            )
             .from_every_replica(!self.follows_leader);
         for scheduler in service.table.record(node, entry, service.stale_after) {
             debug!(node = %node, scheduler = %scheduler, verdict = kernel_verdict(report.verdict).as_str(), "kernel view changed");

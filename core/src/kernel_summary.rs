@@ -25,6 +25,9 @@ pub struct NodeReport {
     /// for one node, the older is on its way out (a Scheduler made again, a pod replaced) and
     /// does not speak over the newer one while the newer one's report is fresh.
     pub pod_created: Option<i64>,
+    /// That pod was terminating when it sent this (the controller's index said so): it yields
+    /// to a pod that is not, whatever their creation times.
+    pub leaving: bool,
     pub verdict: Verdict,
     pub reason: String,
     pub ops: String,
@@ -75,6 +78,7 @@ impl NodeReport {
             pod,
             pod_uid: String::new(),
             pod_created: None,
+            leaving: false,
             verdict,
             reason,
             ops,
@@ -99,14 +103,20 @@ impl NodeReport {
         Self { pod_created: created, ..self }
     }
 
-    /// Whether this report, from another pod than `newer`'s, must not replace `newer` at `now`:
-    /// `newer` is fresh and came from a pod created later than this one's.
-    pub fn yields_to(&self, newer: &NodeReport, now: Instant, stale_after: Duration) -> bool {
-        let older = match (self.pod_created, newer.pod_created) {
-            (Some(mine), Some(theirs)) => mine < theirs,
-            _ => false,
-        };
-        older && self.pod_uid != newer.pod_uid && !newer.stale && newer.fresh(now, stale_after)
+    /// The same report, from a pod that is terminating (`leaving`) or not.
+    pub fn leaving(self, leaving: bool) -> Self {
+        Self { leaving, ..self }
+    }
+
+    /// Whether this report must not replace `held`, another pod's report on the same node, at
+    /// `now`: `held` is fresh, and this one's pod is on its way out: it was created before
+    /// `held`'s (to the second), or it is terminating while `held`'s was not.
+    pub fn yields_to(&self, held: &NodeReport, now: Instant, stale_after: Duration) -> bool {
+        if self.pod_uid == held.pod_uid || held.stale || !held.fresh(now, stale_after) {
+            return false;
+        }
+        let older = matches!((self.pod_created, held.pod_created), (Some(mine), Some(theirs)) if mine < theirs);
+        older || (self.leaving && !held.leaving)
     }
 
     /// The same report, marked as come on a stream its agent holds to every replica.

@@ -13,6 +13,7 @@ use anyhow::{Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Client, ResourceExt};
+use sked_controller::mutex::lock;
 use sked_proto::v1::reports_client::ReportsClient;
 use sked_proto::{KernelState, Report, Verdict};
 use tokio::sync::{mpsc, watch};
@@ -27,10 +28,6 @@ const HEARTBEAT: Duration = Duration::from_secs(10);
 const PATIENCE: Duration = Duration::from_secs(900);
 /// Concurrency of the token requests.
 const SETUP_CONCURRENCY: usize = 64;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// Who a simulated agent is: its node, its pod, its Scheduler, and a token bound to the pod.
 pub struct AgentIdentity {

@@ -136,8 +136,10 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
     // Look again when a rollout waits for a bake or a deadline, when a new term's grace for the
     // agents ends, when a tag is due to be resolved again, and when pod conditions are left to
     // write; everything else (reports, reports going stale, pods, the DaemonSet) is an event.
-    let recheck = Box::pin(carry_out(ctx, &snapshot, &deployed, &plan)).await?;
-    settle_canary(ctx, name, &plan, Claims::GivenUp);
+    let given_up = || {
+        settle_canary(ctx, name, &plan, Claims::GivenUp);
+    };
+    let recheck = Box::pin(carry_out(ctx, &snapshot, &deployed, &plan, given_up)).await?;
     match observed.refusal {
         // Retried with backoff by `error_policy`; the Warning event already says why.
         Some(source) => Err(Error::Image { name: name.to_owned(), source }),
@@ -150,7 +152,7 @@ async fn reconcile_scheduler(name: &str, ctx: &Context) -> Result<Option<Duratio
 enum Claims {
     /// A slot taken or kept (a canary starts or runs): recorded before the plan is carried out.
     Taken,
-    /// No slot (a slot given up, a wait for one): recorded once the plan's writes are done, so
+    /// No slot (a slot given up, a wait for one): recorded once the plan's status is saved, so
     /// a slot comes free only when the status no longer shows the canary, and the next
     /// Scheduler's canary never shows beside it.
     GivenUp,

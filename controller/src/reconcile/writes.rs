@@ -53,10 +53,12 @@ pub(super) async fn carry_out(
     s: &Snapshot<'_>,
     deployed: &Deployed,
     plan: &Plan,
+    status_saved: impl FnOnce(),
 ) -> Result<Option<Duration>, Error> {
     let name = s.scheduler.name_any();
     ctx.metrics.set_conflicting_nodes(&name, s.placement.lost.len());
     save_status(ctx, s.scheduler, &s.scheduler.uid().unwrap_or_default(), s.previous, &plan.status).await?;
+    status_saved();
     remember(ctx, &plan.remember);
     if let Some(step) = &plan.rollout {
         count_verdict(ctx, &name, s.previous, step);

@@ -217,7 +217,9 @@ pub enum CanaryClaim {
     /// It runs no canary (none is due, it is over, or it waits in [`RolloutPhase::Queued`]).
     #[default]
     None,
-    /// It starts its canary now: it switches its first nodes to the target revision.
+    /// It starts its canary now: it switches its first nodes to the target revision (or, once
+    /// carried out, writes phase Canary and switches them when the DaemonSet controller has
+    /// seen the new template).
     Starts,
     /// Its canary is under way (nodes switched, not yet attached and baked).
     Runs,

@@ -54,6 +54,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sked_controller::Scheduler;
+use sked_controller::mutex::lock;
 use sked_proto::Verdict;
 use sked_tests::agents::{ReportsTls, workspace_binary};
 use sked_tests::cluster::{TestCluster, free_port};
@@ -921,10 +922,6 @@ async fn scheduler_events(client: &Client, except: &str) -> Result<i64> {
         })
         .map(|e| i64::from(e.series.as_ref().map_or(1, |s| s.count)))
         .sum())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 // ---- The floor ---------------------------------------------------------------------------------
