@@ -656,8 +656,15 @@ async fn analysis(s: &Setup, vm: &mut TestVm) -> Result<()> {
         AnalysisVerdict::Passed,
         "a longer slice alone fails no slice-neutral signal: {verdict:?}"
     );
-    // The turns were longer: the signal that depends on the slice moved.
-    assert!(slow_signals.run_delay_ms >= 1.5 * canary.run_delay_ms, "slow: {slow_signals}; canary: {canary}");
+    // The turns were longer: the signal that depends on the slice moved. Run delay per
+    // timeslice is about the tasks waiting per CPU times the slice, so its ratio to them (the
+    // slice as the tasks felt it) is what grows; the delay alone also follows the load, which
+    // shifts between two bakes under emulation. The 250 ms turns are cut short by every
+    // wakeup (waking tasks preempt), so the felt slice grows far less than the turn: 2026-12-07,
+    // 17 ms for the canary against 24 ms and 32 ms for the slow variant in two runs. Only the
+    // direction is asserted.
+    let felt = |s: &AgentSignals| s.run_delay_ms / s.waiting_per_cpu.max(0.1);
+    assert!(felt(&slow_signals) > felt(&canary), "slow: {slow_signals}; canary: {canary}");
 
     // The stranding revision: attached all along, rolled back by the analysis of its bake.
     let strand = "/bin/sked-canary-loader hold /sked/sked_strand.bpf.o";
