@@ -112,7 +112,7 @@ enum Verdict {
 pub fn judge(case: &Case<'_>) -> Outcome {
     let min = case.limits.min_samples;
     let short = |n: &&str| bake(case, n).len() < min && before(case, n).is_some();
-    if case.may_wait && case.wave.iter().any(short) {
+    if case.may_wait && (case.wave.iter().any(short) || controls_short(case)) {
         return Outcome::Waiting;
     }
     let candidates = case.wave.iter().filter(|n| before(case, n).is_some()).count();
@@ -131,6 +131,23 @@ pub fn judge(case: &Case<'_>) -> Outcome {
         })
         .collect();
     Outcome::Judged(verdict(case, judged))
+}
+
+/// Whether fewer controls than the spec asks for have their bake's samples yet, while enough
+/// of them were frozen to have them: their reports may come late (an agent reconnecting after
+/// a failover), and a verdict now would be Inconclusive for want of them.
+fn controls_short(case: &Case<'_>) -> bool {
+    let Some(baseline) = case.baseline else { return false };
+    let min = case.limits.min_samples;
+    let frozen: Vec<&str> = baseline
+        .nodes
+        .iter()
+        .filter(|b| b.control && case.controls.contains(&b.node.as_str()))
+        .map(|b| b.node.as_str())
+        .collect();
+    let sampled = frozen.iter().filter(|n| bake(case, n).len() >= min).count();
+    let needed = case.limits.min_control_nodes;
+    sampled < needed && frozen.len() >= needed
 }
 
 /// The node's frozen window before its switch, when it has one.

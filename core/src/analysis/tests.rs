@@ -233,6 +233,37 @@ fn the_verdict_waits_while_any_node_of_the_wave_is_short_of_samples() {
 }
 
 #[test]
+fn the_verdict_waits_while_too_few_controls_have_their_bake_s_samples() {
+    let limits = waiting_only();
+    let mut health: BTreeMap<String, NodeHealth> = [("w1".to_owned(), node(1, 1.0, 1.0))]
+        .into_iter()
+        .chain(controls(1.0, 1.0).into_iter().map(|(n, h)| (n.to_owned(), h)))
+        .collect();
+    let control_names: Vec<(&str, i64)> = ["c1", "c2", "c3", "c4", "c5"].iter().map(|n| (*n, i64::MIN)).collect();
+    let baseline = freeze(&limits, "r2", Time(jiff::Timestamp::UNIX_EPOCH), &["w1"], &control_names, &health);
+    // Three of five controls' reports of the bake are late (their agents reconnect).
+    for c in ["c1", "c2", "c3"] {
+        if let Some(h) = health.get_mut(c) {
+            h.samples.retain(|s| s.at_ms <= 0);
+        }
+    }
+    let case = |may_wait| Case {
+        revision: "r2",
+        limits: &limits,
+        baseline: Some(&baseline),
+        from_ms: 0,
+        to_ms: 60_000,
+        wave: vec!["w1"],
+        controls: control_names.iter().map(|(n, _)| *n).collect(),
+        health: &health,
+        may_wait,
+    };
+    assert_eq!(judge(&case(true)), Outcome::Waiting, "2 of 5 controls sampled, 3 asked for: wait for them");
+    let Outcome::Judged(j) = judge(&case(false)) else { panic!("judged past the grace") };
+    assert_eq!(j.verdict, AnalysisVerdict::Inconclusive, "past the grace it fails closed: {}", j.message);
+}
+
+#[test]
 fn the_controls_change_is_their_median_not_their_least() {
     // Four controls doubled, one halved: the fleet doubled, and the wave's node rose 75 % more.
     let controls: Vec<(&str, NodeHealth)> = [("c1", 2.0), ("c2", 2.0), ("c3", 2.0), ("c4", 2.0), ("c5", 0.5)]
