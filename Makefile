@@ -4,6 +4,9 @@
 CARGO ?= cargo
 TOOLS_BIN := $(CURDIR)/.tools/bin
 export SKED_TOOLS_BIN := $(TOOLS_BIN)
+# A test's error (anyhow) prints its message and causes without a backtrace, so the lines CI
+# keeps of a failure show what failed; panics keep theirs (RUST_BACKTRACE).
+export RUST_LIB_BACKTRACE ?= 0
 
 .PHONY: all setup build tools crds kustomize test test-unit test-integration test-kernel test-node bench bench-rollout bench-upgrade chaos images cross cross-check coverage coverage-clean coverage-report coverage-gate lint actionlint fmt demo demo-node clean
 

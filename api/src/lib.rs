@@ -732,6 +732,8 @@ pub mod condition {
     pub const RECONCILING: &str = "Reconciling";
     /// kstatus: the controller cannot reach the current generation without a change of spec.
     pub const STALLED: &str = "Stalled";
+    /// Whether the pods' CPU limits and requests are enforced on the nodes the scheduler runs on.
+    pub const POD_CPU_CONTRACT: &str = "PodCPUContract";
 }
 
 /// Reasons of conditions and events (the names users know from the reference documentation).
@@ -765,10 +767,25 @@ pub enum Reason {
     KernelEjected,
     /// Event: the analysis of a bake failed the revision, which was rolled back.
     AnalysisFailed,
+    // PodCPUContract condition and its events.
+    /// Pods' CPU limits are not enforced where the scheduler runs (a pod measured over its
+    /// limit, or the scheduler lacks ops.cgroup_set_bandwidth where pods have limits).
+    LimitsNotEnforced,
+    /// Pods' CPU requests are not enforced where the scheduler runs (it lacks
+    /// ops.cgroup_set_weight where pods have different requests).
+    RequestsNotEnforced,
+    /// The scheduler implements both cgroup callbacks on every node it runs on, and no pod was
+    /// measured over its limit.
+    CpuControlsImplemented,
+    /// The scheduler lacks a callback, but no node it runs on has a pod the callback would serve.
+    NothingAtStake,
+    /// Not every node it runs on said (an agent that cannot read the struct_ops maps, no node
+    /// attached).
+    ContractUnknown,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 25] = [
         Reason::RolloutInProgress,
         Reason::RolloutPaused,
         Reason::DaemonSetReady,
@@ -789,6 +806,11 @@ impl Reason {
         Reason::ReportStale,
         Reason::KernelEjected,
         Reason::AnalysisFailed,
+        Reason::LimitsNotEnforced,
+        Reason::RequestsNotEnforced,
+        Reason::CpuControlsImplemented,
+        Reason::NothingAtStake,
+        Reason::ContractUnknown,
     ];
 
     /// The name written into conditions and events.
@@ -814,6 +836,11 @@ impl Reason {
             Reason::ReportStale => "ReportStale",
             Reason::KernelEjected => "KernelEjected",
             Reason::AnalysisFailed => "AnalysisFailed",
+            Reason::LimitsNotEnforced => "LimitsNotEnforced",
+            Reason::RequestsNotEnforced => "RequestsNotEnforced",
+            Reason::CpuControlsImplemented => "CPUControlsImplemented",
+            Reason::NothingAtStake => "NothingAtStake",
+            Reason::ContractUnknown => "ContractUnknown",
         }
     }
 

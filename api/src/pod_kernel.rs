@@ -15,8 +15,10 @@ pub const POD_CONDITION: &str = "sked.schedkit.io/KernelAttached";
 /// What a node's kernel does with its scheduler pod's scheduler, as its agent reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodKernel {
-    /// The kernel runs this pod's scheduler, registered as `ops`.
-    Attached { ops: String },
+    /// The kernel runs this pod's scheduler, registered as `ops`; `contract` says, in words
+    /// that change only when it does, what becomes of the pods' CPU limits and requests under it
+    /// (empty when the agent did not say).
+    Attached { ops: String, contract: String },
     /// Nothing of this pod runs in the kernel; the agent's words.
     NotAttached { said: String },
     /// Another scheduler (started by hand, or another tool's) owns the kernel.
@@ -30,7 +32,7 @@ pub enum PodKernel {
     Stale { after: String },
 }
 
-const ATTACHED: (&str, &str) = ("ops ", " attached");
+const ATTACHED: (&str, &str, &str) = ("ops ", " attached", "; ");
 const NOT_ATTACHED: &str = "not attached: ";
 const FOREIGN: &str = "the kernel runs another scheduler: ops ";
 const UNSUPPORTED: &str = "the kernel has no sched_ext: ";
@@ -58,7 +60,12 @@ impl PodKernel {
     /// The condition's message (the texts in it were escaped and capped when they arrived).
     pub fn message(&self) -> String {
         match self {
-            PodKernel::Attached { ops } => format!("{}{ops}{}", ATTACHED.0, ATTACHED.1),
+            PodKernel::Attached { ops, contract } if contract.is_empty() => {
+                format!("{}{ops}{}", ATTACHED.0, ATTACHED.1)
+            }
+            PodKernel::Attached { ops, contract } => {
+                format!("{}{ops}{}{}{contract}", ATTACHED.0, ATTACHED.1, ATTACHED.2)
+            }
             PodKernel::NotAttached { said } => format!("{NOT_ATTACHED}{said}"),
             PodKernel::Foreign { ops } => format!("{FOREIGN}{ops}"),
             PodKernel::Unsupported { said } => format!("{UNSUPPORTED}{said}"),
@@ -74,7 +81,10 @@ impl PodKernel {
         let owned = |s: &str| s.to_owned();
         Some(match Reason::parse(reason)? {
             Reason::KernelAttached => {
-                PodKernel::Attached { ops: owned(message.strip_prefix(ATTACHED.0)?.strip_suffix(ATTACHED.1)?) }
+                // Ops names hold no spaces.
+                let (ops, rest) = message.strip_prefix(ATTACHED.0)?.split_once(ATTACHED.1)?;
+                let contract = if rest.is_empty() { "" } else { rest.strip_prefix(ATTACHED.2)? };
+                PodKernel::Attached { ops: owned(ops), contract: owned(contract) }
             }
             Reason::NotAttached => PodKernel::NotAttached { said: owned(message.strip_prefix(NOT_ATTACHED)?) },
             Reason::ForeignScheduler => PodKernel::Foreign { ops: owned(message.strip_prefix(FOREIGN)?) },
@@ -93,7 +103,7 @@ impl PodKernel {
     /// The ops name the kernel runs, where the state names one (a foreign scheduler's too).
     pub fn ops(&self) -> Option<&str> {
         match self {
-            PodKernel::Attached { ops } | PodKernel::Foreign { ops } | PodKernel::Ejected { ops, .. } => Some(ops),
+            PodKernel::Attached { ops, .. } | PodKernel::Foreign { ops } | PodKernel::Ejected { ops, .. } => Some(ops),
             _ => None,
         }
     }
@@ -127,7 +137,8 @@ mod tests {
 
     fn state() -> impl Strategy<Value = PodKernel> {
         prop_oneof![
-            word().prop_map(|ops| PodKernel::Attached { ops }),
+            (word(), prop_oneof![Just(String::new()), text()])
+                .prop_map(|(ops, contract)| PodKernel::Attached { ops, contract }),
             text().prop_map(|said| PodKernel::NotAttached { said }),
             word().prop_map(|ops| PodKernel::Foreign { ops }),
             text().prop_map(|said| PodKernel::Unsupported { said }),
@@ -159,7 +170,14 @@ mod tests {
             ejected.message(),
             "ops rusty_1.0.0 ejected at 2026-12-04T01:02:03.000Z: runnable task stall (x[1] failed to run for 5s)"
         );
-        assert_eq!(PodKernel::Attached { ops: "rusty".into() }.message(), "ops rusty attached");
+        assert_eq!(
+            PodKernel::Attached { ops: "rusty".into(), contract: String::new() }.message(),
+            "ops rusty attached"
+        );
+        let contract = "CPU limits: not enforced (no ops.cgroup_set_bandwidth)".to_owned();
+        let with = PodKernel::Attached { ops: "rusty".into(), contract: contract.clone() };
+        assert_eq!(with.message(), format!("ops rusty attached; {contract}"));
+        assert_eq!(PodKernel::parse("KernelAttached", &with.message()), Some(with));
         assert_eq!(
             PodKernel::Stale { after: "30s".into() }.message(),
             "no report from the node's agent for more than 30s"

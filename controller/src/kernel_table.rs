@@ -82,6 +82,8 @@ impl KernelTable {
                     && p.verdict == report.verdict
                     && p.reason == report.reason
                     && p.last_exit == report.last_exit
+                    && p.cpu_contract.as_ref().map(|c| c.standing())
+                        == report.cpu_contract.as_ref().map(|c| c.standing())
                     && report.received.saturating_duration_since(p.received) <= stale_after =>
             {
                 Vec::new()

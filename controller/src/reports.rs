@@ -38,6 +38,7 @@ use crate::metrics::ReportStats;
 use crate::mutex::lock;
 use crate::reviews::{Review, ReviewCache};
 use crate::tls::ReloadingCert;
+use sked_core::cpu_contract::NodeCpuContract;
 use sked_core::pods::SchedulerPod;
 
 /// The reports service (cheap to clone: the state is shared).
@@ -575,7 +576,11 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
         received,
         report.last_exit.as_ref().and_then(|e| kernel_exit(&report.node, e)),
     );
-    NodeReport { scheduler_stats: stats, ..arrived }
+    NodeReport {
+        scheduler_stats: stats,
+        cpu_contract: report.cpu_contract.as_ref().map(NodeCpuContract::from_wire),
+        ..arrived
+    }
 }
 
 /// The node's exit, escaped and capped; `None` when its time is not a time.

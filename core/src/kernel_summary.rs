@@ -48,6 +48,9 @@ pub struct NodeReport {
     pub last_exit: Option<KernelExit>,
     /// The scheduler's last statistics, sent once the kernel ended it (escaped and capped).
     pub scheduler_stats: Option<String>,
+    /// What the agent said of the pods' CPU contract on the node (`None`: an agent that does not
+    /// say).
+    pub cpu_contract: Option<crate::cpu_contract::NodeCpuContract>,
     /// It came on a stream its agent holds to every controller replica: a standby heard it
     /// too, and keeps it into its term as leader. An agent that reaches the leader alone told
     /// another leader in the meantime, so its report is not kept into a new term.
@@ -89,6 +92,7 @@ impl NodeReport {
             stale: false,
             last_exit,
             scheduler_stats: None,
+            cpu_contract: None,
             every_replica: false,
         }
     }
@@ -173,6 +177,8 @@ pub struct KernelSummary {
     /// The ejections the nodes report (each node's last exit, when the kernel ejected it), oldest
     /// first; which of them already have their event is the controller's memory to tell.
     pub ejections: Vec<KernelExit>,
+    /// The pods' CPU contract on the attached nodes (the PodCPUContract condition).
+    pub cpu_contract: crate::cpu_contract::ContractView,
 }
 
 /// How much longer a new leader gives agents to report before it judges a node that has not:
@@ -221,6 +227,7 @@ pub fn summarize(
     let mut unreported = 0;
     let mut last_exit: Option<&KernelExit> = None;
     let mut ejections = Vec::new();
+    let mut contract = crate::cpu_contract::Fold::default();
     for node in nodes {
         let report = reports.get(node).filter(|r| r.scheduler == scheduler);
         if let Some(exit) = report.and_then(|r| r.last_exit.as_ref()).filter(|e| e.ejected) {
@@ -244,6 +251,7 @@ pub fn summarize(
         let kind = match r.verdict {
             Verdict::Attached => {
                 attached += 1;
+                contract.add(node, r.cpu_contract.as_ref());
                 continue;
             }
             Verdict::NotAttached => Reason::NotAttached,
@@ -287,6 +295,7 @@ pub fn summarize(
         settled: true,
         last_exit: last_exit.cloned(),
         ejections,
+        cpu_contract: contract.finish(),
     }
 }
 

@@ -14,6 +14,8 @@
 //!   deciders below;
 //! - [`status`]: a Scheduler's status and the events to record;
 //! - [`kernel_summary`]: the agents' reports folded into the KernelAttached view;
+//! - [`cpu_contract`]: the agents' reports of the pods' CPU limits and requests folded into the
+//!   PodCPUContract condition;
 //! - [`pods`] and [`nodes`]: the facts read off a scheduler pod and a Node;
 //! - [`pod_conditions`]: each scheduler pod's KernelAttached condition, and when to write it;
 //! - [`conditions`]: what a Node's or a pod's condition says, in one line;
@@ -24,6 +26,7 @@
 pub mod analysis;
 pub mod arbiter;
 pub mod conditions;
+pub mod cpu_contract;
 pub mod hashing;
 pub mod kernel_summary;
 pub mod node_view;

@@ -36,7 +36,10 @@ pub fn desired(
         return Some(stale);
     }
     Some(match r.verdict {
-        Verdict::Attached => PodKernel::Attached { ops: r.ops.clone() },
+        Verdict::Attached => PodKernel::Attached {
+            ops: r.ops.clone(),
+            contract: r.cpu_contract.as_ref().map(|c| c.brief()).unwrap_or_default(),
+        },
         Verdict::ForeignScheduler => PodKernel::Foreign { ops: r.ops.clone() },
         Verdict::KernelUnsupported => PodKernel::Unsupported { said: r.reason.clone() },
         Verdict::NotAttached => match r.last_exit.as_ref().filter(|e| e.ejected) {
@@ -101,7 +104,23 @@ mod tests {
         let now = Instant::now();
         let p = pod("p");
         let state = |v| desired(&p, Some(&report("p", v, now)), now, STALE, false);
-        assert_eq!(state(Verdict::Attached), Some(PodKernel::Attached { ops: "rusty".into() }));
+        assert_eq!(
+            state(Verdict::Attached),
+            Some(PodKernel::Attached { ops: "rusty".into(), contract: String::new() })
+        );
+        let mut limits_lost = report("p", Verdict::Attached, now);
+        limits_lost.cpu_contract = Some(crate::cpu_contract::NodeCpuContract {
+            limits: crate::cpu_contract::Op::Missing,
+            requests: crate::cpu_contract::Op::Implemented,
+            ..Default::default()
+        });
+        let contract = "CPU limits: not enforced (no ops.cgroup_set_bandwidth); CPU requests: implemented \
+                        (ops.cgroup_set_weight)";
+        assert_eq!(
+            desired(&p, Some(&limits_lost), now, STALE, false),
+            Some(PodKernel::Attached { ops: "rusty".into(), contract: contract.into() }),
+            "the pod's condition tells its node's CPU contract"
+        );
         assert_eq!(state(Verdict::ForeignScheduler), Some(PodKernel::Foreign { ops: "rusty".into() }));
         assert_eq!(state(Verdict::KernelUnsupported), Some(PodKernel::Unsupported { said: "said".into() }));
         assert_eq!(state(Verdict::NotAttached), Some(PodKernel::NotAttached { said: "said".into() }));
@@ -152,8 +171,8 @@ mod tests {
 
     #[test]
     fn a_pod_that_says_it_already_is_not_written_and_a_date_moves_only_with_the_status() {
-        let attached = PodKernel::Attached { ops: "rusty".into() };
-        let other_ops = PodKernel::Attached { ops: "lavd".into() };
+        let attached = PodKernel::Attached { ops: "rusty".into(), contract: String::new() };
+        let other_ops = PodKernel::Attached { ops: "lavd".into(), contract: String::new() };
         let stale = PodKernel::Stale { after: "30s".into() };
         assert_eq!(to_write(Some(&condition(&attached, 5)), &attached, None, 100), None);
         assert_eq!(to_write(None, &attached, None, 100), Some(condition(&attached, 100)));
@@ -163,7 +182,7 @@ mod tests {
 
     #[test]
     fn a_write_the_watch_has_not_shown_is_not_repeated_but_one_undone_is() {
-        let attached = PodKernel::Attached { ops: "rusty".into() };
+        let attached = PodKernel::Attached { ops: "rusty".into(), contract: String::new() };
         let stale = PodKernel::Stale { after: "30s".into() };
         let before = Some(condition(&stale, 5));
         let sent = (condition(&attached, 100), before.clone());

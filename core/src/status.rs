@@ -80,6 +80,9 @@ pub struct NewStatus {
     pub event: Option<EventSpec>,
     /// KernelAttached state change.
     pub kernel_event: Option<EventSpec>,
+    /// PodCPUContract change: a Warning when it turns False (once per reason), a Normal event
+    /// when it comes back True from False.
+    pub contract_event: Option<EventSpec>,
     /// One per ejection this controller has not recorded yet.
     pub exit_events: Vec<EventSpec>,
 }
@@ -194,14 +197,22 @@ pub fn compute(obs: &Inputs<'_>) -> NewStatus {
     // A new leader that has not heard every agent yet keeps the kernel view it found.
     let carried = (!obs.kernel.settled).then(|| find(prev, condition::KERNEL_ATTACHED)).flatten();
     conditions.push(carried.cloned().unwrap_or_else(|| kernel_condition(obs)));
+    let contract = &obs.kernel.cpu_contract;
+    let contract_carried = (!obs.kernel.settled).then(|| find(prev, condition::POD_CPU_CONTRACT)).flatten();
+    conditions.push(contract_carried.cloned().unwrap_or_else(|| {
+        let status = contract.status.map_or("Unknown", |t| if t { "True" } else { "False" });
+        let type_ = condition::POD_CPU_CONTRACT;
+        condition_of(prev, type_, status, contract.reason, &contract.message, obs.generation, &obs.now)
+    }));
     // Conditions this module does not own are carried over untouched.
-    const OWNED: [&str; 6] = [
+    const OWNED: [&str; 7] = [
         condition::READY,
         condition::PROGRESSING,
         condition::RECONCILING,
         condition::STALLED,
         condition::DEGRADED,
         condition::KERNEL_ATTACHED,
+        condition::POD_CPU_CONTRACT,
     ];
     conditions.extend(prev.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned());
 
@@ -211,6 +222,7 @@ pub fn compute(obs: &Inputs<'_>) -> NewStatus {
         status,
         event,
         kernel_event: kernel_event(obs, carried.is_some()),
+        contract_event: contract_event(obs, contract_carried.is_some()),
         exit_events: exit_events(obs.kernel),
     }
 }
@@ -456,6 +468,21 @@ fn kernel_event(obs: &Inputs<'_>, kernel_carried: bool) -> Option<EventSpec> {
     })
 }
 
+/// The PodCPUContract event: a Warning each time the condition turns False for a new reason,
+/// a Normal event when it turns True from False; none while a new leader carries the condition,
+/// and none for Unknown.
+fn contract_event(obs: &Inputs<'_>, carried: bool) -> Option<EventSpec> {
+    let c = &obs.kernel.cpu_contract;
+    let prev = find(&obs.previous.conditions, condition::POD_CPU_CONTRACT);
+    let changed = !prev.is_some_and(|p| c.reason.is_of(p));
+    let kind = match c.status {
+        Some(false) => EventKind::Warning,
+        Some(true) if prev.is_some_and(|p| p.status == "False") => EventKind::Normal,
+        _ => return None,
+    };
+    (changed && !carried).then(|| EventSpec { kind, reason: c.reason, message: c.message.clone() })
+}
+
 /// One Warning per ejection the kernel summary holds.
 fn exit_events(kernel: &KernelSummary) -> Vec<EventSpec> {
     kernel
@@ -690,6 +717,20 @@ fn condition(
     now: &Time,
 ) -> Condition {
     let status = if is_true { "True" } else { "False" };
+    condition_of(previous, type_, status, reason, message, generation, now)
+}
+
+/// A condition of `status` ("True", "False" or "Unknown"), keeping its last transition time
+/// while the status stays.
+fn condition_of(
+    previous: &[Condition],
+    type_: &str,
+    status: &str,
+    reason: Reason,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
     let last_transition_time = previous
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
@@ -775,6 +816,7 @@ mod tests {
             settled: true,
             last_exit: None,
             ejections: Vec::new(),
+            cpu_contract: crate::cpu_contract::Fold::default().finish(),
         }
     }
 
@@ -1477,6 +1519,36 @@ mod tests {
         assert_eq!(run.step(Some(&ds(1, 1, 1, 1, 0)), &p).status.last_exit, Some(detailed));
         run.kernel.last_exit = Some(exit("n1", "2026-12-01T00:00:09.000Z", false));
         assert_eq!(run.step(Some(&ds(1, 1, 1, 1, 0)), &p).status.last_exit.map(|e| e.ejected), Some(false));
+    }
+
+    #[test]
+    fn the_pod_cpu_contract_turning_false_is_told_once_and_its_recovery_once() {
+        use crate::cpu_contract::ContractView;
+        let p = Placement { owned: BTreeSet::from(["n1".into()]), ..Default::default() };
+        let mut run = Run::new();
+        let view = |status, reason, message: &str| ContractView { status, reason, message: message.into() };
+        run.kernel = kernel(1, 1, "KernelAttached");
+        let unknown = run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
+        let c = find(&unknown.status.conditions, condition::POD_CPU_CONTRACT).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("Unknown", "ContractUnknown"));
+        assert_eq!(unknown.contract_event, None, "nothing to tell while nobody said");
+        let broken = view(Some(false), Reason::LimitsNotEnforced, "pod UID u used 1.38 CPU against its limit of 0.50");
+        run.kernel.cpu_contract = broken.clone();
+        let out = run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
+        let event = out.contract_event.as_ref().map(|e| (e.kind, e.reason, e.message.as_str()));
+        assert_eq!(event, Some((EventKind::Warning, Reason::LimitsNotEnforced, broken.message.as_str())));
+        let c = find(&out.status.conditions, condition::POD_CPU_CONTRACT).unwrap();
+        assert_eq!((c.status.as_str(), c.message.as_str()), ("False", broken.message.as_str()));
+        run.kernel.cpu_contract.message = "pod UID u used 1.41 CPU against its limit of 0.50".into();
+        assert_eq!(run.step(Some(&ds(1, 1, 1, 1, 1)), &p).contract_event, None, "the same reason: told once");
+        run.kernel.cpu_contract = view(Some(true), Reason::CpuControlsImplemented, "implemented");
+        let back = run.step(Some(&ds(1, 1, 1, 1, 1)), &p).contract_event.map(|e| (e.kind, e.reason));
+        assert_eq!(back, Some((EventKind::Normal, Reason::CpuControlsImplemented)));
+        // A new leader that has not heard every agent keeps the condition it found.
+        run.kernel = KernelSummary { settled: false, cpu_contract: broken, ..kernel(1, 1, "KernelAttached") };
+        let carried = run.step(Some(&ds(1, 1, 1, 1, 1)), &p);
+        let c = find(&carried.status.conditions, condition::POD_CPU_CONTRACT).unwrap();
+        assert_eq!((c.status.as_str(), carried.contract_event), ("True", None));
     }
 
     #[test]

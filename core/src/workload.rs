@@ -259,6 +259,7 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
         EnvVar { name: env::NODE_NAME.into(), value_from: Some(field("spec.nodeName")), ..EnvVar::default() },
         EnvVar { name: env::POD_NAME.into(), value_from: Some(field("metadata.name")), ..EnvVar::default() },
         EnvVar { name: env::SCHEDULER.into(), value: Some(scheduler.to_owned()), ..EnvVar::default() },
+        EnvVar { name: env::CGROUP_ROOT.into(), value: Some(contract::HOST_CGROUP.into()), ..EnvVar::default() },
         EnvVar {
             name: env::CONTROLLER_ADDRESS.into(),
             value: Some(agent.reports_address.clone()),
@@ -310,6 +311,13 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
+            // The pods' CPU limits and usage, read only.
+            VolumeMount {
+                name: HOST_CGROUP_VOLUME.into(),
+                mount_path: contract::HOST_CGROUP.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
         ]),
         // Privileged for one thing: opening /dev/kmsg, which a container's device cgroup allows
         // only to privileged containers. At start the agent drops every capability but the three
@@ -325,6 +333,8 @@ fn agent_container(scheduler: &str, expected_ops: Option<&str>, agent: &AgentSet
     }
 }
 
+/// The host's cgroup2 tree (the pods' CPU limits and usage, read by the agent).
+const HOST_CGROUP_VOLUME: &str = "host-cgroup";
 /// The volume the scheduler and the agent share for the scheduler's stats socket.
 const STATS_VOLUME: &str = "scx-stats";
 /// The host's /boot (the kernel config libbpf reads).
@@ -345,7 +355,8 @@ fn scheduler_mounts() -> Vec<VolumeMount> {
     ]
 }
 
-/// The pod's volumes: the agent's token and CA, the shared stats directory, the host's /boot.
+/// The pod's volumes: the agent's token and CA, the shared stats directory, the host's /boot and
+/// its cgroup2 tree.
 fn pod_volumes(agent: &AgentSettings) -> Vec<Volume> {
     vec![
         Volume {
@@ -376,6 +387,11 @@ fn pod_volumes(agent: &AgentSettings) -> Vec<Volume> {
         Volume {
             name: HOST_BOOT_VOLUME.into(),
             host_path: Some(HostPathVolumeSource { path: contract::HOST_BOOT.into(), type_: None }),
+            ..Volume::default()
+        },
+        Volume {
+            name: HOST_CGROUP_VOLUME.into(),
+            host_path: Some(HostPathVolumeSource { path: contract::HOST_CGROUP_SOURCE.into(), type_: None }),
             ..Volume::default()
         },
     ]
@@ -468,8 +484,17 @@ mod tests {
         let env: Vec<&str> = agent.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
         assert_eq!(
             env,
-            ["NODE_NAME", "POD_NAME", "SKED_SCHEDULER", "SKED_CONTROLLER_ADDRESS", "SKED_CONTROLLER_REPLICAS"]
+            [
+                "NODE_NAME",
+                "POD_NAME",
+                "SKED_SCHEDULER",
+                "SKED_CGROUP_ROOT",
+                "SKED_CONTROLLER_ADDRESS",
+                "SKED_CONTROLLER_REPLICAS"
+            ]
         );
+        let cgroup_root = agent.env.iter().flatten().find(|e| e.name == "SKED_CGROUP_ROOT");
+        assert_eq!(cgroup_root.and_then(|e| e.value.as_deref()), Some("/host/cgroup"));
         let probe = agent.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
         assert_eq!(probe.path.as_deref(), Some("/readyz"));
         assert_eq!(pod.service_account_name.as_deref(), Some("sked-agent"));
@@ -621,10 +646,15 @@ mod tests {
         let boot = ("host-boot".to_string(), "/boot".to_string(), true);
         assert_eq!(mounts(&spec.containers[0]), vec![stats.clone(), boot]);
         assert!(mounts(&spec.containers[1]).contains(&(stats.0, stats.1, true)), "the agent only connects");
+        let cgroup = ("host-cgroup".to_string(), "/host/cgroup".to_string(), true);
+        assert!(mounts(&spec.containers[1]).contains(&cgroup), "the agent reads the host's cgroups, read only");
+        assert!(!mounts(&spec.containers[0]).contains(&cgroup), "the scheduler does not");
         assert_eq!(spec.containers[0].termination_message_policy.as_deref(), Some("FallbackToLogsOnError"));
         let volumes = spec.volumes.as_ref().unwrap();
         let boot = volumes.iter().find(|v| v.name == "host-boot").and_then(|v| v.host_path.as_ref()).unwrap();
         assert_eq!(boot.path, "/boot");
+        let cgroup = volumes.iter().find(|v| v.name == "host-cgroup").and_then(|v| v.host_path.as_ref()).unwrap();
+        assert_eq!(cgroup.path, "/sys/fs/cgroup");
         assert!(volumes.iter().any(|v| v.name == "scx-stats" && v.empty_dir.is_some()));
 
         // A revision restored from a DaemonSet sked made before these mounts gets them too.

@@ -130,7 +130,16 @@ fn pod_advice(facts: &mut Vec<(String, String)>, advice: &mut Vec<String>, row: 
     ));
     let scheduler = &row.scheduler;
     advice.push(match state {
-        Some(PodKernel::Attached { ops }) => format!("Nothing to do: the kernel runs {scheduler}'s scheduler (ops {ops}){since}"),
+        Some(PodKernel::Attached { ops, contract }) if contract.is_empty() => {
+            format!("Nothing to do: the kernel runs {scheduler}'s scheduler (ops {ops}){since}")
+        }
+        Some(PodKernel::Attached { ops, contract }) if contract.contains("not enforced") => format!(
+            "The kernel runs {scheduler}'s scheduler (ops {ops}){since}, but the pods' CPU limits or requests mean \
+             nothing under it ({contract}): run a scheduler that enforces them, or keep pods with CPU limits off this node"
+        ),
+        Some(PodKernel::Attached { ops, contract }) => {
+            format!("Nothing to do: the kernel runs {scheduler}'s scheduler (ops {ops}){since}; {contract}")
+        }
         Some(PodKernel::Foreign { ops }) => format!(
             "Another scheduler owns the kernel (ops {ops}), started outside sked: stop it on the node (its service or process), and {scheduler}'s scheduler can attach"
         ),

@@ -43,6 +43,9 @@ pub struct StatusRow {
     /// The node's verdict in the analysis of the last bake, and its values
     /// (`status.rollout.analysis.nodes`), e.g. "Failed: run delay 1.90 ms (...)".
     pub analysis: Option<String>,
+    /// What becomes of the pods' CPU limits and requests under the node's scheduler, as the
+    /// pod's condition says (see `kubectl sked status`: "The pods' CPU contract, by node").
+    pub cpu_contract: Option<String>,
     pub reason: Option<String>,
     pub message: Option<String>,
     pub ops: Option<String>,
@@ -182,6 +185,7 @@ impl StatusRow {
             ready: None,
             kernel: kernel.to_owned(),
             analysis: None,
+            cpu_contract: None,
             reason: None,
             message: Some(message),
             ops: None,
@@ -237,6 +241,10 @@ fn pod_row(s: &Scheduler, pod: &Pod) -> StatusRow {
         ready: Some(facts.ready_since.is_some()),
         kernel: state.as_ref().map_or("unknown", PodKernel::short).to_owned(),
         analysis,
+        cpu_contract: match &state {
+            Some(PodKernel::Attached { contract, .. }) if !contract.is_empty() => Some(contract.clone()),
+            _ => None,
+        },
         reason: written.as_ref().map(|w| w.reason.clone()),
         message: written.as_ref().map(|w| w.message.clone()),
         ops: state.as_ref().and_then(|k| k.ops()).map(str::to_owned),
@@ -428,6 +436,23 @@ mod tests {
         assert!(rows[4].message.as_deref().is_some_and(|m| m.contains("Scheduler old owns it")));
         assert_eq!((rows[0].restarts, rows[0].ready), (2, Some(true)));
         assert_eq!((rows[0].agent.as_deref(), rows[2].agent.as_deref()), (Some("v0.5.0"), None), "the agent's version");
+    }
+
+    #[test]
+    fn a_node_s_row_carries_its_pods_cpu_contract_and_the_table_lists_it() {
+        let mut f = fleet();
+        let contract = "CPU limits: not enforced (no ops.cgroup_set_bandwidth), pod UID u1 measured over its limit; \
+                        CPU requests: not enforced (no ops.cgroup_set_weight)";
+        f.pods[0] =
+            pod("rusty", "n1", "cur", Some(("True", "KernelAttached", &format!("ops rusty_1.0 attached; {contract}"))));
+        let rows = f.status_rows(&f.schedulers[0], f.assignment().as_ref());
+        assert_eq!((rows[0].ops.as_deref(), rows[0].cpu_contract.as_deref()), (Some("rusty_1.0"), Some(contract)));
+        assert!(rows[1..].iter().all(|r| r.cpu_contract.is_none()));
+        let mut out = Vec::new();
+        let now = jiff::Timestamp::UNIX_EPOCH;
+        crate::render::status_table(&mut out, &Summary::of(&f.schedulers[0]), &rows, false, now).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains(&format!("The pods' CPU contract, by node:\n  n1: {contract}\n")), "{text}");
     }
 
     #[test]

@@ -87,6 +87,13 @@ pub fn status_table(
         writeln!(table, "{line}").map_err(io)?;
     }
     flush(out, table)?;
+    let contracts: Vec<&StatusRow> = rows.iter().filter(|r| r.cpu_contract.is_some()).collect();
+    if !contracts.is_empty() {
+        writeln!(out, "The pods' CPU contract, by node:").map_err(io)?;
+        for r in contracts {
+            writeln!(out, "  {}: {}", r.node, or_dash(r.cpu_contract.as_deref())).map_err(io)?;
+        }
+    }
     let judged: Vec<&StatusRow> = rows.iter().filter(|r| r.analysis.is_some()).collect();
     if !judged.is_empty() {
         writeln!(out, "Analysis of the last bake, by node:").map_err(io)?;

@@ -17,8 +17,9 @@ use sked_proto::text::{MAX_NAME_CHARS, escape_and_cap};
 /// Ownership of the attached scheduler, as far as this pod can see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
-    /// A process in this pod holds the sched_ext struct_ops link `link` (its id, when shown).
-    Ours { pid: u32, comm: String, link: Option<u32> },
+    /// A process in this pod holds the sched_ext struct_ops link `link` to the ops map `map`
+    /// (their ids, when shown).
+    Ours { pid: u32, comm: String, link: Option<u32>, map: Option<u32> },
     /// Every process of the pod was inspected and none holds it.
     NotOurs,
     /// The pod's processes could not be inspected.
@@ -52,7 +53,7 @@ pub enum MapsUnknown {
 
 /// The vmlinux BTF type id of `bpf_struct_ops_sched_ext_ops`, looked up once (parsing the
 /// kernel's BTF takes milliseconds; the id does not change while the kernel runs).
-fn sched_ext_value_type() -> Result<u32, MapsUnknown> {
+pub(crate) fn sched_ext_value_type() -> Result<u32, MapsUnknown> {
     static TYPE_ID: std::sync::OnceLock<Result<u32, MapsUnknown>> = std::sync::OnceLock::new();
     TYPE_ID
         .get_or_init(|| {
@@ -139,7 +140,7 @@ pub fn find(proc_root: &Path, self_pid: u32, sched_ext_maps: Option<&HashSet<u32
             {
                 let comm = fs::read(entry.path().join("comm")).unwrap_or_default();
                 let comm = escape_and_cap(String::from_utf8_lossy(&comm).trim(), MAX_NAME_CHARS);
-                return Owner::Ours { pid, comm, link: link.link_id };
+                return Owner::Ours { pid, comm, link: link.link_id, map: link.map_id };
             }
         }
     }
@@ -234,10 +235,13 @@ mod tests {
     fn the_pod_s_scheduler_process_owns_the_link() {
         let tree = proc_tree(&[(1, "pause", &[FILE]), (7, "scx_rusty", &[FILE, LINK]), (9, "sked-agent", &[LINK])]);
         // pid 9 is the agent itself and is skipped.
-        assert_eq!(find(tree.path(), 9, None), Owner::Ours { pid: 7, comm: "scx_rusty".into(), link: Some(3) });
+        assert_eq!(
+            find(tree.path(), 9, None),
+            Owner::Ours { pid: 7, comm: "scx_rusty".into(), link: Some(3), map: Some(12) }
+        );
         assert_eq!(
             find(tree.path(), 9, Some(&HashSet::from([12]))),
-            Owner::Ours { pid: 7, comm: "scx_rusty".into(), link: Some(3) }
+            Owner::Ours { pid: 7, comm: "scx_rusty".into(), link: Some(3), map: Some(12) }
         );
         // A struct_ops link of another kind (map 99 is not sched_ext_ops) does not count.
         let tree = proc_tree(&[(7, "tcp_cc_loader", &[&LINK.replace("map_id:\t12", "map_id:\t99")])]);

@@ -1,16 +1,19 @@
 //! Watching the kernel: read on every sched_ext uevent, and poll as a fallback.
 
+use std::collections::HashSet;
 use std::io::Read as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use sked_proto::text::escape_and_cap;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::attacher::{self, LinkMemory, Owner};
+use crate::cgroup_ops::{self, CgroupOps, Unread};
 use crate::kmsg::{self, Exit};
 use crate::metrics::Metrics;
 use crate::observation::Observation;
@@ -18,6 +21,9 @@ use crate::reactor;
 use crate::sysfs::{self, SchedState};
 use crate::uevent;
 use crate::verdict;
+
+/// Most characters kept of why the cgroup callbacks could not be read.
+pub const MAX_UNREAD_CHARS: usize = 256;
 
 /// Where to look, and what this pod expects.
 #[derive(Debug)]
@@ -27,6 +33,15 @@ pub struct Observer {
     pub expected_ops: Option<String>,
     /// Which enable each of the pod's links made.
     pub links: std::sync::Mutex<LinkMemory>,
+    /// The running scheduler's cgroup callbacks, read once per enable (and ops name).
+    pub cgroup_ops: std::sync::Mutex<Option<CgroupOpsRead>>,
+}
+
+/// The cgroup callbacks read for one enable of one ops name: `(enable_seq, ops)`.
+#[derive(Debug)]
+pub struct CgroupOpsRead {
+    key: (Option<u64>, String),
+    ops: CgroupOps,
 }
 
 impl Observer {
@@ -40,20 +55,56 @@ impl Observer {
         // The ops name decides when it matches expectedOps; /proc is walked anyway until the
         // pod's link is tied to this enable, so a link held past a forced disable is known.
         let link_known = read.enable_seq.is_some_and(|seq| self.lock_links().knows_enable(seq));
+        let mut maps = None;
         let owner = if expected_matches && link_known {
             Owner::Unknown("not checked: the ops match expectedOps".into())
         } else if enabled {
-            let maps = attacher::sched_ext_map_ids(&self.proc_root);
-            if let Err(why) = &maps {
+            let listed = maps.insert(attacher::sched_ext_map_ids(&self.proc_root));
+            if let Err(why) = listed {
                 debug!(reason = %why, "checking link holders without the BPF map type");
             }
-            let found = attacher::find(&self.proc_root, std::process::id(), maps.as_ref().ok());
+            let found = attacher::find(&self.proc_root, std::process::id(), listed.as_ref().ok());
             self.current_enable(found, read.enable_seq)
         } else {
             Owner::NotOurs
         };
+        let cgroup_ops = match (&read.ops, enabled) {
+            (Some(ops), true) => Some(self.cgroup_ops(ops, read.enable_seq, &owner, maps)),
+            _ => None,
+        };
         let (verdict, reason) = verdict::decide(&read, self.expected_ops.as_deref(), &owner);
-        Observation { read, verdict, reason, last_exit: None }
+        Observation { read, verdict, reason, last_exit: None, cgroup_ops }
+    }
+
+    /// The cgroup callbacks of the scheduler running under `ops` (enable `enable_seq`): read
+    /// from its struct_ops map once per enable, since a map's programs do not change; a failed
+    /// read is tried again at the next look. `maps` is the list of sched_ext maps when this look
+    /// made it.
+    fn cgroup_ops(
+        &self,
+        ops: &str,
+        enable_seq: Option<u64>,
+        owner: &Owner,
+        maps: Option<Result<HashSet<u32>, attacher::MapsUnknown>>,
+    ) -> Result<CgroupOps, String> {
+        let key = (enable_seq, ops.to_owned());
+        let mut cached = crate::lock(&self.cgroup_ops);
+        if let Some(read) = cached.as_ref().filter(|r| r.key == key) {
+            return Ok(read.ops);
+        }
+        let own_map = match owner {
+            Owner::Ours { map, .. } => *map,
+            _ => None,
+        };
+        let maps = maps.unwrap_or_else(|| attacher::sched_ext_map_ids(&self.proc_root));
+        let read = maps.map_err(Unread::from).and_then(|maps| cgroup_ops::read(ops, &maps, own_map));
+        match read {
+            Ok(found) => {
+                *cached = Some(CgroupOpsRead { key, ops: found });
+                Ok(found)
+            }
+            Err(why) => Err(escape_and_cap(&why.to_string(), MAX_UNREAD_CHARS)),
+        }
     }
 
     /// `found`, unless it is a link of the pod that made an earlier enable than the current one

@@ -2,6 +2,8 @@
 //!
 //! - [`sysfs`] reads `/sys/kernel/sched_ext` (root directory injectable);
 //! - [`attacher`] finds which process holds the scheduler's BPF link;
+//! - [`cgroup_ops`] reads which cgroup callbacks (CPU limits, requests) the running scheduler implements;
+//! - [`pod_cgroups`] measures the pods' CPU usage against their limits (`cpu.max`) in the host's cgroup2 tree;
 //! - [`verdict`] decides Attached / NotAttached / ForeignScheduler / KernelUnsupported;
 //! - [`observation`] is one look at the node (what was read, the verdict, why);
 //! - [`uevent`] parses kernel uevents; [`kernel_watch`] re-reads on each one and polls as a fallback;
@@ -18,12 +20,14 @@
 #![deny(unsafe_code)]
 
 pub mod attacher;
+pub mod cgroup_ops;
 pub mod health;
 pub mod http;
 pub mod kernel_watch;
 pub mod kmsg;
 pub mod metrics;
 pub mod observation;
+pub mod pod_cgroups;
 pub mod privileges;
 pub mod reactor;
 pub mod relayed_series;

@@ -92,6 +92,14 @@ struct Cli {
     /// with every report. 0s: not sampled, no health sent.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     health_interval: Duration,
+    /// The host's cgroup2 tree, mounted read-only, where the agent reads the pods' CPU limits
+    /// and usage (`kubepods` under it).
+    #[arg(long, env = env::CGROUP_ROOT, default_value = contract::HOST_CGROUP_SOURCE)]
+    cgroup_root: PathBuf,
+    /// Read the pods' CPU limits and usage this often (at least 1s), and send what the last
+    /// window showed with every report. 0s: not read.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pod_cpu_interval: Duration,
     /// Address of /readyz, /healthz and /metrics.
     #[arg(long, default_value_t = SocketAddr::from(([0, 0, 0, 0], contract::AGENT_PORT)))]
     listen_address: SocketAddr,
@@ -130,6 +138,19 @@ fn main() -> ExitCode {
     runtime.block_on(run(cli))
 }
 
+/// Starts reading the pods' CPU limits and usage, unless `--pod-cpu-interval` is 0s. Returns
+/// the newest window's summary, for the reports.
+fn spawn_pod_cpu(cli: &Cli, metrics: Arc<Metrics>) -> Option<watch::Receiver<Option<sked_proto::PodCpu>>> {
+    if cli.pod_cpu_interval.is_zero() {
+        info!("the pods' CPU limits and usage are not read (--pod-cpu-interval 0s)");
+        return None;
+    }
+    let (tx, rx) = watch::channel(None);
+    let interval = cli.pod_cpu_interval.max(Duration::from_secs(1));
+    tokio::spawn(sked_agent::pod_cgroups::run(cli.cgroup_root.clone(), interval, tx, metrics));
+    Some(rx)
+}
+
 /// Starts sampling the node's scheduling health, unless `--health-interval` is 0s. Returns the
 /// newest samples, for the reports.
 fn spawn_health(cli: &Cli, metrics: Arc<Metrics>) -> Option<watch::Receiver<Health>> {
@@ -149,8 +170,10 @@ async fn run(cli: Cli) -> ExitCode {
         proc_root: cli.proc_root.clone(),
         expected_ops: cli.expected_ops.clone().filter(|s| !s.is_empty()),
         links: Default::default(),
+        cgroup_ops: Default::default(),
     };
     let metrics = Arc::new(Metrics::new());
+    sked_agent::cgroup_ops::warm_up();
     // Say at once what the owner check cannot do, rather than a verdict that looks wrong later.
     let missing = Capabilities::of_self(&cli.proc_root).missing();
     for (capability, cost) in &missing {
@@ -174,7 +197,8 @@ async fn run(cli: Cli) -> ExitCode {
         }
     }
     tokio::spawn(observer.run(tx, exits_rx, metrics.clone(), cli.poll_interval, cli.uevents));
-    let health = spawn_health(&cli, metrics.clone());
+    let sampled =
+        report::Sampled { health: spawn_health(&cli, metrics.clone()), pods: spawn_pod_cpu(&cli, metrics.clone()) };
     if let Some(address) = cli.controller_address.clone() {
         let cfg = ReporterConfig {
             address,
@@ -185,7 +209,7 @@ async fn run(cli: Cli) -> ExitCode {
             heartbeat: cli.heartbeat_interval,
         };
         let id = Identity { node: cli.node_name.clone(), pod: cli.pod_name.clone(), scheduler: cli.scheduler.clone() };
-        tokio::spawn(report::run(cfg, id, rx.clone(), health, metrics.clone()));
+        tokio::spawn(report::run(cfg, id, rx.clone(), sampled, metrics.clone()));
     }
 
     if !cli.stats_socket.as_os_str().is_empty() {

@@ -114,6 +114,17 @@ pub struct Metrics {
     /// Share of the CPUs' time spent running tasks over the last health interval.
     utilisation: KnownGauge,
     pub health_samples: Counter,
+    /// The pods' CPU contract over the last window (see [`Metrics::pods_sampled`]).
+    pods_limited: Gauge,
+    pods_over_limit: Gauge,
+    pods_exercised: Gauge,
+    /// 1 for each cgroup callback the running scheduler implements, 0 for one it lacks.
+    cgroup_op: Family<OpLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
 }
 
 impl Default for Metrics {
@@ -155,12 +166,17 @@ impl Metrics {
             waiting_tasks: Family::default(),
             utilisation: Family::default(),
             health_samples: Counter::default(),
+            pods_limited: Gauge::default(),
+            pods_over_limit: Gauge::default(),
+            pods_exercised: Gauge::default(),
+            cgroup_op: Family::default(),
             registry: Registry::default(),
         };
         m.register_kernel(registry);
         m.register_streams(registry);
         m.register_stats(registry);
         m.register_health(registry);
+        m.register_cpu_contract(registry);
         // The relayed series keep their own names (scx_...), outside the agent's prefix.
         root.register_collector(Box::new(m.scx_stats.clone()));
         Self { registry: root, ..m }
@@ -293,6 +309,47 @@ impl Metrics {
 
     /// Records the newest health sample: each gauge takes its value, or is removed when the
     /// sample lacks it (never set to 0 for an unknown value).
+    /// Registers the pods' CPU contract: what the running scheduler implements, what the pods got.
+    fn register_cpu_contract(&self, registry: &mut Registry) {
+        registry.register(
+            "pods_cpu_limited",
+            "Pods on the node with a CPU limit, read at both ends of the last window",
+            self.pods_limited.clone(),
+        );
+        registry.register(
+            "pods_cpu_limit_exercised",
+            "Limited pods that wanted their limit in the last window (used 90 % of it, throttled, or went over)",
+            self.pods_exercised.clone(),
+        );
+        registry.register(
+            "pods_over_cpu_limit",
+            "Pods that used more CPU than their limit in the last window: the scheduler does not keep cpu.max",
+            self.pods_over_limit.clone(),
+        );
+        registry.register(
+            "scheduler_cgroup_op",
+            "1 when the running scheduler implements the cgroup callback (cgroup_set_bandwidth: CPU limits, cgroup_set_weight: CPU requests), 0 when it lacks it; no series while unknown",
+            self.cgroup_op.clone(),
+        );
+    }
+
+    /// Records what the pods' cgroups showed over the last window.
+    pub fn pods_sampled(&self, limited: u32, exercised: u32, over_limit: u32) {
+        self.pods_limited.set(i64::from(limited));
+        self.pods_exercised.set(i64::from(exercised));
+        self.pods_over_limit.set(i64::from(over_limit));
+    }
+
+    /// Records the running scheduler's cgroup callbacks (`None`: unknown, no series).
+    pub fn cgroup_ops_seen(&self, ops: Option<crate::cgroup_ops::CgroupOps>) {
+        use crate::cgroup_ops::Support;
+        self.cgroup_op.clear();
+        let Some(ops) = ops else { return };
+        for (op, support) in [("cgroup_set_bandwidth", ops.limits), ("cgroup_set_weight", ops.requests)] {
+            self.cgroup_op.get_or_create(&OpLabel { op }).set(i64::from(support == Support::Implemented));
+        }
+    }
+
     pub fn health_sampled(&self, sample: &HealthSample) {
         self.health_samples.inc();
         let run_delay_seconds = sample.run_delay_us.map(|us| us / 1_000_000.0);
@@ -355,6 +412,7 @@ impl Metrics {
         self.verdict.clear();
         self.verdict.get_or_create(&VerdictLabel { verdict: o.verdict.as_str().into() }).set(1);
         self.attached.set(i64::from(o.verdict == Verdict::Attached));
+        self.cgroup_ops_seen(o.cgroup_ops.as_ref().and_then(|r| r.as_ref().ok()).copied());
         self.counters(&o.read);
     }
 
@@ -437,6 +495,7 @@ mod tests {
             verdict: Verdict::Attached,
             reason: String::new(),
             last_exit: None,
+            cgroup_ops: None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! One look at the node: what was read, and what the agent concluded from it.
 
+use crate::cgroup_ops::CgroupOps;
 use crate::kmsg::Exit;
 use crate::sysfs::KernelRead;
 use crate::verdict::Verdict;
@@ -12,6 +13,9 @@ pub struct Observation {
     pub reason: String,
     /// The node's last exit, from the kernel log.
     pub last_exit: Option<Exit>,
+    /// The running scheduler's cgroup callbacks, or why they could not be read (`None` while
+    /// no scheduler is enabled).
+    pub cgroup_ops: Option<Result<CgroupOps, String>>,
 }
 
 impl Observation {
@@ -35,6 +39,7 @@ impl Observation {
             || self.read.enable_seq != other.read.enable_seq
             || self.reason != other.reason
             || self.last_exit != other.last_exit
+            || self.cgroup_ops != other.cgroup_ops
     }
 }
 
@@ -54,7 +59,7 @@ mod tests {
             restart: true,
             trace: Vec::new(),
         });
-        Observation { read, verdict, reason: String::new(), last_exit }
+        Observation { read, verdict, reason: String::new(), last_exit, cgroup_ops: None }
     }
 
     #[test]

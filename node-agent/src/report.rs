@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sked_proto::contract::EVERY_REPLICA_METADATA;
 use sked_proto::v1::reports_client::ReportsClient;
-use sked_proto::{Health, KernelExit, KernelState, Report};
+use sked_proto::{CgroupOp, CpuContract, Health, KernelExit, KernelState, PodCpu, Report};
 use tokio::sync::watch;
 use tonic::codegen::http::Uri;
 use tonic::metadata::MetadataValue;
@@ -52,16 +52,41 @@ pub struct ReporterConfig {
 
 use sked_logging::BoxError;
 
+/// What the agent samples beside its observations, as receivers of the newest value (each
+/// `None` when the agent does not sample it).
+#[derive(Clone, Debug, Default)]
+pub struct Sampled {
+    /// The node's scheduling health.
+    pub health: Option<watch::Receiver<Health>>,
+    /// What the pods' cgroups showed over the last window (`None` before the first).
+    pub pods: Option<watch::Receiver<Option<PodCpu>>>,
+}
+
+/// The newest of what the agent samples, and the scheduler's last statistics, as a report is
+/// built.
+#[derive(Clone, Debug, Default)]
+pub struct Newest {
+    pub health: Option<Health>,
+    pub pods: Option<PodCpu>,
+    /// The scheduler's last scx_stats reply.
+    pub stats: Option<String>,
+}
+
+impl Sampled {
+    fn newest(&self, stats: Option<String>) -> Newest {
+        Newest {
+            health: self.health.as_ref().map(|h| h.borrow().clone()),
+            pods: self.pods.as_ref().and_then(|p| p.borrow().clone()),
+            stats,
+        }
+    }
+}
+
 /// Builds the wire report for an observation, with the node's scheduling health when the agent
 /// samples it, stamped with the node's clock now, as the report is built
-/// ([`Health::sent_unix_ms`]).
-pub fn to_report(
-    id: &Identity,
-    o: &Observation,
-    sequence: u64,
-    health: Option<Health>,
-    stats: Option<String>,
-) -> Report {
+/// ([`Health::sent_unix_ms`]), and the pods' CPU contract.
+pub fn to_report(id: &Identity, o: &Observation, sequence: u64, newest: Newest) -> Report {
+    let Newest { health, pods, stats } = newest;
     let r = &o.read;
     // What the scheduler said last, only once the kernel ended it (or asked it to restart).
     let ended = o.verdict != Verdict::Attached && o.last_exit.as_ref().is_some_and(|e| e.ejected || e.restart);
@@ -94,7 +119,26 @@ pub fn to_report(
         }),
         health: health.map(|h| Health { sent_unix_ms: jiff::Timestamp::now().as_millisecond(), ..h }),
         scheduler_stats: stats.filter(|_| ended).unwrap_or_default(),
+        cpu_contract: cpu_contract(o, pods),
     }
+}
+
+/// The pods' CPU contract: what the running scheduler is handed, and what the pods got. `None`
+/// while there is neither (nothing enabled, pods not read).
+fn cpu_contract(o: &Observation, pods: Option<PodCpu>) -> Option<CpuContract> {
+    use crate::cgroup_ops::Support;
+    let op = |s: Support| match s {
+        Support::Implemented => CgroupOp::Implemented,
+        Support::Missing => CgroupOp::Missing,
+        Support::NotInKernel => CgroupOp::NotInKernel,
+    };
+    let (limits, requests, ops_unread) = match &o.cgroup_ops {
+        Some(Ok(ops)) => (op(ops.limits), op(ops.requests), String::new()),
+        Some(Err(why)) => (CgroupOp::Unknown, CgroupOp::Unknown, why.clone()),
+        None if pods.is_none() => return None,
+        None => (CgroupOp::Unknown, CgroupOp::Unknown, "no sched_ext scheduler is enabled".to_owned()),
+    };
+    Some(CpuContract { limits: limits as i32, requests: requests as i32, ops_unread, pods })
 }
 
 /// First delay before reconnecting; doubles after each stream the controller did not accept.
@@ -150,8 +194,8 @@ impl std::fmt::Display for Target {
 }
 
 /// Keeps a report stream open to every controller replica until the process ends. Each report
-/// carries the newest `health` (when the agent samples it), read as the report is built: a new
-/// sample does not send a report.
+/// carries the newest of what is `sampled` (the health, the pods' CPU), read as the report is
+/// built: a new sample does not send a report.
 ///
 /// A replica that resolves no more keeps its stream while the stream lasts (a DNS answer that
 /// misses a replica for a moment costs nothing); it is not dialled again once the stream ends.
@@ -161,7 +205,7 @@ pub async fn run(
     cfg: ReporterConfig,
     id: Identity,
     rx: watch::Receiver<Observation>,
-    health: Option<watch::Receiver<Health>>,
+    sampled: Sampled,
     metrics: Arc<Metrics>,
 ) {
     let cfg = Arc::new(cfg);
@@ -169,7 +213,7 @@ pub async fn run(
     let Some(replicas) = cfg.replicas.clone() else {
         let target = Target::Leader(cfg.address.clone());
         wanted_tx.send_replace(BTreeSet::from([target.clone()]));
-        return keep_stream(cfg.clone(), target, wanted, id, rx, health, metrics).await;
+        return keep_stream(cfg.clone(), target, wanted, id, rx, sampled, metrics).await;
     };
     let default_port = cfg.address.parse::<Uri>().ok().and_then(|u| u.port_u16()).unwrap_or(443);
     let entries = replica_entries(&replicas, default_port);
@@ -195,7 +239,7 @@ pub async fn run(
                     wanted.clone(),
                     id.clone(),
                     rx.clone(),
-                    health.clone(),
+                    sampled.clone(),
                     metrics.clone(),
                 );
                 streams.insert(target.clone(), tokio::spawn(task));
@@ -268,13 +312,13 @@ async fn keep_stream(
     wanted: watch::Receiver<BTreeSet<Target>>,
     id: Identity,
     rx: watch::Receiver<Observation>,
-    health: Option<watch::Receiver<Health>>,
+    sampled: Sampled,
     metrics: Arc<Metrics>,
 ) {
     let mut delay = Duration::ZERO;
     loop {
         let mut accepted = false;
-        match session(&cfg, &target, &id, rx.clone(), health.clone(), &metrics, &mut accepted).await {
+        match session(&cfg, &target, &id, rx.clone(), sampled.clone(), &metrics, &mut accepted).await {
             Ok(()) => info!(%target, "report stream closed by the controller; reconnecting"),
             Err(e) => {
                 metrics.stream_failures.inc();
@@ -319,7 +363,7 @@ async fn session(
     target: &Target,
     id: &Identity,
     rx: watch::Receiver<Observation>,
-    health: Option<watch::Receiver<Health>>,
+    sampled: Sampled,
     metrics: &Arc<Metrics>,
     accepted: &mut bool,
 ) -> Result<(), BoxError> {
@@ -343,7 +387,7 @@ async fn session(
     let bearer = MetadataValue::try_from(format!("Bearer {}", token.trim()))?;
 
     let heartbeat = cfg.heartbeat;
-    // Sent on a change of the observation or a heartbeat; the health is read, never waited on.
+    // Sent on a change of the observation or a heartbeat; the samples are read, never waited on.
     let outbound = futures::stream::unfold(
         (
             rx,
@@ -351,19 +395,19 @@ async fn session(
             0u64,
             metrics.clone(),
             id.clone(),
-            health,
+            sampled,
         ),
-        |(mut rx, mut tick, seq, metrics, id, health)| async move {
+        |(mut rx, mut tick, seq, metrics, id, sampled)| async move {
             if seq > 0 {
                 tokio::select! {
                     changed = rx.changed() => changed.ok()?,
                     _ = tick.tick() => {}
                 }
             }
-            let newest = health.as_ref().map(|h| h.borrow().clone());
-            let report = to_report(&id, &rx.borrow_and_update(), seq + 1, newest, metrics.scx_stats.snapshot());
+            let newest = sampled.newest(metrics.scx_stats.snapshot());
+            let report = to_report(&id, &rx.borrow_and_update(), seq + 1, newest);
             metrics.reports_sent.inc();
-            Some((report, (rx, tick, seq + 1, metrics, id, health)))
+            Some((report, (rx, tick, seq + 1, metrics, id, sampled)))
         },
     );
     let mut request = tonic::Request::new(outbound);
@@ -406,8 +450,9 @@ mod tests {
             verdict: crate::verdict::Verdict::NotAttached,
             reason: "no scheduler attached".into(),
             last_exit: None,
+            cgroup_ops: None,
         };
-        assert_eq!(to_report(&id, &o, 1, None, None).health, None, "the agent does not sample");
+        assert_eq!(to_report(&id, &o, 1, Newest::default()).health, None, "the agent does not sample");
         let sample = sked_proto::HealthSample { time_unix_ms: 5, run_delay_us: Some(12.5), ..Default::default() };
         let health = Health {
             samples: vec![sample],
@@ -416,11 +461,38 @@ mod tests {
             sent_unix_ms: 0,
         };
         let earliest = jiff::Timestamp::now().as_millisecond();
-        let report = to_report(&id, &o, 2, Some(health.clone()), None);
+        let report = to_report(&id, &o, 2, Newest { health: Some(health.clone()), ..Newest::default() });
         let latest = jiff::Timestamp::now().as_millisecond();
         let sent = report.health.as_ref().map_or(0, |h| h.sent_unix_ms);
         assert!((earliest..=latest).contains(&sent), "stamped as it is built: {sent}");
         assert_eq!((report.sequence, report.health), (2, Some(Health { sent_unix_ms: sent, ..health })));
+    }
+
+    #[test]
+    fn a_report_carries_the_cpu_contract_of_the_running_scheduler_and_the_pods() {
+        use crate::cgroup_ops::{CgroupOps, Support};
+        let id = Identity { node: "n1".into(), pod: "p1".into(), scheduler: "s".into() };
+        let mut o = Observation {
+            read: crate::sysfs::read(std::path::Path::new("/nonexistent")),
+            verdict: Verdict::Attached,
+            reason: String::new(),
+            last_exit: None,
+            cgroup_ops: None,
+        };
+        let contract = |o: &Observation, pods: Option<PodCpu>| {
+            to_report(&id, o, 1, Newest { pods, ..Newest::default() }).cpu_contract
+        };
+        assert_eq!(contract(&o, None), None, "nothing enabled, pods not read: nothing to say");
+        let pods = PodCpu { pods: 3, limited: 1, ..PodCpu::default() };
+        let nothing = contract(&o, Some(pods.clone())).unwrap();
+        assert_eq!((nothing.limits, nothing.ops_unread.as_str()), (0, "no sched_ext scheduler is enabled"));
+        assert_eq!(nothing.pods, Some(pods.clone()));
+        o.cgroup_ops = Some(Ok(CgroupOps { limits: Support::Missing, requests: Support::NotInKernel }));
+        let read = contract(&o, Some(pods)).unwrap();
+        assert_eq!((read.limits, read.requests), (CgroupOp::Missing as i32, CgroupOp::NotInKernel as i32));
+        o.cgroup_ops = Some(Err("the agent lacks CAP_SYS_ADMIN".into()));
+        let unread = contract(&o, None).unwrap();
+        assert_eq!((unread.limits, unread.ops_unread.as_str()), (0, "the agent lacks CAP_SYS_ADMIN"));
     }
 
     #[test]
@@ -442,8 +514,11 @@ mod tests {
             verdict: Verdict::NotAttached,
             reason: String::new(),
             last_exit,
+            cgroup_ops: None,
         };
-        let sent = |o: &Observation| to_report(&id, o, 1, None, stats.clone()).scheduler_stats;
+        let sent = |o: &Observation| {
+            to_report(&id, o, 1, Newest { stats: stats.clone(), ..Newest::default() }).scheduler_stats
+        };
         assert_eq!(sent(&away(Some(exit(true)))), r#"{"nr_running":3}"#, "ejected: what it said last");
         assert_eq!(sent(&away(Some(exit(false)))), "", "unregistered by its own process: nothing to tell");
         assert_eq!(sent(&away(None)), "");

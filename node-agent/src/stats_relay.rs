@@ -239,6 +239,7 @@ mod tests {
             verdict: Verdict::Attached,
             reason: String::new(),
             last_exit: None,
+            cgroup_ops: None,
         }
     }
 

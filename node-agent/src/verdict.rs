@@ -72,7 +72,7 @@ mod tests {
     }
 
     fn ours() -> Owner {
-        Owner::Ours { pid: 42, comm: "scx_rusty".into(), link: Some(3) }
+        Owner::Ours { pid: 42, comm: "scx_rusty".into(), link: Some(3), map: Some(12) }
     }
 
     #[test]

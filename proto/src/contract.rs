@@ -44,6 +44,13 @@ pub const STATS_SOCKET: &str = "/var/run/scx/root/stats";
 /// BPF scheduler uses, and distributions such as Debian and Ubuntu keep it only there.
 pub const HOST_BOOT: &str = "/boot";
 
+/// The host's cgroup2 tree (`/sys/fs/cgroup`), mounted read-only here in the agent container:
+/// the agent reads the pods' CPU limits and usage under its `kubepods` directory (a container's
+/// own `/sys/fs/cgroup` shows only its own cgroup namespace).
+pub const HOST_CGROUP: &str = "/host/cgroup";
+/// Where the host keeps its cgroup2 tree.
+pub const HOST_CGROUP_SOURCE: &str = "/sys/fs/cgroup";
+
 /// Environment variables the controller sets on the agent container.
 pub mod env {
     /// The node the pod runs on (downward API `spec.nodeName`).
@@ -58,6 +65,8 @@ pub mod env {
     pub const CONTROLLER_ADDRESS: &str = "SKED_CONTROLLER_ADDRESS";
     /// Every controller replica (a name whose DNS records are the replicas), when set.
     pub const CONTROLLER_REPLICAS: &str = "SKED_CONTROLLER_REPLICAS";
+    /// The host's cgroup2 tree as the agent sees it (`super::HOST_CGROUP`).
+    pub const CGROUP_ROOT: &str = "SKED_CGROUP_ROOT";
 }
 
 #[cfg(test)]

@@ -18,7 +18,9 @@ pub mod codec;
 pub mod contract;
 pub mod text;
 
-pub use v1::{Ack, Health, HealthSample, KernelExit, KernelState, Report, Verdict};
+pub use v1::{
+    Ack, CgroupOp, CpuContract, Health, HealthSample, KernelExit, KernelState, PodCpu, PodOverLimit, Report, Verdict,
+};
 
 impl Verdict {
     /// The verdict's name as users read it (logs, `/readyz`, metric labels).

@@ -178,6 +178,7 @@ fn report(id: &AgentIdentity, verdict: Verdict, sequence: u64) -> Report {
         last_exit: None,
         health: Some(health()),
         scheduler_stats: String::new(),
+        cpu_contract: None,
     }
 }
 

@@ -54,7 +54,12 @@ fn exported_metrics() -> BTreeSet<String> {
         verdict: sked_proto::Verdict::Attached,
         reason: String::new(),
         last_exit: None,
+        cgroup_ops: Some(Ok(sked_agent::cgroup_ops::CgroupOps {
+            limits: sked_agent::cgroup_ops::Support::Missing,
+            requests: sked_agent::cgroup_ops::Support::Implemented,
+        })),
     });
+    agent.pods_sampled(3, 1, 1);
     agent.scx_stats_failure("timeout");
     let stats = std::sync::Arc::new(sked_controller::metrics::ReportStats::default());
     stats.refused("wrong_node");

@@ -127,7 +127,8 @@ async fn start_agent_for(vm: &mut TestVm, tls: &ReportsTls, token: &str, pod: &s
         "if [ -f /run/agent.pid ]; then kill $(cat /run/agent.pid) 2>/dev/null; sleep 0.2; fi; \
          /bin/sked-agent --node-name {NODE} --pod-name {pod} --scheduler {SCHEDULER} --expected-ops sked_canary \
          --controller-address https://127.0.0.1:8443 --ca-file /run/sked/ca.crt --token-file /run/sked/token \
-         --poll-interval 1h --health-interval 1s --heartbeat-interval 2s --listen-address 127.0.0.1:9464 \
+         --poll-interval 1h --health-interval 1s --heartbeat-interval 2s --pod-cpu-interval 2s \
+         --listen-address 127.0.0.1:9464 \
          >> /run/agent.log 2>&1 & echo $! > /run/agent.pid"
     ))
     .await?;
@@ -194,6 +195,7 @@ async fn attach_detach_foreign(s: &Setup, vm: &mut TestVm) -> Result<()> {
     .await?;
     let sched = s.wait_kernel("the VM's agent reporting nothing attached", 0, "NotAttached").await?;
     assert_eq!(sched.status.as_ref().and_then(|st| st.kernel_attached_summary.clone()).as_deref(), Some("0/1"));
+    limited_pod_under_the_default(vm).await?;
 
     // Attach the canary the way a scheduler pod does: a process holding the link.
     let reports_before = s.fx.report_stats.reports.get();
@@ -223,6 +225,8 @@ async fn attach_detach_foreign(s: &Setup, vm: &mut TestVm) -> Result<()> {
         s.status.as_ref().and_then(|st| st.rollout.as_ref()).is_some_and(|r| r.current_revision.is_some())
     })
     .await?;
+
+    limited_pod_under_the_canary(s, vm).await?;
 
     // Detach: the process goes away, and with it the scheduler.
     vm.run("kill $(cat /run/canary.pid); while grep -q enabled /sys/kernel/sched_ext/state; do sleep 0.05; done")
@@ -262,6 +266,84 @@ async fn attach_detach_foreign(s: &Setup, vm: &mut TestVm) -> Result<()> {
     eprintln!("measured: attach returned -> controller received the report (host): {to_report:?}");
     eprintln!("measured: attach returned -> status KERNEL-ATTACHED 1/1 (host): {to_status:?}");
     eprintln!("measured: detach returned -> status 0/1 (host): {detach_to_status:?}");
+    Ok(())
+}
+
+/// The UID of the pod whose cgroup the CPU-contract checks make in the VM (the kubelet's
+/// systemd layout: a Burstable pod, its UID's dashes as underscores).
+const LIMITED_POD: &str = "0a1b2c3d-4e5f-4a6b-8c7d-0123456789ab";
+
+/// The limited pod's cgroup, under the VM's cgroup2 root.
+fn limited_pod_cgroup() -> String {
+    let uid = LIMITED_POD.replace('-', "_");
+    format!("/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice")
+}
+
+/// Prints the CPUs the limited pod used over 3 s, from its cpu.stat.
+async fn measure_limited_pod(vm: &mut TestVm, under: &str) -> Result<f64> {
+    let dir = limited_pod_cgroup();
+    let out = vm
+        .run(&format!(
+            "a=$(grep usage_usec {dir}/cpu.stat | cut -d' ' -f2); sleep 3; b=$(grep usage_usec {dir}/cpu.stat | cut -d' ' -f2); \
+             echo $a $b"
+        ))
+        .await?;
+    let used: Vec<f64> = out.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let [a, b] = used[..] else { anyhow::bail!("cpu.stat of the limited pod: {out:?}") };
+    let cpus = (b - a) / 3_000_000.0;
+    eprintln!("measured: a pod limited to 0.50 CPU with two spinning tasks, under {under}: {cpus:.2} CPU");
+    Ok(cpus)
+}
+
+/// A pod's cgroup limited to half a CPU (`cpu.max 50000 100000`), two spinning tasks in it,
+/// under the kernel's default scheduler: the agent finds its limit exercised and kept.
+async fn limited_pod_under_the_default(vm: &mut TestVm) -> Result<()> {
+    let dir = limited_pod_cgroup();
+    vm.run(&format!(
+        "mount -t cgroup2 none /sys/fs/cgroup; cd /sys/fs/cgroup && echo +cpu > cgroup.subtree_control && \
+         mkdir -p kubepods.slice/kubepods-burstable.slice && echo +cpu > kubepods.slice/cgroup.subtree_control && \
+         echo +cpu > kubepods.slice/kubepods-burstable.slice/cgroup.subtree_control && mkdir -p {dir} && \
+         echo '50000 100000' > {dir}/cpu.max && \
+         for i in 1 2; do sh -c 'echo $$ > {dir}/cgroup.procs; while :; do :; done' >/dev/null 2>&1 & \
+         echo $! >> /run/spin.pids; done"
+    ))
+    .await?;
+    let metrics = vm
+        .run(
+            "for i in $(seq 1 300); do m=$(wget -qO- http://127.0.0.1:9464/metrics); \
+             echo \"$m\" | grep -q '^sked_agent_pods_cpu_limit_exercised 1' && break; sleep 0.1; done; \
+             echo \"$m\" | grep '^sked_agent_pods_'",
+        )
+        .await?;
+    assert!(metrics.contains("sked_agent_pods_cpu_limit_exercised 1"), "the limit wanted: {metrics}");
+    assert!(metrics.contains("sked_agent_pods_over_cpu_limit 0"), "and kept: {metrics}");
+    let cpus = measure_limited_pod(vm, "the kernel's default scheduler").await?;
+    assert!(cpus < 0.6, "the kernel's default keeps cpu.max: {cpus:.2} CPU");
+    Ok(())
+}
+
+/// The same pod under the canary (which implements no cgroup callback): the Scheduler's
+/// PodCPUContract condition turns False, naming the pod, what it used and the missing callback,
+/// with one Warning; then the pod's tasks stop.
+async fn limited_pod_under_the_canary(s: &Setup, vm: &mut TestVm) -> Result<()> {
+    let sched =
+        s.fx.wait_scheduler(SCHEDULER, "PodCPUContract False", |s| {
+            condition(s, "PodCPUContract").is_some_and(|c| c.status == "False" && c.reason == "LimitsNotEnforced")
+        })
+        .await?;
+    let message = condition(&sched, "PodCPUContract").map(|c| c.message.clone()).unwrap_or_default();
+    eprintln!("measured: PodCPUContract under the canary: {message}");
+    for words in [
+        &format!("pod UID {LIMITED_POD} used"),
+        "against its limit of 0.50 on node kvm-node",
+        "lacks ops.cgroup_set_bandwidth",
+    ] {
+        assert!(message.contains(words), "{words:?} in {message}");
+    }
+    s.fx.wait_event(SCHEDULER, "Warning", "LimitsNotEnforced", 1).await?;
+    let cpus = measure_limited_pod(vm, "the canary").await?;
+    assert!(cpus > 0.6, "the canary does not keep cpu.max: {cpus:.2} CPU");
+    vm.run("kill $(cat /run/spin.pids); rm /run/spin.pids").await?;
     Ok(())
 }
 

@@ -13,7 +13,8 @@ pub(super) async fn save_status(
     previous: &SchedulerStatus,
     outcome: &status::NewStatus,
 ) -> Result<(), Error> {
-    let events = outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_events);
+    let events =
+        outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.contract_event).chain(&outcome.exit_events);
     if outcome.status != *previous || events.clone().next().is_some() {
         crate::throttle::before_write(&ctx.limiter)?;
     }

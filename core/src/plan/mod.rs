@@ -217,7 +217,13 @@ impl Plan {
     pub fn events(&self) -> impl Iterator<Item = &EventSpec> {
         let outcome = &self.status;
         let rollout = self.rollout.iter().flat_map(RolloutActions::events);
-        outcome.event.iter().chain(&outcome.kernel_event).chain(&outcome.exit_events).chain(rollout)
+        outcome
+            .event
+            .iter()
+            .chain(&outcome.kernel_event)
+            .chain(&outcome.contract_event)
+            .chain(&outcome.exit_events)
+            .chain(rollout)
     }
 }
 
