@@ -227,6 +227,13 @@ pub struct AnalysisSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 2, max = 100))]
     pub critical_factor: Option<i32>,
+    /// Judge the pods' CPU contract too: a wave fails when, during its bake, a node of it ran a
+    /// pod over its CPU limit, or its scheduler lacks the cgroup callback that keeps the pods'
+    /// limits (`ops.cgroup_set_bandwidth`, where pods have limits) or requests
+    /// (`ops.cgroup_set_weight`, where pods' requests differ); a node whose agent could not say
+    /// leaves the wave Inconclusive. Default false. See docs/cpu-contract.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_contract: Option<bool>,
     /// What a wave that could not be judged (no samples, too few control nodes, no window
     /// before its switch) does: Pause (the default: it waits for `kubectl sked rollout
     /// proceed`) or Proceed. A first deployment has no window before its switch and proceeds.

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use sked_core::analysis::{NodeHealth, Sample};
+use sked_core::cpu_contract::NodeCpuContract;
 use sked_proto::{Health, HealthSample};
 
 use crate::mutex::lock;
@@ -34,7 +35,12 @@ pub struct HealthTable {
 struct Node {
     samples: VecDeque<Kept>,
     counters: Box<[Box<str>]>,
+    /// The pods' CPU contract as reported, each when received: a new entry only when it differs.
+    contracts: VecDeque<(i64, NodeCpuContract)>,
 }
+
+/// Contract entries kept per node: one per change, so a few bakes' worth.
+const CONTRACTS_PER_NODE: usize = 16;
 
 /// Event counters that moved, and their rates.
 type Rates = Box<[(Box<str>, f32)]>;
@@ -122,6 +128,20 @@ impl HealthTable {
         added
     }
 
+    /// Keeps the pods' CPU contract `contract` of `node`, received at `now_ms`, when it differs
+    /// from the last one kept.
+    pub fn record_contract(&self, node: &str, contract: &NodeCpuContract, now_ms: i64) {
+        let mut nodes = lock(&self.nodes);
+        let kept = &mut nodes.entry(node.to_owned()).or_default().contracts;
+        if kept.back().is_some_and(|(_, last)| last == contract) {
+            return;
+        }
+        kept.push_back((now_ms, contract.clone()));
+        while kept.len() > CONTRACTS_PER_NODE {
+            kept.pop_front();
+        }
+    }
+
     /// The samples and counter names of `nodes`, copied under one lock.
     pub fn samples_of<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) -> BTreeMap<String, NodeHealth> {
         let table = lock(&self.nodes);
@@ -134,6 +154,7 @@ impl HealthTable {
                     NodeHealth {
                         samples: node.samples.iter().map(Kept::sample).collect(),
                         counters: node.counters.iter().map(|c| c.to_string()).collect(),
+                        contracts: node.contracts.iter().cloned().collect(),
                     },
                 ))
             })
@@ -266,5 +287,24 @@ mod tests {
         assert_eq!(kept.len(), 1, "a sample from far ahead of the controller's clock is refused");
         assert_eq!((kept[0].run_delay_us, kept[0].cpu_pressure), (None, Some(100.0)));
         assert_eq!(kept[0].events, Some(BTreeMap::from([("SCX_EV_OK".to_owned(), 2.0)])));
+    }
+
+    #[test]
+    fn a_contract_is_kept_once_per_change_and_the_newest_bounded() {
+        use sked_core::cpu_contract::Op;
+        let table = HealthTable::default();
+        let kept = NodeCpuContract { limits: Op::Implemented, ..NodeCpuContract::default() };
+        let lost = NodeCpuContract { limits: Op::Missing, ..NodeCpuContract::default() };
+        for (at, c) in [(1, &kept), (2, &kept), (3, &lost), (4, &lost), (5, &kept)] {
+            table.record_contract("n1", c, at);
+        }
+        let contracts = |t: &HealthTable| t.samples_of(&["n1".to_owned()])["n1"].contracts.clone();
+        let times: Vec<i64> = contracts(&table).iter().map(|(at, _)| *at).collect();
+        assert_eq!(times, [1, 3, 5], "a report that repeats the last one adds nothing");
+        for at in 6..40 {
+            table.record_contract("n1", if at % 2 == 0 { &kept } else { &lost }, at);
+        }
+        let all = contracts(&table);
+        assert_eq!((all.len(), all.last().map(|(at, _)| *at)), (CONTRACTS_PER_NODE, Some(39)));
     }
 }

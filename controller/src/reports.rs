@@ -528,10 +528,15 @@ impl Session {
         // Kept only for the nodes of Schedulers that ask for analysis: a fleet that does not
         // use it spends no memory on it.
         let analysed = service.index.get().is_none_or(|i| i.analysed(&report.scheduler));
+        let now_ms = jiff::Timestamp::now().as_millisecond();
         if let Some(health) = report.health.as_ref().filter(|_| analysed) {
-            service.table.health.record(node, health, jiff::Timestamp::now().as_millisecond());
+            service.table.health.record(node, health, now_ms);
         }
-        let entry = node_report(&report, Instant::now())
+        let entry = node_report(&report, Instant::now());
+        if let Some(contract) = entry.cpu_contract.as_ref().filter(|_| analysed) {
+            service.table.health.record_contract(node, contract, now_ms);
+        }
+        let entry = entry
             .from_pod(&self.caller.pod_uid)
             .created_at(self.caller.pod_created)
             .leaving(
@@ -578,7 +583,10 @@ fn node_report(report: &Report, received: Instant) -> NodeReport {
     );
     NodeReport {
         scheduler_stats: stats,
-        cpu_contract: report.cpu_contract.as_ref().map(NodeCpuContract::from_wire),
+        cpu_contract: report
+            .cpu_contract
+            .as_ref()
+            .map(|c| NodeCpuContract::from_wire(c).under(report.kernel.as_ref().map_or(0, |k| k.enable_seq))),
         ..arrived
     }
 }

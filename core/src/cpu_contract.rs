@@ -99,8 +99,30 @@ pub struct NodeCpuContract {
     pub requests: Op,
     /// Why the callbacks could not be read.
     pub unread: String,
-    /// The pods' cgroups (`None`: the agent does not read them).
+    /// The pods' cgroups (`None`: the agent does not read them, or has no window under this
+    /// scheduler yet).
     pub pods: Option<PodCpu>,
+    /// The kernel's `enable_seq` when it was read: the scheduler instance it describes (a report
+    /// under a new instance is a new fact even when it says the same).
+    pub enable_seq: u64,
+}
+
+/// How the pods' CPU contract is broken on a node: what happened (`subject`, e.g. "pod UID u
+/// used 1.38 CPU against its limit of 0.50") and why (`why`, the callback the scheduler lacks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Breach {
+    pub subject: String,
+    pub why: String,
+    /// A pod was measured over its limit (the proof), rather than a callback found missing.
+    pub measured: bool,
+}
+
+impl Breach {
+    /// The cause as a rollout states it: "<subject> on node <node> under revision <revision>:
+    /// <why>".
+    pub fn cause(&self, node: &str, revision: &str) -> String {
+        format!("{} on node {node} under revision {revision}: {}", self.subject, self.why)
+    }
 }
 
 /// What a report's contract changes in the condition: a new report that keeps it changes
@@ -153,7 +175,13 @@ impl NodeCpuContract {
             requests: op(c.requests),
             unread: escape_and_cap(&c.ops_unread, MAX_REASON_CHARS),
             pods,
+            enable_seq: 0,
         }
+    }
+
+    /// The same, read under the scheduler instance `enable_seq`.
+    pub fn under(self, enable_seq: u64) -> Self {
+        Self { enable_seq, ..self }
     }
 
     /// The pods, when they were read.
@@ -171,6 +199,47 @@ impl NodeCpuContract {
             over_limit: pods.is_some_and(|p| !p.over_limit.is_empty()),
             weights_differ: pods.is_some_and(|p| p.distinct_weights > 1),
         }
+    }
+
+    /// Whether the agent read the pods' cgroups: without them, nothing proves the contract held.
+    pub fn pods_known(&self) -> bool {
+        self.pods_read().is_some()
+    }
+
+    /// Why the pods' CPU contract is broken here, or `None` when it holds as far as the agent
+    /// can tell: the worst pod measured over its limit first, then a missing callback that the
+    /// pods read are known to need (pods not read yet prove nothing).
+    pub fn breach(&self) -> Option<Breach> {
+        let limits = || match self.limits {
+            Op::Missing => "the scheduler does not enforce cpu.max (no ops.cgroup_set_bandwidth)".to_owned(),
+            Op::NotInKernel => "this kernel passes cpu.max to no sched_ext scheduler".to_owned(),
+            _ => "the scheduler takes cpu.max (ops.cgroup_set_bandwidth) but does not keep it".to_owned(),
+        };
+        let pods = self.pods_read();
+        if let Some(worst) = pods.and_then(|p| p.over_limit.first()) {
+            let subject = format!(
+                "pod UID {} used {} CPU against its limit of {}",
+                worst.uid,
+                cpus(worst.used_millicpu),
+                cpus(worst.limit_millicpu)
+            );
+            return Some(Breach { subject, why: limits(), measured: true });
+        }
+        // A missing callback breaks the contract only where the pods are known to need it.
+        let pods = pods?;
+        if self.limits.not_enforced() && pods.limited > 0 {
+            let subject = format!("{} pod(s) with a CPU limit run", pods.limited);
+            return Some(Breach { subject, why: limits(), measured: false });
+        }
+        if self.requests.not_enforced() && pods.distinct_weights > 1 {
+            let why = match self.requests {
+                Op::NotInKernel => "this kernel passes cpu.weight to no sched_ext scheduler",
+                _ => "the scheduler does not enforce cpu.weight (no ops.cgroup_set_weight)",
+            };
+            let subject = format!("pods with {} different CPU requests (cpu.weight) run", pods.distinct_weights);
+            return Some(Breach { subject, why: why.to_owned(), measured: false });
+        }
+        None
     }
 
     /// Limits are not enforced here and it matters: a pod was measured over its limit, or the
@@ -263,7 +332,7 @@ impl Fold {
     /// Adds one attached node's contract (`None`: its agent sent none).
     pub fn add(&mut self, node: &str, contract: Option<&NodeCpuContract>) {
         self.nodes += 1;
-        let Some(c) = contract.filter(|c| c.limits != Op::Unknown || c.pods_read().is_some()) else {
+        let Some(c) = contract.filter(|c| c.limits != Op::Unknown || c.pods_known()) else {
             self.unknown.push(node.to_owned());
             return;
         };
@@ -419,7 +488,7 @@ mod tests {
     }
 
     fn node(limits: Op, requests: Op, pods: Option<PodCpu>) -> NodeCpuContract {
-        NodeCpuContract { limits, requests, unread: String::new(), pods }
+        NodeCpuContract { limits, requests, unread: String::new(), pods, enable_seq: 0 }
     }
 
     fn fold(nodes: &[(&str, Option<NodeCpuContract>)]) -> ContractView {

@@ -13,6 +13,7 @@ use sked_agent::attacher::Capabilities;
 use sked_agent::health;
 use sked_agent::kernel_watch::{self, Observer};
 use sked_agent::metrics::Metrics;
+use sked_agent::observation::Observation;
 use sked_agent::privileges;
 use sked_agent::report::{self, Identity, ReporterConfig};
 use sked_agent::stats_relay::{self, RelayConfig};
@@ -140,14 +141,18 @@ fn main() -> ExitCode {
 
 /// Starts reading the pods' CPU limits and usage, unless `--pod-cpu-interval` is 0s. Returns
 /// the newest window's summary, for the reports.
-fn spawn_pod_cpu(cli: &Cli, metrics: Arc<Metrics>) -> Option<watch::Receiver<Option<sked_proto::PodCpu>>> {
+fn spawn_pod_cpu(
+    cli: &Cli,
+    observed: watch::Receiver<Observation>,
+    metrics: Arc<Metrics>,
+) -> Option<watch::Receiver<Option<sked_proto::PodCpu>>> {
     if cli.pod_cpu_interval.is_zero() {
         info!("the pods' CPU limits and usage are not read (--pod-cpu-interval 0s)");
         return None;
     }
     let (tx, rx) = watch::channel(None);
     let interval = cli.pod_cpu_interval.max(Duration::from_secs(1));
-    tokio::spawn(sked_agent::pod_cgroups::run(cli.cgroup_root.clone(), interval, tx, metrics));
+    tokio::spawn(sked_agent::pod_cgroups::run(cli.cgroup_root.clone(), interval, tx, observed, metrics));
     Some(rx)
 }
 
@@ -197,8 +202,10 @@ async fn run(cli: Cli) -> ExitCode {
         }
     }
     tokio::spawn(observer.run(tx, exits_rx, metrics.clone(), cli.poll_interval, cli.uevents));
-    let sampled =
-        report::Sampled { health: spawn_health(&cli, metrics.clone()), pods: spawn_pod_cpu(&cli, metrics.clone()) };
+    let sampled = report::Sampled {
+        health: spawn_health(&cli, metrics.clone()),
+        pods: spawn_pod_cpu(&cli, rx.clone(), metrics.clone()),
+    };
     if let Some(address) = cli.controller_address.clone() {
         let cfg = ReporterConfig {
             address,

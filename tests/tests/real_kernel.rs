@@ -295,12 +295,12 @@ async fn measure_limited_pod(vm: &mut TestVm, under: &str) -> Result<f64> {
     Ok(cpus)
 }
 
-/// A pod's cgroup limited to half a CPU (`cpu.max 50000 100000`), two spinning tasks in it,
-/// under the kernel's default scheduler: the agent finds its limit exercised and kept.
-async fn limited_pod_under_the_default(vm: &mut TestVm) -> Result<()> {
+/// Makes a pod's cgroup limited to half a CPU (`cpu.max 50000 100000`) in the kubelet's systemd
+/// layout, with two spinning tasks in it (their pids in /run/spin.pids).
+async fn start_limited_pod(vm: &mut TestVm) -> Result<()> {
     let dir = limited_pod_cgroup();
     vm.run(&format!(
-        "mount -t cgroup2 none /sys/fs/cgroup; cd /sys/fs/cgroup && echo +cpu > cgroup.subtree_control && \
+        "grep -q ' /sys/fs/cgroup cgroup2' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup; cd /sys/fs/cgroup && echo +cpu > cgroup.subtree_control && \
          mkdir -p kubepods.slice/kubepods-burstable.slice && echo +cpu > kubepods.slice/cgroup.subtree_control && \
          echo +cpu > kubepods.slice/kubepods-burstable.slice/cgroup.subtree_control && mkdir -p {dir} && \
          echo '50000 100000' > {dir}/cpu.max && \
@@ -308,6 +308,13 @@ async fn limited_pod_under_the_default(vm: &mut TestVm) -> Result<()> {
          echo $! >> /run/spin.pids; done"
     ))
     .await?;
+    Ok(())
+}
+
+/// The limited pod under the kernel's default scheduler: the agent finds its limit exercised
+/// and kept.
+async fn limited_pod_under_the_default(vm: &mut TestVm) -> Result<()> {
+    start_limited_pod(vm).await?;
     let metrics = vm
         .run(
             "for i in $(seq 1 300); do m=$(wget -qO- http://127.0.0.1:9464/metrics); \
@@ -586,6 +593,41 @@ async fn roll_back(s: &Setup, vm: &mut TestVm) -> Result<()> {
     assert_eq!(args, Some(vec!["--retry".to_owned()]), "the retried revision is back");
     s.wait_kernel("the good revision attached again", 1, "KernelAttached").await?;
     assert_eq!(vm.run("cat /sys/kernel/sched_ext/root/ops").await?.trim(), "sked_canary");
+    contract_gate(s, vm, &third.name_any(), good).await
+}
+
+/// The pods' CPU contract gates a bake (`analysis.cpuContract`): a pod limited to half a CPU
+/// spins while a new revision of the canary, which implements no cgroup callback, bakes; the
+/// revision is rolled back by analysis, naming the pod, the node, the revision and the callback.
+async fn contract_gate(s: &Setup, vm: &mut TestVm, running: &str, canary: &str) -> Result<()> {
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    start_limited_pod(vm).await?;
+    let gated = serde_json::json!({"spec": {"args": ["--contract"], "rollout": {
+        "bakeSeconds": 10, "attachTimeoutSeconds": 60,
+        "analysis": {"cpuContract": true, "minSamples": 3, "minControlNodes": 0, "onInconclusive": "Proceed"},
+    }}});
+    let params = kube::api::PatchParams::default();
+    s.fx.schedulers().patch(SCHEDULER, &params, &kube::api::Patch::Merge(&gated)).await?;
+    run_pod(s, vm, running, canary).await?;
+    s.wait_kernel("the gated revision attached", 1, "KernelAttached").await?;
+    s.fx.mark_pods_ready(SCHEDULER).await?;
+    let cause_of = |s: &Scheduler| {
+        s.status.as_ref().and_then(|st| st.rollout.as_ref()).and_then(|r| r.failed.as_ref()).map(|f| f.cause.clone())
+    };
+    let failed =
+        s.fx.wait_scheduler(SCHEDULER, "rolled back for the pods' CPU contract", |s| {
+            cause_of(s).is_some_and(|c| c.contains("cgroup_set_bandwidth"))
+        })
+        .await?;
+    let cause = cause_of(&failed).unwrap_or_default();
+    eprintln!("measured: the gated revision's failure: {cause}");
+    for words in
+        [&format!("pod UID {LIMITED_POD} used"), "on node kvm-node under revision", "no ops.cgroup_set_bandwidth"]
+    {
+        assert!(cause.contains(words), "{words:?} in {cause}");
+    }
+    s.fx.wait_event(SCHEDULER, "Warning", "AnalysisFailed", 1).await?;
+    vm.run("kill $(cat /run/spin.pids); rm /run/spin.pids").await?;
     Ok(())
 }
 

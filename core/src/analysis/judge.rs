@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use sked_api::{AnalysisVerdict, NodeAnalysis, NodeBaseline, SignalSummary, WaveBaseline};
 
 use super::baseline::window;
+use super::contract::{self, Finding};
 use super::stats::{MAD_TO_SD, median};
 use super::{EventRule, Limits, MAX_LISTED_NODES, NodeHealth, Sample, Signal};
 
@@ -115,6 +116,10 @@ pub fn judge(case: &Case<'_>) -> Outcome {
     if case.may_wait && (case.wave.iter().any(short) || controls_short(case)) {
         return Outcome::Waiting;
     }
+    let contract = case.limits.cpu_contract.then(|| contract::check(case));
+    if let Some(Finding::Broken { node, cause }) = contract {
+        return Outcome::Judged(contract_broken(node, cause));
+    }
     let candidates = case.wave.iter().filter(|n| before(case, n).is_some()).count();
     let z = Spread {
         node: case.limits.spread_z(candidates, case.limits.quorum(candidates)),
@@ -130,7 +135,43 @@ pub fn judge(case: &Case<'_>) -> Outcome {
             (*node, verdict, detail)
         })
         .collect();
-    Outcome::Judged(verdict(case, judged))
+    let judgement = verdict(case, judged);
+    match contract {
+        Some(Finding::Unknown(nodes)) if judgement.verdict == AnalysisVerdict::Passed => {
+            Outcome::Judged(contract_unknown(judgement, &nodes))
+        }
+        _ => Outcome::Judged(judgement),
+    }
+}
+
+/// The verdict of a wave whose `node` broke the pods' CPU contract: Failed, whatever the
+/// signals say.
+fn contract_broken(node: String, cause: String) -> Judgement {
+    let detail = format!("broke the pods' CPU contract: {cause}");
+    Judgement {
+        verdict: AnalysisVerdict::Failed,
+        message: format!("1 node broke the pods' CPU contract (spec.rollout.analysis.cpuContract); {cause}"),
+        nodes: vec![NodeAnalysis { node: node.clone(), verdict: AnalysisVerdict::Failed, detail }],
+        failure: Some((node, cause)),
+        doubt: None,
+    }
+}
+
+/// A passing verdict that cannot stand on the pods' CPU contract of `nodes`, which said nothing
+/// of it: Inconclusive.
+fn contract_unknown(passed: Judgement, nodes: &[String]) -> Judgement {
+    let listed = nodes.iter().take(5).map(String::as_str).collect::<Vec<_>>().join(", ");
+    Judgement {
+        verdict: AnalysisVerdict::Inconclusive,
+        message: format!(
+            "{}; but {} node(s) did not say whether their pods' CPU limits and requests hold ({listed}): their \
+             agents did not read the scheduler's cgroup callbacks or the pods' cgroups (see their logs)",
+            passed.message,
+            nodes.len()
+        ),
+        doubt: Some(Doubt::Missing),
+        ..passed
+    }
 }
 
 /// Whether fewer controls than the spec asks for have their bake's samples yet, while enough

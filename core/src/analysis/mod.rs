@@ -28,8 +28,13 @@
 //!   with an error. Nodes that ran the kernel's default scheduler before (a first deployment,
 //!   nodes taken over) had no agent and no window: they are not judged by change.
 //! - Each wave is judged once, at the end of its bake; only its own nodes are judged.
+//! - **The pods' CPU contract** (`cpuContract`): one wave node that ran a pod over its CPU limit
+//!   during the bake, or whose scheduler lacks the callback its pods' limits or requests need,
+//!   fails the wave alone: a pod measured over its limit is a proof, not a noisy level. A node
+//!   whose agent did not say leaves it Inconclusive ([`contract`]).
 
 mod baseline;
+mod contract;
 mod judge;
 mod signal;
 mod stats;
@@ -104,6 +109,9 @@ pub struct NodeHealth {
     /// The event counter names its kernel counts, as its agent last read them (empty: not
     /// known, e.g. an agent that does not send them).
     pub counters: Vec<String>,
+    /// The pods' CPU contract as its agent reported it, each with when it was received (ms,
+    /// controller clock), oldest first: a new entry only when it differs from the last.
+    pub contracts: Vec<(i64, crate::cpu_contract::NodeCpuContract)>,
 }
 
 /// An event counter's limit.
@@ -127,6 +135,8 @@ pub struct Limits {
     pub failed_nodes: f64,
     pub critical_factor: f64,
     pub proceed_on_inconclusive: bool,
+    /// Judge the pods' CPU contract of the wave's nodes too (`cpuContract`).
+    pub cpu_contract: bool,
 }
 
 impl Limits {
@@ -179,6 +189,7 @@ impl Limits {
                 / 100.0,
             critical_factor: f64::from(spec.critical_factor.unwrap_or(DEFAULT_CRITICAL_FACTOR).max(2)),
             proceed_on_inconclusive: spec.on_inconclusive == Some(OnInconclusive::Proceed),
+            cpu_contract: spec.cpu_contract == Some(true),
         }
     }
 

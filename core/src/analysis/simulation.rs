@@ -97,7 +97,10 @@ pub fn play(rng: &mut Rng, fleet: Fleet, limits: &Limits) -> AnalysisVerdict {
             after_waiting: waiting * rng.lognormal(fleet.drift) * traffic * r,
             after_idle: idle * rng.lognormal(fleet.drift) * r,
         };
-        health.insert(name.clone(), NodeHealth { samples: samples(rng, &load, fleet.bake), counters: Vec::new() });
+        health.insert(
+            name.clone(),
+            NodeHealth { samples: samples(rng, &load, fleet.bake), counters: Vec::new(), contracts: Vec::new() },
+        );
     }
     let (wave, controls) = names.split_at(fleet.wave);
     let wave: Vec<&str> = wave.iter().map(String::as_str).collect();

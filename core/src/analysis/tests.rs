@@ -19,6 +19,7 @@ fn node(seed: u64, before: f64, after: f64) -> NodeHealth {
     NodeHealth {
         samples: (-59..=0).map(|at| sample(at, before)).chain((1..=12).map(|at| sample(at, after))).collect(),
         counters: Vec::new(),
+        contracts: Vec::new(),
     }
 }
 
@@ -289,4 +290,98 @@ fn a_change_within_the_controls_own_spread_passes() {
         .collect();
     let j = judged(&waiting_only(), &[("w", node(1, 1.0, 2.6))], &controls);
     assert_eq!(j.verdict, AnalysisVerdict::Passed, "{}", j.message);
+}
+
+/// `cpuContract` with the default signals.
+fn contract_too() -> Limits {
+    Limits::of(&AnalysisSpec { cpu_contract: Some(true), ..AnalysisSpec::default() })
+}
+
+/// A node's contract: the scheduler's callbacks, and the pods read with the ones over their
+/// limit (uid, used, limit, in thousandths of a CPU).
+fn contract(limits: Op, requests: Op, over: &[(&str, u32, u32)]) -> NodeCpuContract {
+    use crate::cpu_contract::{OverLimit, PodCpu};
+    let over_limit: Vec<OverLimit> = over
+        .iter()
+        .map(|(uid, used, limit)| OverLimit { uid: (*uid).into(), used_millicpu: *used, limit_millicpu: *limit })
+        .collect();
+    let pods = PodCpu { pods: 4, limited: 1, exercised: 1, over_limit, distinct_weights: 1, ..PodCpu::default() };
+    NodeCpuContract { limits, requests, unread: String::new(), pods: Some(pods), enable_seq: 2 }
+}
+
+use crate::cpu_contract::{NodeCpuContract, Op};
+
+#[test]
+fn a_wave_node_that_ran_a_pod_over_its_limit_during_the_bake_fails_the_wave_alone() {
+    let mut w = node(1, 1.0, 1.0);
+    // Kept at the start of the bake, broken for one window in it, kept again at its end.
+    let implemented = contract(Op::Implemented, Op::Implemented, &[]);
+    // Broken before the bake (another scheduler), kept at its start, broken for one window in
+    // it, kept again at its end.
+    w.contracts = vec![
+        (-10_000, contract(Op::Missing, Op::Missing, &[("u0", 2000, 500)])),
+        (1_000, implemented.clone()),
+        (20_000, contract(Op::Implemented, Op::Implemented, &[("u1", 1380, 500)])),
+        (40_000, implemented.clone()),
+    ];
+    let mut quiet = node(2, 1.0, 1.0);
+    quiet.contracts = vec![(1_000, implemented)];
+    let j = judged(&contract_too(), &[("w", w), ("q", quiet)], &controls(1.0, 1.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
+    let (failed, cause) = j.failure.unwrap_or_default();
+    assert_eq!(failed, "w");
+    assert_eq!(
+        cause,
+        "pod UID u1 used 1.38 CPU against its limit of 0.50 on node w under revision r2: the scheduler takes \
+         cpu.max (ops.cgroup_set_bandwidth) but does not keep it"
+    );
+    // Without cpuContract the same wave passes on its signals.
+    let mut w = node(1, 1.0, 1.0);
+    w.contracts = vec![(20_000, contract(Op::Missing, Op::Missing, &[("u1", 1380, 500)]))];
+    assert_eq!(judged(&waiting_only(), &[("w", w)], &controls(1.0, 1.0)).verdict, AnalysisVerdict::Passed);
+}
+
+#[test]
+fn a_missing_callback_where_pods_need_it_fails_and_a_breach_after_the_bake_does_not_count() {
+    let mut w = node(1, 1.0, 1.0);
+    w.contracts = vec![(5_000, contract(Op::Missing, Op::Implemented, &[]))];
+    let j = judged(&contract_too(), &[("w", w.clone())], &controls(1.0, 1.0));
+    let cause = j.failure.map(|(_, c)| c).unwrap_or_default();
+    assert!(cause.starts_with("1 pod(s) with a CPU limit run on node w under revision r2"), "{cause}");
+    assert!(cause.ends_with("no ops.cgroup_set_bandwidth)"), "{cause}");
+    // A later window that measured a pod over its limit names that pod instead.
+    w.contracts.push((9_000, contract(Op::Missing, Op::Implemented, &[("u2", 1900, 500)])));
+    let j = judged(&contract_too(), &[("w", w)], &controls(1.0, 1.0));
+    let cause = j.failure.map(|(_, c)| c).unwrap_or_default();
+    assert!(cause.starts_with("pod UID u2 used 1.90 CPU against its limit of 0.50 on node w"), "{cause}");
+    // Pods not read prove nothing either way: the missing callback alone does not fail the
+    // bake, and the wave is not passed on it either.
+    let mut unread = node(1, 1.0, 1.0);
+    let no_pods = NodeCpuContract { pods: None, ..contract(Op::Missing, Op::Missing, &[]) };
+    unread.contracts = vec![(5_000, no_pods)];
+    let j = judged(&contract_too(), &[("w", unread)], &controls(1.0, 1.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Inconclusive, "{}", j.message);
+    let mut late = node(1, 1.0, 1.0);
+    late.contracts = vec![
+        (5_000, contract(Op::Implemented, Op::Implemented, &[])),
+        (61_000, contract(Op::Implemented, Op::Implemented, &[("u1", 900, 500)])),
+    ];
+    assert_eq!(judged(&contract_too(), &[("w", late)], &controls(1.0, 1.0)).verdict, AnalysisVerdict::Passed);
+}
+
+#[test]
+fn a_wave_node_that_did_not_say_leaves_a_passing_wave_inconclusive() {
+    // What it said before the bake, under the scheduler it ran then, does not count.
+    let mut before = node(1, 1.0, 1.0);
+    before.contracts = vec![(-1_000, contract(Op::Implemented, Op::Implemented, &[]))];
+    let j = judged(&contract_too(), &[("w", before)], &controls(1.0, 1.0));
+    assert_eq!((j.verdict, j.doubt), (AnalysisVerdict::Inconclusive, Some(Doubt::Missing)), "{}", j.message);
+    assert!(
+        j.message.contains("1 node(s) did not say whether their pods' CPU limits and requests hold (w)"),
+        "{}",
+        j.message
+    );
+    // A failing signal still fails the wave: the contract's silence does not hide it.
+    let j = judged(&contract_too(), &[("w", node(1, 0.3, 0.9))], &controls(1.0, 1.0));
+    assert_eq!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
 }

@@ -201,7 +201,11 @@ fn a_silent_node_fails_and_missing_controls_pause_the_rollout() {
     assert!(failure.by_analysis && failure.cause.starts_with("n0 sent 0 sample(s)"), "{}", failure.cause);
     let heard: std::collections::BTreeMap<String, analysis::NodeHealth> = [(
         "n0".to_owned(),
-        analysis::NodeHealth { samples: (115..=200).step_by(5).map(sample).collect(), counters: Vec::new() },
+        analysis::NodeHealth {
+            samples: (115..=200).step_by(5).map(sample).collect(),
+            counters: Vec::new(),
+            contracts: Vec::new(),
+        },
     )]
     .into();
     let paused = decide_with(&heard);

@@ -418,6 +418,12 @@ impl Sampler {
     /// just taken. A pod seen first has no window yet; a pod read less than [`MIN_WINDOW`]
     /// after its baseline keeps it; one whose counters went backwards (its cgroup made anew),
     /// or that could not be read, starts again; pods gone are forgotten.
+    /// Forgets every pod's previous reading: the next sample starts new windows. Called when the
+    /// node's scheduler changes, so no window spans two schedulers.
+    pub fn forget(&mut self) {
+        self.previous.clear();
+    }
+
     pub fn sample(&mut self, monotonic: Duration) -> Summary {
         let list = find_pods(&self.root, self.max_pods);
         let mut summary = Summary { pods: count(list.found), truncated: list.truncated, ..Summary::default() };
@@ -526,13 +532,17 @@ impl Summary {
 
 /// Samples the pods under `root` every `interval` for as long as the task runs, publishing each
 /// summary on `tx` (the report streams read the newest) and in the agent's metrics: from the
-/// second sample on, the first with windows (or at once when nothing can be read). The reads
+/// second sample on, the first with windows (or at once when nothing can be read). When the
+/// node's scheduler changes (`observed`: another enable, or none), the windows start again and
+/// nothing is published until the first window under the new one: a summary never mixes two
+/// schedulers. The reads
 /// run on a blocking thread: a node's few hundred small files take milliseconds, but they are
 /// file reads all the same.
 pub async fn run(
     root: PathBuf,
     interval: Duration,
     tx: tokio::sync::watch::Sender<Option<sked_proto::PodCpu>>,
+    observed: tokio::sync::watch::Receiver<crate::observation::Observation>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
 ) {
     let origin = std::time::Instant::now();
@@ -541,8 +551,17 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut told: Option<Option<String>> = None;
     let mut first = true;
+    let instance = |o: &crate::observation::Observation| (o.read.enable_seq, o.read.ops.clone());
+    let mut under = instance(&observed.borrow());
     loop {
         tick.tick().await;
+        let now = instance(&observed.borrow());
+        if now != under {
+            under = now;
+            crate::lock(&sampler).forget();
+            tx.send_replace(None);
+            first = true;
+        }
         let sampler = sampler.clone();
         let sampled = tokio::task::spawn_blocking(move || crate::lock(&sampler).sample(origin.elapsed())).await;
         let Ok(summary) = sampled else { continue };
