@@ -530,14 +530,53 @@ impl Summary {
     }
 }
 
-/// Samples the pods under `root` every `interval` for as long as the task runs, publishing each
-/// summary on `tx` (the report streams read the newest) and in the agent's metrics: from the
-/// second sample on, the first with windows (or at once when nothing can be read). When the
-/// node's scheduler changes (`observed`: another enable, or none), the windows start again and
-/// nothing is published until the first window under the new one: a summary never mixes two
-/// schedulers. The reads
-/// run on a blocking thread: a node's few hundred small files take milliseconds, but they are
-/// file reads all the same.
+/// The scheduler instance a window is read under: the kernel's `enable_seq` and the ops name.
+pub type Instance = (Option<u64>, Option<String>);
+
+/// The sampler as the agent runs it: the windows start again whenever the node's scheduler
+/// changes, and a sample is published only once it has windows (or says why nothing can be
+/// read), so a summary never mixes two schedulers.
+#[derive(Debug)]
+pub struct Watch {
+    sampler: Sampler,
+    under: Option<Instance>,
+    /// The next sample has no windows yet (the first, or the first under a new scheduler).
+    fresh: bool,
+}
+
+/// What one tick of a [`Watch`] publishes.
+#[derive(Debug, PartialEq)]
+pub struct Tick {
+    /// The scheduler changed: what was published before is withdrawn.
+    pub withdrawn: bool,
+    /// The new summary, when there is one to publish.
+    pub summary: Option<Summary>,
+}
+
+impl Watch {
+    pub fn new(sampler: Sampler) -> Self {
+        Self { sampler, under: None, fresh: true }
+    }
+
+    /// Samples under the scheduler instance `now`, at `monotonic`.
+    pub fn tick(&mut self, now: Instance, monotonic: Duration) -> Tick {
+        let withdrawn = self.under.as_ref().is_some_and(|under| *under != now);
+        if withdrawn {
+            self.sampler.forget();
+            self.fresh = true;
+        }
+        self.under = Some(now);
+        let summary = self.sampler.sample(monotonic);
+        let publish = !std::mem::take(&mut self.fresh) || summary.unavailable.is_some();
+        Tick { withdrawn, summary: publish.then_some(summary) }
+    }
+}
+
+/// Samples the pods under `root` every `interval` for as long as the task runs, as a [`Watch`]
+/// under the scheduler `observed` shows, publishing on `tx` (the report streams read the newest;
+/// `None` while there is nothing to say of the current scheduler) and in the agent's metrics.
+/// The reads run on a blocking thread: a node's few hundred small files take milliseconds, but
+/// they are file reads all the same.
 pub async fn run(
     root: PathBuf,
     interval: Duration,
@@ -546,34 +585,29 @@ pub async fn run(
     metrics: std::sync::Arc<crate::metrics::Metrics>,
 ) {
     let origin = std::time::Instant::now();
-    let sampler = std::sync::Arc::new(std::sync::Mutex::new(Sampler::new(root, MAX_PODS)));
+    let watch = std::sync::Arc::new(std::sync::Mutex::new(Watch::new(Sampler::new(root, MAX_PODS))));
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut told: Option<Option<String>> = None;
-    let mut first = true;
-    let instance = |o: &crate::observation::Observation| (o.read.enable_seq, o.read.ops.clone());
-    let mut under = instance(&observed.borrow());
     loop {
         tick.tick().await;
-        let now = instance(&observed.borrow());
-        if now != under {
-            under = now;
-            crate::lock(&sampler).forget();
+        let now = {
+            let o = observed.borrow();
+            (o.read.enable_seq, o.read.ops.clone())
+        };
+        let watch = watch.clone();
+        let ticked = tokio::task::spawn_blocking(move || crate::lock(&watch).tick(now, origin.elapsed())).await;
+        let Ok(Tick { withdrawn, summary }) = ticked else { continue };
+        if withdrawn {
             tx.send_replace(None);
-            first = true;
         }
-        let sampler = sampler.clone();
-        let sampled = tokio::task::spawn_blocking(move || crate::lock(&sampler).sample(origin.elapsed())).await;
-        let Ok(summary) = sampled else { continue };
+        let Some(summary) = summary else { continue };
         if told.as_ref() != Some(&summary.unavailable) {
             match &summary.unavailable {
                 None => tracing::info!(pods = summary.pods, "reading the pods' CPU limits and usage"),
                 Some(why) => tracing::warn!(reason = %why, "the pods' CPU limits and usage cannot be read"),
             }
             told = Some(summary.unavailable.clone());
-        }
-        if std::mem::take(&mut first) && summary.unavailable.is_none() {
-            continue;
         }
         metrics.pods_sampled(summary.limited, summary.exercised, summary.over_limit_pods);
         tx.send_replace(Some(summary.to_wire(interval)));

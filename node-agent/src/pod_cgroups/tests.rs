@@ -305,3 +305,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_watch_starts_its_windows_again_when_the_scheduler_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let dir = pod(root, &format!("kubepods/burstable/pod{UID}"), "50000 100000", 0);
+    let mut watch = Watch::new(Sampler::new(root.to_owned(), 10));
+    let a: Instance = (Some(1), Some("a".into()));
+    let b: Instance = (Some(2), Some("b".into()));
+    let secs = Duration::from_secs;
+    let first = watch.tick(a.clone(), secs(0));
+    assert_eq!((first.withdrawn, first.summary), (false, None), "no window yet: nothing to publish");
+    stat(&dir, 2_000_000, 0);
+    let under_a = watch.tick(a.clone(), secs(2)).summary.unwrap();
+    assert_eq!(under_a.over_limit_pods, 1, "1.00 CPU against 0.50 under a");
+    // b attaches half a second later (too short a window to move the baseline), the pod having
+    // used 2 s of CPU meanwhile under a: what a saw is withdrawn, and b's first window starts
+    // at b's first sample, not at a's last.
+    stat(&dir, 4_000_000, 0);
+    let switched = watch.tick(b.clone(), Duration::from_millis(2500));
+    assert_eq!((switched.withdrawn, switched.summary), (true, None));
+    stat(&dir, 4_400_000, 0);
+    let under_b = watch.tick(b, Duration::from_millis(4500)).summary.unwrap();
+    assert_eq!((under_b.judged, under_b.over_limit_pods), (1, 0), "0.20 CPU under b, none of a's 4.00");
+}
