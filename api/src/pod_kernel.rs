@@ -12,6 +12,12 @@ use crate::Reason;
 /// The pod condition type.
 pub const POD_CONDITION: &str = "sked.schedkit.io/KernelAttached";
 
+/// How the node's part of the pods' CPU contract in an attached pod's condition begins when the
+/// contract is broken there (`PodKernel::Attached::contract`).
+pub const CONTRACT_BROKEN: &str = "the pods' CPU contract is broken: ";
+/// ... when it is not broken as far as the agent read.
+pub const CONTRACT_HOLDS: &str = "the pods' CPU contract holds as far as read: ";
+
 /// What a node's kernel does with its scheduler pod's scheduler, as its agent reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodKernel {

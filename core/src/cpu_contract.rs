@@ -259,13 +259,24 @@ impl NodeCpuContract {
     /// change only when the [`Standing`] or that pod does (the scheduler pod's condition
     /// carries them: a window's numbers would rewrite it every few seconds).
     pub fn brief(&self) -> String {
+        use sked_api::pod_kernel::{CONTRACT_BROKEN, CONTRACT_HOLDS};
         if self.limits == Op::Unknown && self.requests == Op::Unknown {
             return format!("CPU limits and requests: not read ({})", self.unread);
         }
-        let over = self.pods_read().and_then(|p| p.over_limit.first());
+        let pods = self.pods_read();
+        let stake = |enforced: bool, at_stake: Option<bool>, what: &str| match (enforced, at_stake) {
+            (true, _) => String::new(),
+            (false, None) => ", the pods not read".to_owned(),
+            (false, Some(true)) => format!(", and pods here have {what}"),
+            (false, Some(false)) => format!(", but no pod here has {what}"),
+        };
+        let over = pods.and_then(|p| p.over_limit.first());
         let over = over.map(|o| format!(", pod UID {} measured over its limit", o.uid)).unwrap_or_default();
+        let limits = stake(!self.limits.not_enforced(), pods.map(|p| p.limited > 0), "CPU limits");
+        let requests = stake(!self.requests.not_enforced(), pods.map(|p| p.distinct_weights > 1), "different requests");
+        let verdict = if self.limits_broken() || self.requests_broken() { CONTRACT_BROKEN } else { CONTRACT_HOLDS };
         format!(
-            "CPU limits: {}{over}; CPU requests: {}",
+            "{verdict}CPU limits: {}{limits}{over}; CPU requests: {}{requests}",
             self.limits.words("cgroup_set_bandwidth"),
             self.requests.words("cgroup_set_weight")
         )
@@ -616,8 +627,15 @@ mod tests {
         assert!(node(Op::Unknown, Op::Unknown, None).describe().ends_with("pods not read"));
         assert_eq!(
             c.brief(),
-            "CPU limits: not enforced (no ops.cgroup_set_bandwidth), pod UID uid-0 measured over its limit; CPU \
-             requests: implemented (ops.cgroup_set_weight)"
+            "the pods' CPU contract is broken: CPU limits: not enforced (no ops.cgroup_set_bandwidth), and pods here \
+             have CPU limits, pod UID uid-0 measured over its limit; CPU requests: implemented (ops.cgroup_set_weight)"
+        );
+        let quiet = node(Op::Missing, Op::Missing, Some(pods(0, &[], 1)));
+        assert_eq!(
+            quiet.brief(),
+            "the pods' CPU contract holds as far as read: CPU limits: not enforced (no ops.cgroup_set_bandwidth), but \
+             no pod here has CPU limits; CPU requests: not enforced (no ops.cgroup_set_weight), but no pod here has \
+             different requests"
         );
         let unread = NodeCpuContract { unread: "no CAP_SYS_ADMIN".into(), ..NodeCpuContract::default() };
         assert_eq!(unread.brief(), "CPU limits and requests: not read (no CAP_SYS_ADMIN)");

@@ -114,8 +114,8 @@ mod tests {
             requests: crate::cpu_contract::Op::Implemented,
             ..Default::default()
         });
-        let contract = "CPU limits: not enforced (no ops.cgroup_set_bandwidth); CPU requests: implemented \
-                        (ops.cgroup_set_weight)";
+        let contract = "the pods' CPU contract is broken: CPU limits: not enforced (no ops.cgroup_set_bandwidth), \
+                        the pods not read; CPU requests: implemented (ops.cgroup_set_weight)";
         assert_eq!(
             desired(&p, Some(&limits_lost), now, STALE, false),
             Some(PodKernel::Attached { ops: "rusty".into(), contract: contract.into() }),

@@ -133,7 +133,7 @@ fn pod_advice(facts: &mut Vec<(String, String)>, advice: &mut Vec<String>, row: 
         Some(PodKernel::Attached { ops, contract }) if contract.is_empty() => {
             format!("Nothing to do: the kernel runs {scheduler}'s scheduler (ops {ops}){since}")
         }
-        Some(PodKernel::Attached { ops, contract }) if contract.contains("not enforced") => format!(
+        Some(PodKernel::Attached { ops, contract }) if contract.starts_with(sked_api::pod_kernel::CONTRACT_BROKEN) => format!(
             "The kernel runs {scheduler}'s scheduler (ops {ops}){since}, but the pods' CPU limits or requests mean \
              nothing under it ({contract}): run a scheduler that enforces them, or keep pods with CPU limits off this node"
         ),
@@ -236,6 +236,13 @@ mod tests {
         let owned = || node("n", json!({"pool": "a", "sked.schedkit.io/scheduler": "rusty"}), json!([]));
         let advice = |condition| diagnosis(vec![pod("rusty", "n", "cur", condition)], owned()).advice;
         assert!(advice(Some(("True", "KernelAttached", "ops rusty_1 attached")))[0].starts_with("Nothing to do"));
+        let broken = "ops rusty_1 attached; the pods' CPU contract is broken: CPU limits: not enforced (no \
+                      ops.cgroup_set_bandwidth), and pods here have CPU limits; CPU requests: implemented";
+        let said = &advice(Some(("True", "KernelAttached", broken)))[0];
+        assert!(said.contains("the pods' CPU limits or requests mean nothing under it"), "{said}");
+        assert!(said.ends_with("keep pods with CPU limits off this node"), "{said}");
+        let holds = "ops rusty_1 attached; the pods' CPU contract holds as far as read: CPU limits: implemented";
+        assert!(advice(Some(("True", "KernelAttached", holds)))[0].starts_with("Nothing to do"));
         assert!(
             advice(Some(("False", "ForeignScheduler", "the kernel runs another scheduler: ops lavd")))[0]
                 .contains("Another scheduler owns the kernel (ops lavd)")

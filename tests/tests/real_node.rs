@@ -357,5 +357,58 @@ async fn upstream_scheduler(fx: &Fixture, install: &mut NodeInstall) -> Result<(
     ensure!(phases.first() == Some(&sked_controller::api::RolloutPhase::Canary), "{phases:?}");
     let ops = node.vm.run("cat /sys/kernel/sched_ext/root/ops").await?;
     ensure!(ops.trim() == "sked_canary", "the kernel runs the canary again: {ops:?}");
+    cpu_contract(fx, install).await
+}
+
+/// The pods' CPU contract on the real node: a pod limited to half a CPU (`limits.cpu: 500m`,
+/// its cgroup made by the kubelet) spins on two threads. Under the canary, which implements no
+/// cgroup callback, the Scheduler's PodCPUContract turns False naming the pod; scx_bpfland
+/// rolled out with `analysis.cpuContract` is rolled back, naming the pod and the callback.
+async fn cpu_contract(fx: &Fixture, install: &mut NodeInstall) -> Result<()> {
+    let gated = install.bpfland_manifest("canary", &["--exit-dump-len", "4096"]).replace(
+        "    attachTimeoutSeconds: 240\n",
+        "    attachTimeoutSeconds: 240\n    analysis:\n      cpuContract: true\n      minControlNodes: 0\n      \
+         onInconclusive: Proceed\n",
+    );
+    let spinner: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "spinner", "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            // No token: nothing here publishes the kube-root-ca.crt its volume would need.
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "spin", "image": install.images.canary,
+                "command": ["/usr/local/bin/sked-canary-loader", "spin", "2"],
+                "resources": {"limits": {"cpu": "500m", "memory": "32Mi"}},
+            }],
+        },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(fx.client.clone(), "default");
+    let uid = pods.create(&Default::default(), &spinner).await?.uid().unwrap_or_default();
+    let limited = Instant::now();
+    let broken = fx
+        .wait_scheduler_within("canary", "PodCPUContract False under the canary", SLOW, |s| {
+            condition(s, "PodCPUContract").is_some_and(|c| c.reason == "LimitsNotEnforced" && c.message.contains(&uid))
+        })
+        .await?;
+    let message = condition(&broken, "PodCPUContract").map(|c| c.message.clone()).unwrap_or_default();
+    eprintln!("measured: a pod limited to 500m created -> PodCPUContract False: {:?}; {message}", limited.elapsed());
+    ensure!(message.contains("lacks ops.cgroup_set_bandwidth"), "{message}");
+
+    let rolling = Instant::now();
+    let out = fx.kubectl_apply(&gated)?;
+    ensure!(out.status.success(), "kubectl apply (bpfland, cpuContract):\n{}", text(&out));
+    let cause_of = |s: &Scheduler| {
+        s.status.as_ref().and_then(|st| st.rollout.as_ref()).and_then(|r| r.failed.as_ref()).map(|f| f.cause.clone())
+    };
+    let failed = fx
+        .wait_scheduler_within("canary", "scx_bpfland rolled back for the pods' CPU contract", SLOW, |s| {
+            cause_of(s).is_some_and(|c| c.contains(&uid)) && attached(s, 1)
+        })
+        .await?;
+    let cause = cause_of(&failed).unwrap_or_default();
+    eprintln!("measured: scx_bpfland with cpuContract applied -> rolled back: {:?}; {cause}", rolling.elapsed());
+    ensure!(cause.contains("no ops.cgroup_set_bandwidth") && cause.contains(NODE), "{cause}");
+    pods.delete("spinner", &Default::default()).await?;
     Ok(())
 }

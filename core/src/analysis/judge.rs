@@ -111,14 +111,17 @@ enum Verdict {
 
 /// Judges one wave's bake.
 pub fn judge(case: &Case<'_>) -> Outcome {
-    let min = case.limits.min_samples;
-    let short = |n: &&str| bake(case, n).len() < min && before(case, n).is_some();
-    if case.may_wait && (case.wave.iter().any(short) || controls_short(case)) {
-        return Outcome::Waiting;
-    }
+    // A breach of the pods' CPU contract is a fact: it fails the wave at once.
     let contract = case.limits.cpu_contract.then(|| contract::check(case));
     if let Some(Finding::Broken { node, cause }) = contract {
         return Outcome::Judged(contract_broken(node, cause));
+    }
+    let min = case.limits.min_samples;
+    let short = |n: &&str| bake(case, n).len() < min && before(case, n).is_some();
+    // The first reading of a node's pods comes with a heartbeat after the agent's first window.
+    let unread = matches!(contract, Some(Finding::Unknown(_)));
+    if case.may_wait && (case.wave.iter().any(short) || controls_short(case) || unread) {
+        return Outcome::Waiting;
     }
     let candidates = case.wave.iter().filter(|n| before(case, n).is_some()).count();
     let z = Spread {
@@ -137,7 +140,7 @@ pub fn judge(case: &Case<'_>) -> Outcome {
         .collect();
     let judgement = verdict(case, judged);
     match contract {
-        Some(Finding::Unknown(nodes)) if judgement.verdict == AnalysisVerdict::Passed => {
+        Some(Finding::Unknown(nodes)) if judgement.verdict != AnalysisVerdict::Failed => {
             Outcome::Judged(contract_unknown(judgement, &nodes))
         }
         _ => Outcome::Judged(judgement),
@@ -157,8 +160,10 @@ fn contract_broken(node: String, cause: String) -> Judgement {
     }
 }
 
-/// A passing verdict that cannot stand on the pods' CPU contract of `nodes`, which said nothing
-/// of it: Inconclusive.
+/// A verdict that did not fail, which cannot stand on the pods' CPU contract of `nodes`, which
+/// said nothing of it: Inconclusive for want of data (as missing samples make it), even where
+/// nothing ran before to compare the signals with: the contract needs no window before the
+/// switch.
 fn contract_unknown(passed: Judgement, nodes: &[String]) -> Judgement {
     let listed = nodes.iter().take(5).map(String::as_str).collect::<Vec<_>>().join(", ");
     Judgement {

@@ -370,6 +370,36 @@ fn a_missing_callback_where_pods_need_it_fails_and_a_breach_after_the_bake_does_
 }
 
 #[test]
+fn the_verdict_waits_for_the_first_reading_of_the_wave_s_pods_but_not_to_fail() {
+    let limits = contract_too();
+    let mut w = node(1, 1.0, 1.0);
+    // Only the callbacks so far: the agent's first window of the pods comes with a heartbeat.
+    w.contracts = vec![(1_000, NodeCpuContract { pods: None, ..contract(Op::Missing, Op::Missing, &[]) })];
+    let health: BTreeMap<String, NodeHealth> = [("w".to_owned(), w.clone())].into();
+    let case = |health| Case {
+        revision: "r2",
+        limits: &limits,
+        baseline: None,
+        from_ms: 0,
+        to_ms: 60_000,
+        wave: vec!["w"],
+        controls: Vec::new(),
+        health,
+        may_wait: true,
+    };
+    assert_eq!(judge(&case(&health)), Outcome::Waiting);
+    w.contracts.push((12_000, contract(Op::Missing, Op::Missing, &[("u1", 1700, 500)])));
+    let health: BTreeMap<String, NodeHealth> = [("w".to_owned(), w)].into();
+    let Outcome::Judged(j) = judge(&case(&health)) else { panic!("judged at once") };
+    assert_eq!(j.verdict, AnalysisVerdict::Failed, "{}", j.message);
+    // Past the grace, a node that still sent no reading holds the wave, even one with nothing
+    // before to compare its signals with.
+    let unread: BTreeMap<String, NodeHealth> = [("w".to_owned(), node(1, 1.0, 1.0))].into();
+    let Outcome::Judged(j) = judge(&Case { may_wait: false, ..case(&unread) }) else { panic!("judged") };
+    assert_eq!((j.verdict, j.doubt), (AnalysisVerdict::Inconclusive, Some(Doubt::Missing)), "{}", j.message);
+}
+
+#[test]
 fn a_wave_node_that_did_not_say_leaves_a_passing_wave_inconclusive() {
     // What it said before the bake, under the scheduler it ran then, does not count.
     let mut before = node(1, 1.0, 1.0);

@@ -8,6 +8,8 @@
 //!   scx_utils schedulers do; after any other exit it holds on, detached.
 //! - `sked-canary-loader pin OBJ PATH`: pins the link in bpffs and exits, as a scheduler
 //!   started by hand with `bpftool struct_ops register` does; removing PATH detaches it.
+//! - `sked-canary-loader spin N`: N threads that want a CPU each, for ever: a workload that
+//!   wants more than its CPU limit (the canary image has no shell to loop in).
 //!
 //! It prints `attached <ops map> <unix time in ns>` each time the kernel accepted the scheduler,
 //! and `restart <exit code>` when the kernel asked for a restart.
@@ -34,10 +36,19 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [mode, threads] = args.as_slice()
+        && mode == "spin"
+    {
+        let threads: usize = threads.parse().with_context(|| format!("spin {threads}: not a number of threads"))?;
+        for _ in 1..threads {
+            std::thread::spawn(spin);
+        }
+        spin();
+    }
     let (object, pin) = match args.as_slice() {
         [mode, object] if mode == "hold" => (object, None),
         [mode, object, path] if mode == "pin" => (object, Some(path.as_str())),
-        _ => bail!("usage: sked-canary-loader hold OBJ | sked-canary-loader pin OBJ PATH"),
+        _ => bail!("usage: sked-canary-loader hold OBJ | sked-canary-loader pin OBJ PATH | sked-canary-loader spin N"),
     };
     let (mut loaded, mut links) = attach(object, pin)?;
     if pin.is_some() {
@@ -110,5 +121,13 @@ fn exit_code(loaded: &Object) -> Result<Option<i64>> {
     match (word(0), word(8)) {
         (Some(code), Some(exited)) if exited != 0 => Ok(Some(code)),
         _ => Ok(None),
+    }
+}
+
+/// Wants a CPU for ever.
+fn spin() -> ! {
+    let mut n: u64 = 0;
+    loop {
+        n = std::hint::black_box(n.wrapping_add(1));
     }
 }
