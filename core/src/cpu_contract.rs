@@ -201,6 +201,11 @@ impl NodeCpuContract {
         }
     }
 
+    /// Whether the agent read anything of it: the scheduler's callbacks or the pods.
+    pub fn said_anything(&self) -> bool {
+        self.limits != Op::Unknown || self.requests != Op::Unknown || self.pods_known()
+    }
+
     /// Whether the agent read the pods' cgroups: without them, nothing proves the contract held.
     pub fn pods_known(&self) -> bool {
         self.pods_read().is_some()

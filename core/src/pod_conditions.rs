@@ -38,7 +38,8 @@ pub fn desired(
     Some(match r.verdict {
         Verdict::Attached => PodKernel::Attached {
             ops: r.ops.clone(),
-            contract: r.cpu_contract.as_ref().map(|c| c.brief()).unwrap_or_default(),
+            // Nothing when the agent read nothing of it: the Scheduler's condition says why.
+            contract: r.cpu_contract.as_ref().filter(|c| c.said_anything()).map(|c| c.brief()).unwrap_or_default(),
         },
         Verdict::ForeignScheduler => PodKernel::Foreign { ops: r.ops.clone() },
         Verdict::KernelUnsupported => PodKernel::Unsupported { said: r.reason.clone() },
@@ -114,6 +115,16 @@ mod tests {
             requests: crate::cpu_contract::Op::Implemented,
             ..Default::default()
         });
+        let mut unread = report("p", Verdict::Attached, now);
+        unread.cpu_contract = Some(crate::cpu_contract::NodeCpuContract {
+            unread: "the agent lacks CAP_SYS_ADMIN".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            desired(&p, Some(&unread), now, STALE, false),
+            Some(PodKernel::Attached { ops: "rusty".into(), contract: String::new() }),
+            "nothing read: the pod's condition says nothing of it"
+        );
         let contract = "the pods' CPU contract is broken: CPU limits: not enforced (no ops.cgroup_set_bandwidth), \
                         the pods not read; CPU requests: implemented (ops.cgroup_set_weight)";
         assert_eq!(

@@ -299,6 +299,9 @@ impl AgentProcess {
             .arg(&proc_root)
             .args(["--poll-interval", "200ms", "--uevents=false", "--heartbeat-interval", "1s"])
             .args(["--health-interval", "1s"])
+            // A cgroup tree of its own (empty: no kubepods), not the machine's.
+            .arg("--cgroup-root")
+            .arg(dir.join("cgroup"))
             .args(["--controller-address", spec.controller])
             .arg("--ca-file")
             .arg(spec.ca)
