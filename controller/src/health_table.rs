@@ -128,12 +128,13 @@ impl HealthTable {
         added
     }
 
-    /// Keeps the pods' CPU contract `contract` of `node`, received at `now_ms`, when it differs
-    /// from the last one kept.
+    /// Keeps the pods' CPU contract `contract` of `node`, received at `now_ms`, when it tells
+    /// another fact than the last one kept (`NodeCpuContract::same_fact_as`): the numbers every
+    /// window moves make no new entry, so the entries span many bakes.
     pub fn record_contract(&self, node: &str, contract: &NodeCpuContract, now_ms: i64) {
         let mut nodes = lock(&self.nodes);
         let kept = &mut nodes.entry(node.to_owned()).or_default().contracts;
-        if kept.back().is_some_and(|(_, last)| last == contract) {
+        if kept.back().is_some_and(|(_, last)| last.same_fact_as(contract)) {
             return;
         }
         kept.push_back((now_ms, contract.clone()));
@@ -295,6 +296,11 @@ mod tests {
         let table = HealthTable::default();
         let kept = NodeCpuContract { limits: Op::Implemented, ..NodeCpuContract::default() };
         let lost = NodeCpuContract { limits: Op::Missing, ..NodeCpuContract::default() };
+        let pods = |limited| Some(sked_core::cpu_contract::PodCpu { pods: limited + 1, limited, ..Default::default() });
+        // Another count of the same standing is no new fact.
+        table.record_contract("n2", &NodeCpuContract { pods: pods(2), ..lost.clone() }, 1);
+        table.record_contract("n2", &NodeCpuContract { pods: pods(3), ..lost.clone() }, 2);
+        assert_eq!(table.samples_of(&["n2".to_owned()])["n2"].contracts.len(), 1);
         for (at, c) in [(1, &kept), (2, &kept), (3, &lost), (4, &lost), (5, &kept)] {
             table.record_contract("n1", c, at);
         }

@@ -532,11 +532,7 @@ impl Session {
         if let Some(health) = report.health.as_ref().filter(|_| analysed) {
             service.table.health.record(node, health, now_ms);
         }
-        let entry = node_report(&report, Instant::now());
-        if let Some(contract) = entry.cpu_contract.as_ref().filter(|_| analysed) {
-            service.table.health.record_contract(node, contract, now_ms);
-        }
-        let entry = entry
+        let entry = node_report(&report, Instant::now())
             .from_pod(&self.caller.pod_uid)
             .created_at(self.caller.pod_created)
             .leaving(
@@ -547,6 +543,10 @@ impl Session {
                     .is_some_and(|p| p.uid == self.caller.pod_uid && p.is_terminating()),
             )
             .from_every_replica(!self.follows_leader);
+        // The node's contract history, for the analysis: not from a pod on its way out.
+        if let Some(contract) = entry.cpu_contract.as_ref().filter(|_| analysed && !entry.leaving) {
+            service.table.health.record_contract(node, contract, now_ms);
+        }
         for scheduler in service.table.record(node, entry, service.stale_after) {
             debug!(node = %node, scheduler = %scheduler, verdict = kernel_verdict(report.verdict).as_str(), "kernel view changed");
             service.triggers.send(&scheduler);

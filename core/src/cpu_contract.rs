@@ -125,8 +125,8 @@ impl Breach {
     }
 }
 
-/// What a report's contract changes in the condition: a new report that keeps it changes
-/// nothing worth a reconcile.
+/// What a report's contract changes in the condition and the gate: a new report that keeps it
+/// changes nothing worth a reconcile or a new entry in the node's history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Standing {
     limits: Op,
@@ -187,6 +187,14 @@ impl NodeCpuContract {
     /// The pods, when they were read.
     fn pods_read(&self) -> Option<&PodCpu> {
         self.pods.as_ref().filter(|p| p.unavailable.is_empty())
+    }
+
+    /// What makes this report a new entry in the node's history (`HealthTable`): its
+    /// [`Standing`], the scheduler instance, and the pod measured over its limit, if any; not
+    /// the numbers every window moves.
+    pub fn same_fact_as(&self, other: &NodeCpuContract) -> bool {
+        let worst = |c: &NodeCpuContract| c.pods_read().and_then(|p| p.over_limit.first()).map(|o| o.uid.clone());
+        self.standing() == other.standing() && self.enable_seq == other.enable_seq && worst(self) == worst(other)
     }
 
     pub fn standing(&self) -> Standing {
@@ -341,6 +349,8 @@ pub struct Fold {
     requests_broken: Vec<String>,
     requests_missing: Vec<(String, Op)>,
     limited_pods: u64,
+    /// Nodes whose pods were not read.
+    pods_unread: u32,
     worst: Option<(String, OverLimit)>,
 }
 
@@ -363,6 +373,9 @@ impl Fold {
         }
         if c.requests_broken() {
             self.requests_broken.push(node.to_owned());
+        }
+        if !c.pods_known() {
+            self.pods_unread += 1;
         }
         if let Some(p) = c.pods_read() {
             self.limited_pods += u64::from(p.limited);
@@ -409,8 +422,9 @@ impl Fold {
         if self.limits_missing.is_empty() && self.requests_missing.is_empty() {
             let message = format!(
                 "The scheduler implements ops.cgroup_set_bandwidth and ops.cgroup_set_weight on all {n} nodes, and \
-                 no pod was measured over its CPU limit ({} limited pods)",
-                self.limited_pods
+                 no pod was measured over its CPU limit ({} limited pods{})",
+                self.limited_pods,
+                self.unread_pods_words()
             );
             return view(Some(true), Reason::CpuControlsImplemented, message);
         }
@@ -421,6 +435,14 @@ impl Fold {
             self.requests_missing.len()
         );
         view(Some(true), Reason::NothingAtStake, message)
+    }
+
+    /// "; the pods of N nodes not read", when some were not.
+    fn unread_pods_words(&self) -> String {
+        match self.pods_unread {
+            0 => String::new(),
+            k => format!("; the pods of {k} of {} nodes not read", self.nodes),
+        }
     }
 
     fn limits_message(&self) -> String {
@@ -449,9 +471,11 @@ impl Fold {
             None => message.push_str("the scheduler implements ops.cgroup_set_bandwidth but does not keep them"),
         }
         let limited = match self.limited_pods {
+            0 => "no pod read has a CPU limit".to_owned(),
             1 => "1 pod has a CPU limit".to_owned(),
             many => format!("{many} pods have CPU limits"),
         };
+        let limited = format!("{limited}{}", self.unread_pods_words());
         message.push_str(&format!(
             ", where {limited} ({broken} of {n} nodes affected). Run a scheduler that enforces cpu.max, or keep \
              pods with CPU limits off these nodes"
@@ -552,6 +576,13 @@ mod tests {
         let blind = fold(&[("n1", Some(node(Op::NotInKernel, Op::Implemented, Some(unread))))]);
         assert_eq!(blind.reason, Reason::LimitsNotEnforced, "the callback's absence is enough");
         assert!(blind.message.contains("this kernel has no ops.cgroup_set_bandwidth"), "{}", blind.message);
+        assert!(
+            blind.message.contains("where no pod read has a CPU limit; the pods of 1 of 1 nodes not read"),
+            "{}",
+            blind.message
+        );
+        let implemented_blind = fold(&[("n1", Some(node(Op::Implemented, Op::Implemented, None)))]);
+        assert!(implemented_blind.message.ends_with("(0 limited pods; the pods of 1 of 1 nodes not read)"));
         let weights = fold(&[("n1", Some(node(Op::Implemented, Op::Missing, Some(pods(0, &[], 3)))))]);
         assert_eq!((weights.status, weights.reason), (Some(false), Reason::RequestsNotEnforced));
     }

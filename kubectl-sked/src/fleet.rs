@@ -441,8 +441,9 @@ mod tests {
     #[test]
     fn a_node_s_row_carries_its_pods_cpu_contract_and_the_table_lists_it() {
         let mut f = fleet();
-        let contract = "CPU limits: not enforced (no ops.cgroup_set_bandwidth), pod UID u1 measured over its limit; \
-                        CPU requests: not enforced (no ops.cgroup_set_weight)";
+        let contract = "the pods' CPU contract is broken: CPU limits: not enforced (no ops.cgroup_set_bandwidth), \
+                        and pods here have CPU limits, pod UID u1 measured over its limit; CPU requests: not enforced \
+                        (no ops.cgroup_set_weight), but no pod here has different requests";
         f.pods[0] =
             pod("rusty", "n1", "cur", Some(("True", "KernelAttached", &format!("ops rusty_1.0 attached; {contract}"))));
         let rows = f.status_rows(&f.schedulers[0], f.assignment().as_ref());

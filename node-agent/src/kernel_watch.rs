@@ -78,7 +78,8 @@ impl Observer {
 
     /// The cgroup callbacks of the scheduler running under `ops` (enable `enable_seq`): read
     /// from its struct_ops map once per enable, since a map's programs do not change; a failed
-    /// read is tried again at the next look. `maps` is the list of sched_ext maps when this look
+    /// read of the maps is tried again at the next look (the kernel's BTF, which gives the slots'
+    /// offsets, is read once for the agent's life: it does not change while the kernel runs). `maps` is the list of sched_ext maps when this look
     /// made it.
     fn cgroup_ops(
         &self,

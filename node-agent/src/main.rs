@@ -145,7 +145,7 @@ fn spawn_pod_cpu(
     cli: &Cli,
     observed: watch::Receiver<Observation>,
     metrics: Arc<Metrics>,
-) -> Option<watch::Receiver<Option<sked_proto::PodCpu>>> {
+) -> Option<watch::Receiver<Option<(sked_agent::pod_cgroups::Instance, sked_proto::PodCpu)>>> {
     if cli.pod_cpu_interval.is_zero() {
         info!("the pods' CPU limits and usage are not read (--pod-cpu-interval 0s)");
         return None;

@@ -307,8 +307,6 @@ impl Metrics {
         );
     }
 
-    /// Records the newest health sample: each gauge takes its value, or is removed when the
-    /// sample lacks it (never set to 0 for an unknown value).
     /// Registers the pods' CPU contract: what the running scheduler implements, what the pods got.
     fn register_cpu_contract(&self, registry: &mut Registry) {
         registry.register(
@@ -350,6 +348,8 @@ impl Metrics {
         }
     }
 
+    /// Records the newest health sample: each gauge takes its value, or is removed when the
+    /// sample lacks it (never set to 0 for an unknown value).
     pub fn health_sampled(&self, sample: &HealthSample) {
         self.health_samples.inc();
         let run_delay_seconds = sample.run_delay_us.map(|us| us / 1_000_000.0);

@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::observation::Observation;
+use crate::pod_cgroups::Instance;
 use crate::verdict::Verdict;
 
 /// Who is reporting.
@@ -58,8 +59,9 @@ use sked_logging::BoxError;
 pub struct Sampled {
     /// The node's scheduling health.
     pub health: Option<watch::Receiver<Health>>,
-    /// What the pods' cgroups showed over the last window (`None` before the first).
-    pub pods: Option<watch::Receiver<Option<PodCpu>>>,
+    /// What the pods' cgroups showed over the last window, and the scheduler it was measured
+    /// under (`None` before the first).
+    pub pods: Option<watch::Receiver<Option<(Instance, PodCpu)>>>,
 }
 
 /// The newest of what the agent samples, and the scheduler's last statistics, as a report is
@@ -67,7 +69,8 @@ pub struct Sampled {
 #[derive(Clone, Debug, Default)]
 pub struct Newest {
     pub health: Option<Health>,
-    pub pods: Option<PodCpu>,
+    /// The pods' last window, and the scheduler it was measured under.
+    pub pods: Option<(Instance, PodCpu)>,
     /// The scheduler's last scx_stats reply.
     pub stats: Option<String>,
 }
@@ -123,10 +126,13 @@ pub fn to_report(id: &Identity, o: &Observation, sequence: u64, newest: Newest) 
     }
 }
 
-/// The pods' CPU contract: what the running scheduler is handed, and what the pods got. `None`
-/// while there is neither (nothing enabled, pods not read).
-fn cpu_contract(o: &Observation, pods: Option<PodCpu>) -> Option<CpuContract> {
+/// The pods' CPU contract: what the running scheduler is handed, and what the pods got under it.
+/// `None` while there is neither (nothing enabled, pods not read).
+fn cpu_contract(o: &Observation, pods: Option<(Instance, PodCpu)>) -> Option<CpuContract> {
     use crate::cgroup_ops::Support;
+    // Only a window measured under the scheduler this observation sees: right after a switch the
+    // last window is the previous scheduler's until the pods' watch starts new ones.
+    let pods = pods.filter(|(under, _)| *under == (o.read.enable_seq, o.read.ops.clone())).map(|(_, p)| p);
     let op = |s: Support| match s {
         Support::Implemented => CgroupOp::Implemented,
         Support::Missing => CgroupOp::Missing,
@@ -480,16 +486,22 @@ mod tests {
             cgroup_ops: None,
         };
         let contract = |o: &Observation, pods: Option<PodCpu>| {
-            to_report(&id, o, 1, Newest { pods, ..Newest::default() }).cpu_contract
+            let under = (o.read.enable_seq, o.read.ops.clone());
+            to_report(&id, o, 1, Newest { pods: pods.map(|p| (under, p)), ..Newest::default() }).cpu_contract
         };
         assert_eq!(contract(&o, None), None, "nothing enabled, pods not read: nothing to say");
-        let pods = PodCpu { pods: 3, limited: 1, ..PodCpu::default() };
+        let pods_again = || PodCpu { pods: 3, limited: 1, ..PodCpu::default() };
+        let pods = pods_again();
         let nothing = contract(&o, Some(pods.clone())).unwrap();
         assert_eq!((nothing.limits, nothing.ops_unread.as_str()), (0, "no sched_ext scheduler is enabled"));
         assert_eq!(nothing.pods, Some(pods.clone()));
         o.cgroup_ops = Some(Ok(CgroupOps { limits: Support::Missing, requests: Support::NotInKernel }));
         let read = contract(&o, Some(pods)).unwrap();
         assert_eq!((read.limits, read.requests), (CgroupOp::Missing as i32, CgroupOp::NotInKernel as i32));
+        // A window measured under the scheduler before is not sent with this one's callbacks.
+        let before =
+            to_report(&id, &o, 1, Newest { pods: Some(((Some(99), None), pods_again())), ..Newest::default() });
+        assert_eq!(before.cpu_contract.and_then(|c| c.pods), None, "another scheduler's window");
         o.cgroup_ops = Some(Err("the agent lacks CAP_SYS_ADMIN".into()));
         let unread = contract(&o, None).unwrap();
         assert_eq!((unread.limits, unread.ops_unread.as_str()), (0, "the agent lacks CAP_SYS_ADMIN"));

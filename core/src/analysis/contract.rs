@@ -21,13 +21,19 @@ pub(super) enum Finding {
     Kept,
 }
 
-/// The contract reports of `node` received during the bake. One from before it told of the
-/// scheduler the node ran then; the new one is another instance (another `enable_seq`), so its
-/// first report is always a new entry, and the agent starts the pods' windows again when its
-/// scheduler changes.
+/// The contract reports of `node` that bear on the bake: those received during it, and the one
+/// in effect when it began if the scheduler instance that sent it (its `enable_seq`) is the one
+/// the node runs now (the newest report's): a node that switched before the wave's newest node
+/// and whose contract did not change since has no entry inside the bake. A report under another
+/// instance told of the scheduler the node ran before; the agent starts the pods' windows again
+/// when its scheduler changes, and sends a window only with the scheduler it was measured under.
 fn in_bake<'a>(case: &Case<'a>, node: &str) -> Vec<&'a NodeCpuContract> {
     let Some(health) = case.health.get(node) else { return Vec::new() };
-    health.contracts.iter().filter(|(at, _)| (case.from_ms..=case.to_ms).contains(at)).map(|(_, c)| c).collect()
+    let kept = &health.contracts;
+    let during = kept.iter().filter(|(at, _)| (case.from_ms..=case.to_ms).contains(at));
+    let now_running = kept.iter().rfind(|(at, _)| *at <= case.to_ms).map(|(_, c)| c.enable_seq);
+    let in_effect = kept.iter().rfind(|(at, _)| *at < case.from_ms).filter(|(_, c)| Some(c.enable_seq) == now_running);
+    in_effect.into_iter().chain(during).map(|(_, c)| c).collect()
 }
 
 /// The wave's nodes' contract over the bake: the first node (in the wave's order) that broke

@@ -319,7 +319,7 @@ fn a_wave_node_that_ran_a_pod_over_its_limit_during_the_bake_fails_the_wave_alon
     // Broken before the bake (another scheduler), kept at its start, broken for one window in
     // it, kept again at its end.
     w.contracts = vec![
-        (-10_000, contract(Op::Missing, Op::Missing, &[("u0", 2000, 500)])),
+        (-10_000, NodeCpuContract { enable_seq: 1, ..contract(Op::Missing, Op::Missing, &[("u0", 2000, 500)]) }),
         (1_000, implemented.clone()),
         (20_000, contract(Op::Implemented, Op::Implemented, &[("u1", 1380, 500)])),
         (40_000, implemented.clone()),
@@ -370,6 +370,22 @@ fn a_missing_callback_where_pods_need_it_fails_and_a_breach_after_the_bake_does_
 }
 
 #[test]
+fn a_node_that_switched_before_the_bake_began_is_judged_on_what_its_scheduler_said_since() {
+    // It attached before the wave's newest node (when the bake starts), said it all then, and
+    // nothing changed since: no entry inside the bake, the one in effect counts.
+    let mut early = node(1, 1.0, 1.0);
+    early.contracts = vec![(-3_000, contract(Op::Missing, Op::Implemented, &[]))];
+    let j = judged(&contract_too(), &[("w", early)], &controls(1.0, 1.0));
+    let cause = j.failure.map(|(_, c)| c).unwrap_or_default();
+    assert!(cause.starts_with("1 pod(s) with a CPU limit run on node w"), "{cause}");
+    // The same entry from the scheduler it ran before (another enable) does not.
+    let mut switched = node(1, 1.0, 1.0);
+    let before = NodeCpuContract { enable_seq: 1, ..contract(Op::Missing, Op::Implemented, &[]) };
+    switched.contracts = vec![(-3_000, before), (1_000, contract(Op::Implemented, Op::Implemented, &[]))];
+    assert_eq!(judged(&contract_too(), &[("w", switched)], &controls(1.0, 1.0)).verdict, AnalysisVerdict::Passed);
+}
+
+#[test]
 fn the_verdict_waits_for_the_first_reading_of_the_wave_s_pods_but_not_to_fail() {
     let limits = contract_too();
     let mut w = node(1, 1.0, 1.0);
@@ -403,7 +419,9 @@ fn the_verdict_waits_for_the_first_reading_of_the_wave_s_pods_but_not_to_fail() 
 fn a_wave_node_that_did_not_say_leaves_a_passing_wave_inconclusive() {
     // What it said before the bake, under the scheduler it ran then, does not count.
     let mut before = node(1, 1.0, 1.0);
-    before.contracts = vec![(-1_000, contract(Op::Implemented, Op::Implemented, &[]))];
+    let previous = NodeCpuContract { enable_seq: 1, ..contract(Op::Implemented, Op::Implemented, &[]) };
+    let unread_now = NodeCpuContract { pods: None, ..contract(Op::Missing, Op::Missing, &[]) };
+    before.contracts = vec![(-1_000, previous), (2_000, unread_now)];
     let j = judged(&contract_too(), &[("w", before)], &controls(1.0, 1.0));
     assert_eq!((j.verdict, j.doubt), (AnalysisVerdict::Inconclusive, Some(Doubt::Missing)), "{}", j.message);
     assert!(

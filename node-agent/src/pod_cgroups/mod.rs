@@ -573,14 +573,15 @@ impl Watch {
 }
 
 /// Samples the pods under `root` every `interval` for as long as the task runs, as a [`Watch`]
-/// under the scheduler `observed` shows, publishing on `tx` (the report streams read the newest;
-/// `None` while there is nothing to say of the current scheduler) and in the agent's metrics.
+/// under the scheduler `observed` shows, publishing on `tx` with that scheduler (the report
+/// streams read the newest, and send it only with an observation of the same scheduler; `None`
+/// while there is nothing to say of the current one) and in the agent's metrics.
 /// The reads run on a blocking thread: a node's few hundred small files take milliseconds, but
 /// they are file reads all the same.
 pub async fn run(
     root: PathBuf,
     interval: Duration,
-    tx: tokio::sync::watch::Sender<Option<sked_proto::PodCpu>>,
+    tx: tokio::sync::watch::Sender<Option<(Instance, sked_proto::PodCpu)>>,
     observed: tokio::sync::watch::Receiver<crate::observation::Observation>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
 ) {
@@ -596,10 +597,12 @@ pub async fn run(
             (o.read.enable_seq, o.read.ops.clone())
         };
         let watch = watch.clone();
+        let under = now.clone();
         let ticked = tokio::task::spawn_blocking(move || crate::lock(&watch).tick(now, origin.elapsed())).await;
         let Ok(Tick { withdrawn, summary }) = ticked else { continue };
         if withdrawn {
             tx.send_replace(None);
+            metrics.pods_sampled(0, 0, 0);
         }
         let Some(summary) = summary else { continue };
         if told.as_ref() != Some(&summary.unavailable) {
@@ -610,7 +613,7 @@ pub async fn run(
             told = Some(summary.unavailable.clone());
         }
         metrics.pods_sampled(summary.limited, summary.exercised, summary.over_limit_pods);
-        tx.send_replace(Some(summary.to_wire(interval)));
+        tx.send_replace(Some((under, summary.to_wire(interval))));
     }
 }
 
