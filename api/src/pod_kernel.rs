@@ -15,6 +15,8 @@ pub const POD_CONDITION: &str = "sked.schedkit.io/KernelAttached";
 /// How the node's part of the pods' CPU contract in an attached pod's condition begins when the
 /// contract is broken there (`PodKernel::Attached::contract`).
 pub const CONTRACT_BROKEN: &str = "the pods' CPU contract is broken: ";
+/// ... when the scheduler lacks a callback and the node's pods were not read.
+pub const CONTRACT_UNKNOWN: &str = "the pods' CPU contract is not known: ";
 /// ... when it is not broken as far as the agent read.
 pub const CONTRACT_HOLDS: &str = "the pods' CPU contract holds as far as read: ";
 

@@ -8,10 +8,11 @@
 //! over its last window: how many pods have a limit, how many wanted it, and which used more.
 //!
 //! - Limits are broken where a pod was measured over its limit (the proof, whatever the
-//!   scheduler implements), or where the scheduler lacks the callback and pods have limits (or
-//!   the pods could not be read: the callback's absence alone says limits are not enforced).
+//!   scheduler implements), or where the scheduler lacks the callback and pods have limits.
 //! - Requests are broken where the scheduler lacks `cgroup_set_weight` and pods have different
-//!   weights (or the pods could not be read).
+//!   weights.
+//! - Where the scheduler lacks a callback and the pods could not be read, whether it costs a pod
+//!   is not known: the condition is Unknown, never a guess either way.
 //! - Implemented is not kept: a scheduler that takes a limit may still not enforce it. Only a pod
 //!   measured over its limit proves that; a limited pod that never wants its limit proves
 //!   nothing either way, and the condition never says "kept".
@@ -256,23 +257,23 @@ impl NodeCpuContract {
     }
 
     /// Limits are not enforced here and it matters: a pod was measured over its limit, or the
-    /// scheduler lacks the callback and pods have limits (or the pods are unknown).
+    /// scheduler lacks the callback and pods read have limits.
     fn limits_broken(&self) -> bool {
         let s = self.standing();
-        s.over_limit || (s.limits.not_enforced() && (s.limited || !s.pods_known))
+        s.over_limit || (s.limits.not_enforced() && s.limited)
     }
 
     /// Requests are not enforced here and it matters.
     fn requests_broken(&self) -> bool {
         let s = self.standing();
-        s.requests.not_enforced() && (s.weights_differ || !s.pods_known)
+        s.requests.not_enforced() && s.weights_differ
     }
 
     /// What the scheduler is handed, and the pod measured over its limit if any, in words that
     /// change only when the [`Standing`] or that pod does (the scheduler pod's condition
     /// carries them: a window's numbers would rewrite it every few seconds).
     pub fn brief(&self) -> String {
-        use sked_api::pod_kernel::{CONTRACT_BROKEN, CONTRACT_HOLDS};
+        use sked_api::pod_kernel::{CONTRACT_BROKEN, CONTRACT_HOLDS, CONTRACT_UNKNOWN};
         if self.limits == Op::Unknown && self.requests == Op::Unknown {
             return format!("CPU limits and requests: not read ({})", self.unread);
         }
@@ -287,7 +288,14 @@ impl NodeCpuContract {
         let over = over.map(|o| format!(", pod UID {} measured over its limit", o.uid)).unwrap_or_default();
         let limits = stake(!self.limits.not_enforced(), pods.map(|p| p.limited > 0), "CPU limits");
         let requests = stake(!self.requests.not_enforced(), pods.map(|p| p.distinct_weights > 1), "different requests");
-        let verdict = if self.limits_broken() || self.requests_broken() { CONTRACT_BROKEN } else { CONTRACT_HOLDS };
+        let missing = self.limits.not_enforced() || self.requests.not_enforced();
+        let verdict = if self.limits_broken() || self.requests_broken() {
+            CONTRACT_BROKEN
+        } else if missing && pods.is_none() {
+            CONTRACT_UNKNOWN
+        } else {
+            CONTRACT_HOLDS
+        };
         format!(
             "{verdict}CPU limits: {}{limits}{over}; CPU requests: {}{requests}",
             self.limits.words("cgroup_set_bandwidth"),
@@ -385,7 +393,9 @@ impl Fold {
                 self.worst = Some((node.to_owned(), w.clone()));
             }
         }
-        if c.limits == Op::Unknown || c.requests == Op::Unknown {
+        // A missing callback with the pods unread: whether it costs any pod is not known.
+        let unread_stake = !c.pods_known() && (c.limits.not_enforced() || c.requests.not_enforced());
+        if c.limits == Op::Unknown || c.requests == Op::Unknown || unread_stake {
             self.unknown.push(node.to_owned());
         }
     }
@@ -574,13 +584,7 @@ mod tests {
         assert_eq!(limited.reason, Reason::LimitsNotEnforced, "limited pods, no callback: not enforced");
         let unread = PodCpu { unavailable: "no kubepods cgroup".into(), ..PodCpu::default() };
         let blind = fold(&[("n1", Some(node(Op::NotInKernel, Op::Implemented, Some(unread))))]);
-        assert_eq!(blind.reason, Reason::LimitsNotEnforced, "the callback's absence is enough");
-        assert!(blind.message.contains("this kernel has no ops.cgroup_set_bandwidth"), "{}", blind.message);
-        assert!(
-            blind.message.contains("where no pod read has a CPU limit; the pods of 1 of 1 nodes not read"),
-            "{}",
-            blind.message
-        );
+        assert_eq!((blind.status, blind.reason), (None, Reason::ContractUnknown), "whether it costs a pod is unknown");
         let implemented_blind = fold(&[("n1", Some(node(Op::Implemented, Op::Implemented, None)))]);
         assert!(implemented_blind.message.ends_with("(0 limited pods; the pods of 1 of 1 nodes not read)"));
         let weights = fold(&[("n1", Some(node(Op::Implemented, Op::Missing, Some(pods(0, &[], 3)))))]);

@@ -125,8 +125,8 @@ mod tests {
             Some(PodKernel::Attached { ops: "rusty".into(), contract: String::new() }),
             "nothing read: the pod's condition says nothing of it"
         );
-        let contract = "the pods' CPU contract is broken: CPU limits: not enforced (no ops.cgroup_set_bandwidth), \
-                        the pods not read; CPU requests: implemented (ops.cgroup_set_weight)";
+        let contract = "the pods' CPU contract is not known: CPU limits: not enforced (no \
+                        ops.cgroup_set_bandwidth), the pods not read; CPU requests: implemented (ops.cgroup_set_weight)";
         assert_eq!(
             desired(&p, Some(&limits_lost), now, STALE, false),
             Some(PodKernel::Attached { ops: "rusty".into(), contract: contract.into() }),

@@ -334,8 +334,10 @@ async fn limited_pod_under_the_default(vm: &mut TestVm) -> Result<()> {
 /// with one Warning; then the pod's tasks stop.
 async fn limited_pod_under_the_canary(s: &Setup, vm: &mut TestVm) -> Result<()> {
     let sched =
-        s.fx.wait_scheduler(SCHEDULER, "PodCPUContract False", |s| {
-            condition(s, "PodCPUContract").is_some_and(|c| c.status == "False" && c.reason == "LimitsNotEnforced")
+        s.fx.wait_scheduler(SCHEDULER, "PodCPUContract False, naming the pod", |s| {
+            condition(s, "PodCPUContract").is_some_and(|c| {
+                c.status == "False" && c.reason == "LimitsNotEnforced" && c.message.contains(LIMITED_POD)
+            })
         })
         .await?;
     let message = condition(&sched, "PodCPUContract").map(|c| c.message.clone()).unwrap_or_default();
