@@ -212,10 +212,16 @@ fn source<T>(path: &Path, parse: fn(&str) -> Result<T, String>, hint: &str, prob
 
 /// Reads a file of at most [`MAX_FILE`] bytes (lossily as UTF-8); a larger one is an error.
 fn read_small(path: &Path) -> io::Result<String> {
+    read_at_most(path, MAX_FILE)
+}
+
+/// Reads a file of at most `max` bytes (lossily as UTF-8); a larger one is an error, not read in
+/// part.
+pub(crate) fn read_at_most(path: &Path, max: u64) -> io::Result<String> {
     let mut buf = Vec::new();
-    fs::File::open(path)?.take(MAX_FILE + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > MAX_FILE {
-        return Err(io::Error::other(format!("larger than {MAX_FILE} bytes")));
+    fs::File::open(path)?.take(max + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > max {
+        return Err(io::Error::other(format!("larger than {max} bytes")));
     }
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }

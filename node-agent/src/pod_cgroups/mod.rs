@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
-use std::io::{self, Read as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -310,12 +310,7 @@ fn parsed<T>(path: &Path, text: &str, parse: fn(&str) -> Option<T>) -> Result<T,
 
 /// Reads a file of at most [`MAX_FILE`] bytes (lossily as UTF-8); a larger one is an error.
 fn read_small(path: &Path) -> io::Result<String> {
-    let mut buf = Vec::new();
-    fs::File::open(path)?.take(MAX_FILE + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > MAX_FILE {
-        return Err(io::Error::other(format!("larger than {MAX_FILE} bytes")));
-    }
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    health::read_at_most(path, MAX_FILE)
 }
 
 /// What two readings of a pod say.
