@@ -868,6 +868,9 @@ async fn an_idle_fleet_is_silent_and_a_kernel_report_changes_only_its_status_and
         sch.status.as_ref().is_some_and(|st| st.observed_generation.is_some())
     })
     .await?;
+    // Events are published right after the status they describe: the last two are in too.
+    s.fx.wait_event(&s.name, "Normal", "DaemonSetReady", 1).await?;
+    s.fx.wait_event("zz-outranked", "Warning", "SchedulerConflict", 1).await?;
 
     // Idle: the agents keep reporting (a heartbeat a second each) and nothing changes.
     let writes = s.fx.apiserver_writes()?;
