@@ -71,6 +71,10 @@ struct Controls {
     /// A robust standard deviation of their changes.
     sd: f64,
     count: usize,
+    /// How many `sd` past `centre` a node's change must lie: to count toward the quorum
+    /// (`node`), and to fail the wave alone (`alone`), so that no node of the wave is likely to
+    /// pass it by chance ([`Limits::spread_z`]).
+    z: Spread,
 }
 
 impl Controls {
@@ -84,12 +88,9 @@ impl Controls {
     }
 
     /// How far past the controls' median change a node's change must lie to be outside their
-    /// spread: `z` robust standard deviations, plus two standard errors of the median itself
-    /// (it is estimated from `count` nodes, and every node of the wave is judged against the
-    /// same estimate: without the margin, an unlucky estimate fails many nodes at once).
-    fn outside(&self, z: f64) -> f64 {
-        let centre_error = 1.2533 * self.sd / (self.count.max(1) as f64).sqrt();
-        z * self.sd + 2.0 * centre_error
+    /// spread, to count toward the quorum or alone.
+    fn outside(&self, alone: bool) -> f64 {
+        self.sd * if alone { self.z.alone } else { self.z.node }
     }
 }
 
@@ -124,17 +125,13 @@ pub fn judge(case: &Case<'_>) -> Outcome {
         return Outcome::Waiting;
     }
     let candidates = case.wave.iter().filter(|n| before(case, n).is_some()).count();
-    let z = Spread {
-        node: case.limits.spread_z(candidates, case.limits.quorum(candidates)),
-        alone: case.limits.spread_z(candidates, 1),
-    };
     let controls: Vec<(Signal, f64, Option<Controls>)> =
-        case.limits.signals.iter().map(|&(s, limit)| (s, limit, controls(case, s))).collect();
+        case.limits.signals.iter().map(|&(s, limit)| (s, limit, controls(case, s, candidates))).collect();
     let judged: Vec<(&str, Verdict, String)> = case
         .wave
         .iter()
         .map(|node| {
-            let (verdict, detail) = judge_node(case, node, &controls, z);
+            let (verdict, detail) = judge_node(case, node, &controls);
             (*node, verdict, detail)
         })
         .collect();
@@ -219,7 +216,8 @@ fn summary_of(b: &NodeBaseline, signal: Signal, min: usize) -> Option<SignalSumm
 
 /// The controls' changes of a signal: the baseline's control nodes that still run another
 /// revision, each with enough samples in both windows; none when fewer than the spec asks.
-fn controls(case: &Case<'_>, signal: Signal) -> Option<Controls> {
+/// The controls' change of `signal`, for a wave of `candidates` nodes to be read against.
+fn controls(case: &Case<'_>, signal: Signal, candidates: usize) -> Option<Controls> {
     let min = case.limits.min_samples;
     let changes: Vec<f64> = case
         .baseline?
@@ -235,19 +233,23 @@ fn controls(case: &Case<'_>, signal: Signal) -> Option<Controls> {
     let count = changes.len();
     if count == 0 && case.limits.min_control_nodes == 0 {
         // Asked for: each node judged by its own change alone, against the limit.
-        return Some(Controls { centre: 0.0, sd: 0.0, count });
+        return Some(Controls { centre: 0.0, sd: 0.0, count, z: Spread { node: 0.0, alone: 0.0 } });
     }
     if count < case.limits.min_control_nodes.max(1) {
         return None;
     }
     let centre = median(changes.clone())?;
     let mad = median(changes.iter().map(|c| (c - centre).abs()).collect())?;
-    Some(Controls { centre, sd: MAD_TO_SD * mad, count })
+    let limits = case.limits;
+    let z = Spread {
+        node: limits.spread_z(candidates, limits.quorum(candidates), count),
+        alone: limits.spread_z(candidates, 1, count),
+    };
+    Some(Controls { centre, sd: MAD_TO_SD * mad, count, z })
 }
 
-/// How many robust standard deviations of the controls' changes a node's excess must pass: to
-/// count toward the quorum, and to fail the wave alone (so that no node of the wave is likely
-/// to pass it by chance).
+/// How many robust standard deviations of the controls' changes a node's excess must pass (see
+/// [`Controls::z`]).
 #[derive(Clone, Copy, Debug)]
 struct Spread {
     node: f64,
@@ -255,12 +257,7 @@ struct Spread {
 }
 
 /// One wave node's verdict and the detail shown for it.
-fn judge_node(
-    case: &Case<'_>,
-    node: &str,
-    controls: &[(Signal, f64, Option<Controls>)],
-    z: Spread,
-) -> (Verdict, String) {
+fn judge_node(case: &Case<'_>, node: &str, controls: &[(Signal, f64, Option<Controls>)]) -> (Verdict, String) {
     let min = case.limits.min_samples;
     let samples = bake(case, node);
     let Some(before) = before(case, node) else {
@@ -303,8 +300,8 @@ fn judge_node(
             signal.show_excess(excess),
             c.beyond()
         ));
-        if excess > c.outside(z.node) && excess > signal.bound(limit, 1.0) {
-            let critical = excess > c.outside(z.alone) && excess > signal.bound(limit, case.limits.critical_factor);
+        if excess > c.outside(false) && excess > signal.bound(limit, 1.0) {
+            let critical = excess > c.outside(true) && excess > signal.bound(limit, case.limits.critical_factor);
             let ratio = excess / signal.bound(limit, 1.0);
             if worst.as_ref().is_none_or(|(r, _, _)| ratio > *r) {
                 let cause = format!(

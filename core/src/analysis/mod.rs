@@ -65,9 +65,18 @@ pub const SAMPLE_GRACE_SECONDS: i64 = 60;
 /// Most nodes listed in a verdict (`status.rollout.analysis.nodes`).
 pub const MAX_LISTED_NODES: usize = 10;
 /// The chance that a wave with no real change fails: each node's spread bound is set so that,
-/// with the wave's size and its quorum, no more than this share of such waves reach it
-/// (binomially; the signals share each node's chance by a Bonferroni correction).
+/// with the wave's size, its quorum and its controls, no more than this share of such waves
+/// reach it (see [`Limits::spread_z`]).
 pub const WAVE_ALPHA: f64 = 0.005;
+
+/// Thresholds [`Limits::spread_z`] found, by (judged, quorum, controls, signals): a few
+/// milliseconds each to find, and a fleet's waves ask for the same few again and again.
+const SPREAD_Z_MEMO: usize = 1024;
+type SpreadKey = (usize, usize, usize, usize);
+thread_local! {
+    static SPREAD_Z: std::cell::RefCell<std::collections::HashMap<SpreadKey, f64>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
 
 /// A node's scheduling health over one sampling interval, as its agent measured it. A signal
 /// the node does not give is `None`, never zero.
@@ -194,13 +203,27 @@ impl Limits {
     }
 
     /// How many robust standard deviations of the controls' changes a node's excess must pass
-    /// in a wave of `judged` nodes whose quorum is `quorum`: the normal quantile of 1 - p/m,
-    /// p the largest chance of a node failing by chance that keeps the wave's within
-    /// [`WAVE_ALPHA`], m the signals judged.
-    pub fn spread_z(&self, judged: usize, quorum: usize) -> f64 {
-        let m = self.signals.len().max(1) as f64;
-        let p = stats::largest_node_chance(judged.max(1), quorum.max(1), WAVE_ALPHA);
-        stats::normal_quantile(1.0 - p / m)
+    /// in a wave of `judged` nodes whose quorum is `quorum`, read against the median change of
+    /// `controls` nodes: the smallest that keeps the chance of a quorum failing by chance
+    /// within [`WAVE_ALPHA`], each node failing by chance with m x P(Z > z) for the m signals
+    /// judged, and every node read against the same median, an estimate whose standard error
+    /// is 1.2533 / sqrt(controls) of their spread ([`stats::shared_centre_tail`]).
+    pub fn spread_z(&self, judged: usize, quorum: usize, controls: usize) -> f64 {
+        let key = (judged.max(1), quorum.max(1), controls, self.signals.len().max(1));
+        SPREAD_Z.with(|memo| {
+            let mut memo = memo.borrow_mut();
+            if let Some(z) = memo.get(&key) {
+                return *z;
+            }
+            let (judged, quorum, controls, m) = key;
+            let s = if controls == 0 { 0.0 } else { 1.2533 / (controls as f64).sqrt() };
+            let z = stats::shared_centre_z(judged, quorum, m as f64, WAVE_ALPHA, s);
+            if memo.len() >= SPREAD_Z_MEMO {
+                memo.clear();
+            }
+            memo.insert(key, z);
+            z
+        })
     }
 
     /// How many of `judged` nodes must fail before their wave does.

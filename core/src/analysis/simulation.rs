@@ -169,10 +169,10 @@ fn a_thirty_percent_regression_on_a_fifth_of_a_wave_is_caught() {
         false_rate * 100.0
     );
     // With 50 controls the controls' median change and spread are estimates every node of the
-    // wave is judged against at once: an unlucky pair fails many nodes together, so the quorum
-    // must sit above that and some partial regressions pass. With more controls (sked keeps up
-    // to 200) the estimates settle.
-    assert!(caught >= 0.85, "caught {:.1} %", caught * 100.0);
+    // wave is judged against at once: an unlucky pair fails many nodes together, so the bound
+    // sits further out to cover it (`Limits::spread_z`) and some partial regressions pass. With
+    // more controls (sked keeps up to 200) the estimates settle.
+    assert!(caught >= 0.90, "caught {:.1} %", caught * 100.0);
     assert!(false_rate <= 0.02, "false {:.1} %", false_rate * 100.0);
     let many = Fleet { controls: 200, ..fleet };
     let caught = failure_rate(19, RUNS, many, &limits);

@@ -1,6 +1,6 @@
-//! Robust statistics for the analysis: medians, median absolute deviations, and the normal
-//! quantile a spread is read against. Hand-written: a few lines each, and core takes no
-//! dependency for them.
+//! Robust statistics for the analysis: medians, median absolute deviations, the normal tail
+//! and the binomial tail a spread is read against. Hand-written: a few lines each, and core
+//! takes no dependency for them.
 
 use sked_api::SignalSummary;
 
@@ -42,7 +42,8 @@ pub fn round(v: f64) -> f64 {
 pub const MAD_TO_SD: f64 = 1.4826;
 
 /// The standard normal quantile of `p` (0 < p < 1): Acklam's rational approximation, good to
-/// about 1e-9, enough to set a threshold.
+/// about 1e-9 (the tests check [`normal_upper_tail`] against it).
+#[cfg(test)]
 pub fn normal_quantile(p: f64) -> f64 {
     const A: [f64; 6] = [
         -3.969_683_028_665_376e1,
@@ -108,15 +109,57 @@ pub fn binomial_tail(n: usize, k: usize, p: f64) -> f64 {
     tail.min(1.0)
 }
 
-/// The largest chance `p` a node may fail by chance such that `n` nodes reach `k` failures
-/// with probability at most `alpha` (bisection: the tail grows with `p`).
-pub fn largest_node_chance(n: usize, k: usize, alpha: f64) -> f64 {
-    let (mut lo, mut hi) = (1e-9, 0.5);
-    for _ in 0..60 {
-        let mid = (lo + hi) / 2.0;
-        if binomial_tail(n, k, mid) > alpha { hi = mid } else { lo = mid }
+/// The chance that a standard normal exceeds `z`: `erfc(z / sqrt 2) / 2`, with the complementary
+/// error function of Numerical Recipes (Chebyshev fit, relative error under 1.2e-7).
+pub fn normal_upper_tail(z: f64) -> f64 {
+    let x = z / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.5 * x.abs());
+    const C: [f64; 10] = [
+        -1.265_512_23,
+        1.000_023_68,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_203_98,
+        1.488_515_87,
+        -0.822_152_23,
+        0.170_872_77,
+    ];
+    let poly = C.iter().rev().fold(0.0, |acc, c| acc * t + c);
+    let erfc = t * (-x * x + poly).exp();
+    0.5 * if x >= 0.0 { erfc } else { 2.0 - erfc }
+}
+
+/// The chance that `n` nodes reach `k` failures when each fails by chance with
+/// `m x P(Z > z - s e)`: every node is read against one centre, estimated with a standard error
+/// of `s` standard deviations, off by `e`, a standard normal draw shared by all (averaged over
+/// it, trapezoid rule on [-6, 6]). One draw shared by the `m` signals too: their centres' errors
+/// are independent in truth, and a shared one makes the chance no smaller (the tail is convex in
+/// the node's chance where it matters).
+pub fn shared_centre_tail(n: usize, k: usize, m: f64, z: f64, s: f64) -> f64 {
+    const STEPS: i32 = 48;
+    let h = 12.0 / f64::from(STEPS);
+    let mut total = 0.0;
+    for i in 0..=STEPS {
+        let e = -6.0 + h * f64::from(i);
+        let weight = if i == 0 || i == STEPS { 0.5 } else { 1.0 };
+        let density = (-0.5 * e * e).exp() / (std::f64::consts::TAU).sqrt();
+        let p = (m * normal_upper_tail(z - s * e)).clamp(1e-300, 1.0 - 1e-12);
+        total += weight * density * binomial_tail(n, k, p);
     }
-    lo
+    (total * h).min(1.0)
+}
+
+/// The smallest `z` (to 1e-4) whose [`shared_centre_tail`] is at most `alpha` (bisection on
+/// [0, 12]: the tail falls as `z` grows).
+pub fn shared_centre_z(n: usize, k: usize, m: f64, alpha: f64, s: f64) -> f64 {
+    let (mut lo, mut hi) = (0.0, 12.0);
+    while hi - lo > 1e-4 {
+        let mid = (lo + hi) / 2.0;
+        if shared_centre_tail(n, k, m, mid, s) > alpha { lo = mid } else { hi = mid }
+    }
+    hi
 }
 
 #[cfg(test)]
@@ -136,9 +179,27 @@ mod tests {
         assert_eq!(round(0.123_456_7), 0.1235);
         assert!((binomial_tail(1, 1, 0.3) - 0.3).abs() < 1e-12);
         assert!((binomial_tail(2, 1, 0.5) - 0.75).abs() < 1e-12);
-        assert!((largest_node_chance(1, 1, 0.002) - 0.002).abs() < 1e-9);
-        let p = largest_node_chance(256, 26, 0.005);
-        assert!((binomial_tail(256, 26, p) - 0.005).abs() < 1e-6 && p > 0.04 && p < 0.08, "{p}");
         assert_eq!(round(123_456.7), 123_500.0);
+    }
+
+    #[test]
+    fn tails_of_a_threshold_read_against_an_estimated_centre() {
+        for z in [-2.0, 0.0, 1.0, 1.959_964, 3.090_232] {
+            let p = normal_upper_tail(z);
+            assert!((normal_quantile(1.0 - p) - z).abs() < 1e-5, "{z}: {p}");
+        }
+        // A centre known exactly: the binomial tail of the node's chance.
+        let z = 2.0;
+        let exact = binomial_tail(256, 26, 3.0 * normal_upper_tail(z));
+        assert!((shared_centre_tail(256, 26, 3.0, z, 0.0) - exact).abs() < 1e-9);
+        // An estimated one: the chance of a quorum grows, and the threshold with it; one node
+        // alone (k = 1) hardly cares.
+        assert!(shared_centre_tail(256, 26, 3.0, z, 0.18) > 2.0 * exact);
+        let known = shared_centre_z(256, 26, 3.0, 0.005, 0.0);
+        let estimated = shared_centre_z(256, 26, 3.0, 0.005, 0.18);
+        assert!((binomial_tail(256, 26, 3.0 * normal_upper_tail(known)) - 0.005).abs() < 1e-4);
+        assert!(estimated > known + 0.1 && estimated < known + 0.8, "{known} {estimated}");
+        let alone = shared_centre_z(256, 1, 3.0, 0.005, 0.18) - shared_centre_z(256, 1, 3.0, 0.005, 0.0);
+        assert!(alone > 0.0 && alone < 0.2, "{alone}");
     }
 }
