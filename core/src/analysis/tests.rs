@@ -66,6 +66,20 @@ fn controls(level: f64, change: f64) -> Vec<(&'static str, NodeHealth)> {
         .collect()
 }
 
+/// Every node of a wave is read against the same median of the controls' changes: the fewer the
+/// controls, the further out the bound (a quorum failing by chance stays within 1 in 200); a
+/// node alone hardly moves it.
+#[test]
+fn the_bound_moves_out_as_the_controls_median_gets_less_sure() {
+    let limits = Limits::of(&AnalysisSpec::default());
+    let (many, fifty, few) =
+        (limits.spread_z(256, 26, 200), limits.spread_z(256, 26, 50), limits.spread_z(256, 26, 10));
+    assert!(many < fifty && fifty < few, "{many} {fifty} {few}");
+    assert!(fifty > limits.spread_z(256, 26, 0) + 0.2, "{fifty}");
+    let alone = limits.spread_z(1, 1, 50) - limits.spread_z(1, 1, 0);
+    assert!(alone > 0.0 && alone < 0.1, "{alone}");
+}
+
 #[test]
 fn a_quiet_node_that_triples_fails_though_the_controls_are_busier() {
     let j = judged(&waiting_only(), &[("w", node(1, 0.3, 0.9))], &controls(2.0, 1.0));
