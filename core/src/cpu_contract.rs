@@ -227,7 +227,11 @@ impl NodeCpuContract {
         let limits = || match self.limits {
             Op::Missing => "the scheduler does not enforce cpu.max (no ops.cgroup_set_bandwidth)".to_owned(),
             Op::NotInKernel => "this kernel passes cpu.max to no sched_ext scheduler".to_owned(),
-            _ => "the scheduler takes cpu.max (ops.cgroup_set_bandwidth) but does not keep it".to_owned(),
+            Op::Implemented => "the scheduler takes cpu.max (ops.cgroup_set_bandwidth) but does not keep it".to_owned(),
+            Op::Unknown => format!(
+                "the scheduler does not keep cpu.max (whether it implements ops.cgroup_set_bandwidth was not read: {})",
+                self.unread
+            ),
         };
         let pods = self.pods_read();
         if let Some(worst) = pods.and_then(|p| p.over_limit.first()) {
@@ -274,10 +278,15 @@ impl NodeCpuContract {
     /// carries them: a window's numbers would rewrite it every few seconds).
     pub fn brief(&self) -> String {
         use sked_api::pod_kernel::{CONTRACT_BROKEN, CONTRACT_HOLDS, CONTRACT_UNKNOWN};
-        if self.limits == Op::Unknown && self.requests == Op::Unknown {
-            return format!("CPU limits and requests: not read ({})", self.unread);
-        }
         let pods = self.pods_read();
+        if self.limits == Op::Unknown && self.requests == Op::Unknown {
+            // The callbacks not read, the pods may still have been: one over its limit says it.
+            let read = format!("CPU limits and requests: not read ({})", self.unread);
+            return match pods.and_then(|p| p.over_limit.first()) {
+                Some(o) => format!("{CONTRACT_BROKEN}{read}; pod UID {} measured over its limit", o.uid),
+                None => read,
+            };
+        }
         let stake = |enforced: bool, at_stake: Option<bool>, what: &str| match (enforced, at_stake) {
             (true, _) => String::new(),
             (false, None) => ", the pods not read".to_owned(),
@@ -359,7 +368,9 @@ pub struct Fold {
     limited_pods: u64,
     /// Nodes whose pods were not read.
     pods_unread: u32,
-    worst: Option<(String, OverLimit)>,
+    /// The pod most over its limit, its node, and what that node's scheduler was read to do
+    /// with limits.
+    worst: Option<(String, OverLimit, Op)>,
 }
 
 impl Fold {
@@ -388,9 +399,9 @@ impl Fold {
         if let Some(p) = c.pods_read() {
             self.limited_pods += u64::from(p.limited);
             if let Some(w) = p.over_limit.first()
-                && self.worst.as_ref().is_none_or(|(_, worst)| w.excess() > worst.excess())
+                && self.worst.as_ref().is_none_or(|(_, worst, _)| w.excess() > worst.excess())
             {
-                self.worst = Some((node.to_owned(), w.clone()));
+                self.worst = Some((node.to_owned(), w.clone(), c.limits));
             }
         }
         // A missing callback with the pods unread: whether it costs any pod is not known.
@@ -459,7 +470,7 @@ impl Fold {
         let n = self.nodes;
         let broken = self.limits_broken.len();
         let mut message = match &self.worst {
-            Some((node, w)) => format!(
+            Some((node, w, _)) => format!(
                 "Pods' CPU limits (cpu.max) are not enforced: pod UID {} used {} CPU against its limit of {} on node \
                  {node}; ",
                 w.uid,
@@ -469,7 +480,7 @@ impl Fold {
             None => "Pods' CPU limits (cpu.max) are not enforced: ".to_owned(),
         };
         // The node of the worst pod first, when it lacks the callback too.
-        let worst_node = self.worst.as_ref().map(|(node, _)| node.as_str());
+        let worst_node = self.worst.as_ref().map(|(node, _, _)| node.as_str());
         let first = self.limits_missing.iter().find(|(n, _)| Some(n.as_str()) == worst_node);
         match first.or(self.limits_missing.first()) {
             Some((node, op)) => message.push_str(&format!(
@@ -478,7 +489,12 @@ impl Fold {
                 self.limits_missing.len(),
                 listed(&self.limits_missing.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), node)
             )),
-            None => message.push_str("the scheduler implements ops.cgroup_set_bandwidth but does not keep them"),
+            None => message.push_str(match self.worst.as_ref().map(|(_, _, op)| *op) {
+                Some(Op::Unknown) => {
+                    "whether the scheduler implements ops.cgroup_set_bandwidth was not read, and it does not keep them"
+                }
+                _ => "the scheduler implements ops.cgroup_set_bandwidth but does not keep them",
+            }),
         }
         let limited = match self.limited_pods {
             0 => "no pod read has a CPU limit".to_owned(),
@@ -679,5 +695,26 @@ mod tests {
         );
         let unread = NodeCpuContract { unread: "no CAP_SYS_ADMIN".into(), ..NodeCpuContract::default() };
         assert_eq!(unread.brief(), "CPU limits and requests: not read (no CAP_SYS_ADMIN)");
+        // The callbacks not read and a pod measured over its limit: broken, and not said to
+        // implement anything.
+        let over = NodeCpuContract { pods: Some(pods(1, &[(1380, 500)], 1)), ..unread };
+        assert_eq!(
+            over.brief(),
+            "the pods' CPU contract is broken: CPU limits and requests: not read (no CAP_SYS_ADMIN); pod UID uid-0 \
+             measured over its limit"
+        );
+        let breach = over.breach().unwrap_or_else(|| panic!("a breach"));
+        assert_eq!(
+            breach.why,
+            "the scheduler does not keep cpu.max (whether it implements ops.cgroup_set_bandwidth was not read: no \
+             CAP_SYS_ADMIN)"
+        );
+        let v = fold(&[("n1", Some(over))]);
+        assert_eq!(v.reason, Reason::LimitsNotEnforced);
+        assert!(
+            v.message.contains("ops.cgroup_set_bandwidth was not read, and it does not keep them"),
+            "{}",
+            v.message
+        );
     }
 }

@@ -8,6 +8,7 @@ mod cluster;
 mod doctor;
 mod error;
 mod fleet;
+mod pod_names;
 mod render;
 mod rollout;
 mod stats;
@@ -74,7 +75,7 @@ async fn status(cluster: &Cluster, args: &StatusArgs) -> Result<()> {
         return Err(Error::NotFound("no Scheduler in the cluster (kubectl apply one first)".into()));
     }
     let assignment = fleet.assignment();
-    let reports: Vec<render::SchedulerReport> = fleet
+    let mut reports: Vec<render::SchedulerReport> = fleet
         .schedulers
         .iter()
         .map(|s| {
@@ -85,6 +86,7 @@ async fn status(cluster: &Cluster, args: &StatusArgs) -> Result<()> {
             render::SchedulerReport { summary: Summary::of(s), nodes }
         })
         .collect();
+    name_pods(cluster, &mut reports).await;
     let mut out = std::io::stdout().lock();
     match args.output.output {
         Some(format @ (Output::Json | Output::Yaml)) => render::structured(&mut out, format, &reports),
@@ -97,6 +99,25 @@ async fn status(cluster: &Cluster, args: &StatusArgs) -> Result<()> {
                 render::status_table(&mut out, &r.summary, &r.nodes, wide == Some(Output::Wide), now)?;
             }
             Ok(())
+        }
+    }
+}
+
+/// The pods the rows name by UID (the pods' CPU contract, the analysis), named as the user
+/// knows them where the user may list them (see `pod_names`).
+async fn name_pods(cluster: &Cluster, reports: &mut [render::SchedulerReport]) {
+    fn texts(r: &fleet::StatusRow) -> impl Iterator<Item = &str> {
+        [r.cpu_contract.as_deref(), r.analysis.as_deref()].into_iter().flatten()
+    }
+    let rows = || reports.iter().flat_map(|r| &r.nodes);
+    let naming: Vec<&fleet::StatusRow> = rows().filter(|r| texts(r).any(|t| !pod_names::uids(t).is_empty())).collect();
+    if naming.is_empty() {
+        return;
+    }
+    let names = cluster.pod_names(naming.iter().map(|r| r.node.as_str()), naming.iter().flat_map(|r| texts(r))).await;
+    for row in reports.iter_mut().flat_map(|r| &mut r.nodes) {
+        for text in [&mut row.cpu_contract, &mut row.analysis].into_iter().flatten() {
+            *text = names.apply(text);
         }
     }
 }

@@ -72,6 +72,7 @@ fn last_verdict(r: &sked_api::RolloutStatus, revision: &str) -> String {
 pub async fn status(cluster: &Cluster, name: &str, watch: bool, timeout: Duration) -> Result<()> {
     let s = cluster.scheduler(name).await?;
     let (line, done) = progress(&s);
+    let line = name_pods(cluster, &s, line).await;
     println!("{line}");
     match done {
         Some(true) => return Ok(()),
@@ -108,6 +109,7 @@ async fn follow(cluster: &Cluster, name: &str, mut last: String) -> Result<()> {
             Err(_) => continue,
         };
         let (line, done) = progress(&s);
+        let line = name_pods(cluster, &s, line).await;
         if line != last {
             println!("{line}");
             last = line;
@@ -119,6 +121,16 @@ async fn follow(cluster: &Cluster, name: &str, mut last: String) -> Result<()> {
         }
     }
     Err(Error::Other(format!("the watch of Scheduler {name} ended")))
+}
+
+/// `line` with the pods the failure's cause names by UID named as the user knows them, where
+/// the user may list the pods of the node it failed on (see `crate::pod_names`).
+pub async fn name_pods(cluster: &Cluster, s: &Scheduler, line: String) -> String {
+    let failed = s.status.as_ref().and_then(|st| st.rollout.as_ref()).and_then(|r| r.failed.as_ref());
+    match failed {
+        Some(f) => cluster.pod_names([f.node.as_str()], [line.as_str()]).await.apply(&line),
+        None => line,
+    }
 }
 
 /// Sets `spec.rollout.paused`.

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 /// Prints why the Scheduler `name`'s last revision failed.
 pub async fn why(cluster: &Cluster, name: &str) -> Result<()> {
     let scheduler = cluster.scheduler(name).await?;
-    let text = explain(&scheduler);
+    let text = crate::rollout::name_pods(cluster, &scheduler, explain(&scheduler)).await;
     std::io::stdout().lock().write_all(text.as_bytes()).map_err(|e| Error::Other(e.to_string()))
 }
 

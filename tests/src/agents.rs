@@ -298,8 +298,9 @@ impl AgentProcess {
             .arg("--proc-root")
             .arg(&proc_root)
             .args(["--poll-interval", "200ms", "--uevents=false", "--heartbeat-interval", "1s"])
-            .args(["--health-interval", "1s"])
-            // A cgroup tree of its own (empty: no kubepods), not the machine's.
+            .args(["--health-interval", "1s", "--pod-cpu-interval", "1s"])
+            // A cgroup tree of its own (no kubepods unless a test writes a pod's cgroup there),
+            // not the machine's.
             .arg("--cgroup-root")
             .arg(dir.join("cgroup"))
             .args(["--controller-address", spec.controller])

@@ -37,7 +37,20 @@ pub enum Kernel {
     /// a busy CPU beside an idle one, four times as many waiting and the CPUs less used (the
     /// stand-in kernel's accounting, see [`SLOW`]).
     AttachesSlow,
+    /// It attaches and stays attached, and keeps no pod's CPU limit: the node's limited pod
+    /// (see [`FakeNodes::limited_pods`]) runs at [`UNLIMITED_CPUS`] against its half a CPU, as
+    /// under a scheduler without `ops.cgroup_set_bandwidth` (measured: 1.38 under scx_bpfland).
+    AttachesIgnoringLimits,
 }
+
+/// What the limited pod's two spinning threads use when nothing keeps its limit.
+pub const UNLIMITED_CPUS: f64 = 1.38;
+/// What they use when the limit is kept: a little under it, throttled every period.
+const LIMITED_CPUS: f64 = 0.49;
+/// The limited pod's `cpu.max` (half a CPU at the kubelet's 100 ms period) and `cpu.weight`
+/// (a 500m request: shares 512, weight 20).
+const LIMITED_CPU_MAX: &str = "50000 100000";
+const LIMITED_CPU_WEIGHT: &str = "20";
 
 /// The stand-in kernel's scheduling accounting of one node: the counters its agent samples
 /// (/proc/schedstat, /proc/pressure/cpu), moved on as time passes.
@@ -48,6 +61,70 @@ struct Accounting {
     /// Where its agent reads them, and whether its scheduler slows the node, as last seen.
     proc_root: PathBuf,
     slow: bool,
+    /// The node's limited pod (its UID), when it has one, and its counters.
+    limited: Option<LimitedPod>,
+    limits_ignored: bool,
+}
+
+/// A pod that wants two CPUs and is limited to half of one: its cgroup's counters.
+struct LimitedPod {
+    uid: String,
+    usage_us: u64,
+    periods: u64,
+    throttled: u64,
+    throttled_us: u64,
+    pressure_us: u64,
+}
+
+impl LimitedPod {
+    fn new(uid: &str) -> Self {
+        Self { uid: uid.to_owned(), usage_us: 0, periods: 0, throttled: 0, throttled_us: 0, pressure_us: 0 }
+    }
+
+    /// Moves its counters on by `seconds`, its limit kept or not.
+    fn advance(&mut self, seconds: f64, kept: bool) {
+        let used = if kept { LIMITED_CPUS } else { UNLIMITED_CPUS };
+        self.usage_us += (seconds * used * 1e6) as u64;
+        let periods = (seconds * 10.0) as u64;
+        self.periods += periods;
+        if kept {
+            // Throttled every period, for the rest of it.
+            self.throttled += periods;
+            self.throttled_us += (seconds * 0.5 * 1e6) as u64;
+        }
+        // One of its two threads always waits.
+        self.pressure_us += (seconds * 1e6) as u64;
+    }
+
+    /// Writes its cgroup as the systemd driver names it, under `cgroup_root`.
+    fn write(&self, cgroup_root: &Path) -> Result<()> {
+        let dir = cgroup_root
+            .join("kubepods.slice/kubepods-burstable.slice")
+            .join(format!("kubepods-burstable-pod{}.slice", self.uid.replace('-', "_")));
+        std::fs::create_dir_all(&dir)?;
+        let put = |name: &str, body: String| -> Result<()> {
+            let tmp = dir.join(format!("{name}.tmp"));
+            std::fs::write(&tmp, body)?;
+            std::fs::rename(&tmp, dir.join(name))?;
+            Ok(())
+        };
+        put("cpu.max", format!("{LIMITED_CPU_MAX}\n"))?;
+        put("cpu.weight", format!("{LIMITED_CPU_WEIGHT}\n"))?;
+        put(
+            "cpu.stat",
+            format!(
+                "usage_usec {}\nuser_usec {}\nsystem_usec 0\nnr_periods {}\nnr_throttled {}\nthrottled_usec {}\nnr_bursts 0\nburst_usec 0\n",
+                self.usage_us, self.usage_us, self.periods, self.throttled, self.throttled_us
+            ),
+        )?;
+        put(
+            "cpu.pressure",
+            format!(
+                "some avg10=0.00 avg60=0.00 avg300=0.00 total={}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+                self.pressure_us
+            ),
+        )
+    }
 }
 
 /// How often every node's accounting moves on, whatever the harness is doing: a real kernel's
@@ -117,6 +194,8 @@ impl Accounting {
             pressure_us: 0,
             proc_root: proc_root.to_owned(),
             slow,
+            limited: None,
+            limits_ignored: false,
         }
     }
 
@@ -133,6 +212,12 @@ impl Accounting {
             cpu.timeslices += (seconds * load.switches * switches) as u64;
         }
         self.pressure_us += (seconds * PRESSURE_US_PER_SECOND) as u64;
+        if let Some(pod) = &mut self.limited {
+            pod.advance(seconds, !self.limits_ignored);
+            // The agent's cgroup root sits beside its proc root (`crate::agents`).
+            let cgroup_root = proc_root.parent().map(|d| d.join("cgroup")).unwrap_or_default();
+            pod.write(&cgroup_root)?;
+        }
         crate::agents::write_health(&proc_root, &self.cpus, self.pressure_us)
     }
 }
@@ -188,6 +273,11 @@ impl Played {
     fn slowing(&self) -> bool {
         self.play == Kernel::AttachesSlow && self.stage != Stage::Started
     }
+
+    /// Whether its scheduler runs attached and keeps no pod's CPU limit.
+    fn ignoring_limits(&self) -> bool {
+        self.play == Kernel::AttachesIgnoringLimits && self.stage != Stage::Started
+    }
 }
 
 /// The nodes of one test or demo, played one move at a time by [`FakeNodes::drive`].
@@ -229,6 +319,10 @@ pub struct FakeNodes {
     pub first_ready: BTreeMap<String, jiff::Timestamp>,
     /// Each node's stand-in scheduling accounting.
     accounting: Accounts,
+    /// Per node, the UID of a pod limited to half a CPU that wants two, whose cgroup its
+    /// agent reads: the kernel keeps its limit unless the node's scheduler is
+    /// [`Kernel::AttachesIgnoringLimits`].
+    pub limited_pods: BTreeMap<String, String>,
 }
 
 impl FakeNodes {
@@ -267,6 +361,7 @@ impl FakeNodes {
                 keep_accounting(&accounts);
                 accounts
             },
+            limited_pods: BTreeMap::new(),
         }
     }
 
@@ -471,7 +566,10 @@ impl FakeNodes {
         let play = (self.kernel)(node, pod);
         let ops = ops_of_image(&image_of(pod));
         let at_once = self.attach_after.is_zero()
-            && matches!(play, Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow);
+            && matches!(
+                play,
+                Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow | Kernel::AttachesIgnoringLimits
+            );
         // The pod's kernel first: its agent's first report is about this pod's scheduler.
         match play {
             Kernel::Foreign => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(FOREIGN_OPS), 1)?,
@@ -534,6 +632,11 @@ impl FakeNodes {
         let accounting = accounts.entry(node.to_owned()).or_insert_with(|| Accounting::new(proc_root, slow));
         accounting.proc_root = proc_root.to_owned();
         accounting.slow = slow;
+        accounting.limits_ignored = p.ignoring_limits();
+        match (self.limited_pods.get(node), &accounting.limited) {
+            (Some(uid), Some(pod)) if *uid == pod.uid => {}
+            (uid, _) => accounting.limited = uid.map(|uid| LimitedPod::new(uid)),
+        }
         accounting.advance()
     }
 
@@ -543,15 +646,16 @@ impl FakeNodes {
         let (attach_after, eject_after) = (self.attach_after, self.eject_after);
         let Some(p) = self.agents.get_mut(node) else { return Ok(()) };
         match (p.play, p.stage) {
-            (Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow, Stage::Started)
-                if p.started.elapsed() >= attach_after =>
-            {
+            (
+                Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow | Kernel::AttachesIgnoringLimits,
+                Stage::Started,
+            ) if p.started.elapsed() >= attach_after => {
                 p.agent.set_kernel("enabled", Some(&p.ops), 1)?;
                 p.stage = Stage::Attached(Instant::now());
             }
             (Kernel::AttachesThenEjected, Stage::Attached(since)) if since.elapsed() >= eject_after => eject(p)?,
             (Kernel::Attaches, Stage::Attached(_)) | (Kernel::Refuses | Kernel::Foreign, _) => p.stage = Stage::Settled,
-            (Kernel::AttachesSlow, _) => {}
+            (Kernel::AttachesSlow | Kernel::AttachesIgnoringLimits, _) => {}
             _ => {}
         }
         Ok(())
@@ -596,6 +700,29 @@ mod tests {
         assert_eq!(ops_of_image("ghcr.io/schedkit/scx_rusty:v1"), "rusty_1.0.0_x86_64_unknown_linux_gnu");
         assert_eq!(ops_of_image("ghcr.io/schedkit/scx_lavd@sha256:abcd"), "lavd_1.0.0_x86_64_unknown_linux_gnu");
         assert_eq!(ops_of_image("localhost:5000/canary"), "canary_1.0.0_x86_64_unknown_linux_gnu");
+    }
+
+    /// What the agent reads of the stand-in limited pod over ten seconds: its limit kept (a
+    /// little under half a CPU, throttled) or not (1.38 CPU, over it, never throttled).
+    #[test]
+    fn the_stand_in_limited_pod_reads_as_modelled() {
+        use sked_agent::pod_cgroups;
+        let dir = tempfile::tempdir().unwrap();
+        let uid = "0b7c2f3e-1d2a-4c5b-9e8f-123456789abc";
+        let cgroup_root = dir.path().join("cgroup");
+        for (kept, used) in [(true, LIMITED_CPUS), (false, UNLIMITED_CPUS)] {
+            let mut pod = LimitedPod::new(uid);
+            pod.write(&cgroup_root).unwrap();
+            let list = pod_cgroups::find_pods(&cgroup_root, 8);
+            assert_eq!(list.pods.len(), 1, "{list:?}");
+            let before = pod_cgroups::read_pod(&list.pods[0].dir).unwrap();
+            pod.advance(10.0, kept);
+            pod.write(&cgroup_root).unwrap();
+            let after = pod_cgroups::read_pod(&list.pods[0].dir).unwrap();
+            let window = pod_cgroups::judge(&before, &after, Duration::from_secs(10)).unwrap();
+            assert!((window.used_cpus - used).abs() < 0.01 && window.limit_cpus == Some(0.5), "{window:?}");
+            assert_eq!((window.over_limit, window.throttled, window.exercised), (!kept, kept, true), "{window:?}");
+        }
     }
 
     /// What the agent reads from ten seconds of the stand-in kernel's accounting (within the

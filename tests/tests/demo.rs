@@ -97,9 +97,25 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     assert!(four.contains("AnalysisFailed"), "the AnalysisFailed event: {four}");
     assert_eq!(line_after(four, "revisions running: "), Some(stable), "the stable revision again everywhere: {four}");
 
-    // 5. Paused: nothing moves; resumed: the new revision everywhere, attached, each bake
+    // 5. A revision whose scheduler keeps no pod's CPU limit: the canary's bake fails on the
+    // pods' CPU contract, naming the pod of team-a that ran over its limit and what it used.
+    let limits = section(&stdout, 5);
+    assert!(line_after(limits, "phases seen: ").is_some_and(|p| p.ends_with("RolledBack")), "{limits}");
+    assert_eq!(most_down(limits), Some(1), "only the canary switched: {limits}");
+    assert!(limits.contains("Degraded=True RolloutFailed: Revision"), "{limits}");
+    assert!(limits.contains("team-a/api-") && limits.contains("against its limit of 0.50"), "{limits}");
+    // The stand-in agent cannot read the scheduler's callbacks (no BPF here): the cause says so,
+    // and claims no callback either way.
+    assert!(limits.contains("the scheduler does not keep cpu.max (whether it implements"), "{limits}");
+    assert_eq!(
+        line_after(limits, "revisions running: "),
+        Some(stable),
+        "the stable revision again everywhere: {limits}"
+    );
+
+    // 6. Paused: nothing moves; resumed: the new revision everywhere, attached, each bake
     // judged by the analysis and passed.
-    let five = section(&stdout, 5);
+    let five = section(&stdout, 6);
     assert!(five.contains("phases seen: Paused"), "{five}");
     let resumed = five.rsplit("phases seen: ").next().unwrap_or_default();
     assert!(resumed.starts_with("Canary") && resumed.contains("Complete"), "{five}");
@@ -110,13 +126,13 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
         "{five}"
     );
 
-    // 6. Deleted: no scheduler pod is left.
-    let six = section(&stdout, 6);
+    // 7. Deleted: no scheduler pod is left.
+    let six = section(&stdout, 7);
     assert!(six.contains("deleted"), "{six}");
 
-    // 7. A first deployment that fails: only the canary left the kernel's default, and it went
+    // 8. A first deployment that fails: only the canary left the kernel's default, and it went
     // back to it; no node carries the label, no pod is left.
-    let seven = section(&stdout, 7);
+    let seven = section(&stdout, 8);
     let phases = line_after(seven, "phases seen: ").context("phases of step 7")?;
     assert!(phases.starts_with("Canary") && phases.ends_with("Failed"), "{seven}");
     assert_eq!(most_down(seven), Some(1), "only the canary switched: {seven}");
@@ -125,9 +141,9 @@ fn the_scripted_demo_shows_a_paced_rollout_and_automatic_rollbacks() -> Result<(
     assert_eq!(line_after(seven, "revisions running: "), Some(""), "no pod of the failed revision: {seven}");
     assert!(seven.contains("Rolled back to the kernel's default scheduler on every node it reached (1)"), "{seven}");
 
-    // 8. A node with no kubelet in the pool: the first deployment completes around it, canary
+    // 9. A node with no kubelet in the pool: the first deployment completes around it, canary
     // first, and says which node it skipped and why.
-    let eight = section(&stdout, 8);
+    let eight = section(&stdout, 9);
     let phases = line_after(eight, "phases seen: ").context("phases of step 8")?;
     assert!(phases.starts_with("Canary") && phases.ends_with("Complete"), "{eight}");
     assert!(

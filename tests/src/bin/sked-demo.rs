@@ -6,7 +6,9 @@
 //! `--demo-never-attach` never attaches; one with `--demo-eject` attaches and is then ejected
 //! for a runnable task stall; one with `--demo-slow` attaches and strands its nodes' tasks (the
 //! stand-in kernel's CPUs run less while four times as many tasks wait), which the analysis of
-//! its bake catches. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
+//! its bake catches; one with `--demo-ignore-limits` attaches and keeps no pod's CPU limit (each
+//! node runs a pod of `team-a` limited to half a CPU that wants two), which the pods' CPU
+//! contract catches. Prints the table and what to try; `DEMO_SCRIPT=1` runs the tour
 //! itself (its last step adds a sixth Node that no kubelet reports on) and exits.
 
 use std::path::PathBuf;
@@ -31,7 +33,8 @@ const NAMESPACE: &str = "sked-system";
 /// two nodes at a time after the canary; each bake judged by the analysis at its defaults (each
 /// node's change from its own window before its switch, against the change of the nodes left
 /// alone; 3 samples a node, which a bake of 5 s at the demo agents' 1 s interval holds).
-const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"minSamples":3}}}}"#;
+/// Each bake also checks the pods' CPU contract (a pod over its limit fails it).
+const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"minSamples":3,"cpuContract":true}}}}"#;
 /// The same for the example's first deployment, with more time to attach: on a machine still
 /// busy (the first build, a test run beside it) its agents may take longer than 15 s to start,
 /// and a first deployment that fails leaves nothing to show.
@@ -39,6 +42,10 @@ const FIRST_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeou
 const MAX_UNAVAILABLE: usize = 2;
 /// A revision whose scheduler slows its nodes down (the example's rollout analyses each bake).
 const SLOW_REVISION: &str = r#"{"spec":{"args":["--demo-slow"]}}"#;
+/// A revision whose scheduler keeps no pod's CPU limit (no `ops.cgroup_set_bandwidth`).
+const IGNORES_LIMITS_REVISION: &str = r#"{"spec":{"args":["--demo-ignore-limits"]}}"#;
+/// The namespace of the pods whose CPU limits the demo's nodes keep (or not).
+const WORKLOAD_NAMESPACE: &str = "team-a";
 
 /// One line per step of the demo's start.
 fn step(what: &str) {
@@ -54,6 +61,8 @@ fn demo_kernel(_node: &str, pod: &Pod) -> Kernel {
         Kernel::AttachesThenEjected
     } else if args.iter().any(|a| a == "--demo-slow") {
         Kernel::AttachesSlow
+    } else if args.iter().any(|a| a == "--demo-ignore-limits") {
+        Kernel::AttachesIgnoringLimits
     } else {
         Kernel::Attaches
     }
@@ -112,6 +121,8 @@ async fn start() -> Result<Demo> {
     );
     nodes.attach_after = Duration::from_millis(800);
     nodes.kernel = Box::new(demo_kernel);
+    step("running a pod of team-a on each node, limited to half a CPU, that wants two");
+    nodes.limited_pods = limited_pods(&client).await?;
     let nodes = Arc::new(Mutex::new(nodes));
     tokio::spawn(play(nodes.clone()));
 
@@ -121,6 +132,36 @@ async fn start() -> Result<Demo> {
     kubectl(&demo.cluster, &["patch", "scheduler", NAME, "--type=merge", "-p", QUICK_ROLLOUT])?;
     step(&format!("ready in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(demo)
+}
+
+/// One pod a node in [`WORKLOAD_NAMESPACE`] (`api-1` on `demo-node-1`...), limited to half a
+/// CPU, shown Running (the demo plays its kubelet): their UIDs by node, for the stand-in
+/// kernels to write their cgroups.
+async fn limited_pods(client: &Client) -> Result<std::collections::BTreeMap<String, String>> {
+    ensure_namespace(client, WORKLOAD_NAMESPACE).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), WORKLOAD_NAMESPACE);
+    let mut uids = std::collections::BTreeMap::new();
+    for (i, node) in NODES.iter().enumerate() {
+        let name = format!("api-{}", i + 1);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"app": "api"}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{
+                    "name": "api",
+                    "image": "registry.example/team-a/api:1",
+                    "resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+                }]
+            }
+        }))?;
+        let created = pods.create(&kube::api::PostParams::default(), &pod).await?;
+        let running =
+            serde_json::json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        pods.patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&running)).await?;
+        let uid = created.metadata.uid.context("a created pod has a UID")?;
+        uids.insert((*node).to_owned(), uid);
+    }
+    Ok(uids)
 }
 
 fn start_controller(cluster: &TestCluster, tls: &ReportsTls, reports_port: u16) -> Result<Child> {
@@ -314,6 +355,9 @@ fn what_to_try(cluster: &TestCluster) -> String {
          kernel and the scheduler said last: kubectl sked why {NAME}):\n    {eject}\n\
          - A revision that attaches and slows its nodes down, judged by the analysis of its bake\n    \
          (the canary's change against the nodes it left alone; reason AnalysisFailed):\n    {slow}\n\
+         - A revision whose scheduler keeps no pod's CPU limit: the canary's team-a pod runs at 1.38\n    \
+         CPU against its 0.5 (kubectl get pods -n team-a -o wide); the pods' CPU contract fails the\n    \
+         bake (reason AnalysisFailed, the pod named in the cause):\n    {ignores_limits}\n\
          - Pause, change, resume:\n    {pause}\n    {paused_args}\n    {resume}\n\
          - Events:  kubectl get events -n default --field-selector involvedObject.name={NAME}\n\
          - Delete it (every node back on the kernel's default scheduler at once):\n    kubectl delete scheduler {NAME}\n\
@@ -328,6 +372,7 @@ fn what_to_try(cluster: &TestCluster) -> String {
         broken = patch(r#"{"spec":{"args":["--demo-never-attach"]}}"#),
         eject = patch(r#"{"spec":{"args":["--demo-eject"]}}"#),
         slow = patch(SLOW_REVISION),
+        ignores_limits = patch(IGNORES_LIMITS_REVISION),
         pause = patch(r#"{"spec":{"rollout":{"paused":true}}}"#),
         paused_args = patch(r#"{"spec":{"args":["--slice-us","9000"]}}"#),
         resume = patch(r#"{"spec":{"rollout":{"paused":false}}}"#),
@@ -399,7 +444,17 @@ async fn tour(demo: &Demo) -> Result<()> {
     show_sked_exiting(&demo.cluster, &["rollout", "status", NAME], 1)?;
     show(&demo.cluster, &["get", "events", "-n", "default", "--field-selector", "reason=AnalysisFailed"])?;
 
-    tour_step(demo, "5. pause, change, resume", r#"{"spec":{"rollout":{"paused":true},"args":["--slice-us","9000"]}}"#)
+    tour_step(
+        demo,
+        "5. a revision that keeps no pod's CPU limit, caught by the pods' CPU contract",
+        IGNORES_LIMITS_REVISION,
+    )
+    .await?;
+    let phases = wait_scheduler(demo, "rolled back by the pods' CPU contract", rolled_back).await?;
+    tour_report(demo, &phases).await?;
+    show_sked_exiting(&demo.cluster, &["rollout", "status", NAME], 1)?;
+
+    tour_step(demo, "6. pause, change, resume", r#"{"spec":{"rollout":{"paused":true},"args":["--slice-us","9000"]}}"#)
         .await?;
     let paused = |s: &Scheduler| {
         phase(s) == Some(RolloutPhase::Paused)
@@ -415,7 +470,7 @@ async fn tour(demo: &Demo) -> Result<()> {
     let phases = wait_scheduler(demo, "the resumed revision complete", complete).await?;
     tour_report(demo, &phases).await?;
 
-    println!("\n== 6. delete the Scheduler");
+    println!("\n== 7. delete the Scheduler");
     show(&demo.cluster, &["delete", "scheduler", NAME])?;
     wait_pods_gone(demo).await?;
     show(&demo.cluster, &["get", "pods", "-n", NAMESPACE])?;
@@ -426,11 +481,11 @@ async fn tour(demo: &Demo) -> Result<()> {
     Ok(())
 }
 
-/// Tour step 7: the example again, as a first deployment whose scheduler never attaches. The
+/// Tour step 8: the example again, as a first deployment whose scheduler never attaches. The
 /// canary fails and goes back to revision zero, the kernel's default scheduler; the other
 /// nodes never leave it.
 async fn first_deployment_that_fails(demo: &Demo) -> Result<()> {
-    println!("\n== 7. a first deployment whose scheduler never attaches");
+    println!("\n== 8. a first deployment whose scheduler never attaches");
     demo.nodes.lock().await.most_down = 0;
     let manifest = demo.cluster.dir.join("scx-rusty-never-attaches.yaml");
     std::fs::write(
@@ -454,14 +509,14 @@ async fn first_deployment_that_fails(demo: &Demo) -> Result<()> {
     show(&demo.cluster, &["get", "events", "-n", "default", "--field-selector", "reason=RolledBack"])
 }
 
-/// The Node of tour step 8: no kubelet ever reported on it.
+/// The Node of tour step 9: no kubelet ever reported on it.
 const GHOST: &str = "demo-node-6-no-kubelet";
 
-/// Tour step 8: a Node no kubelet ever reported on (as one looks while it registers) joins the
+/// Tour step 9: a Node no kubelet ever reported on (as one looks while it registers) joins the
 /// pool, and the example is deployed again (its spec fixed): the first deployment goes canary
 /// first over the five demo nodes, skips the sixth with its reason, and completes around it.
 async fn a_node_that_cannot_run_a_pod(demo: &Demo) -> Result<()> {
-    println!("\n== 8. a node with no kubelet in the pool");
+    println!("\n== 9. a node with no kubelet in the pool");
     sked_tests::create_registering_node(&demo.client, GHOST, &[("schedkit.io/pool", "batch")]).await?;
     println!("(Node {GHOST} joins the pool: no kubelet has reported on it, as a node looks while it registers)");
     demo.nodes.lock().await.most_down = 0;
