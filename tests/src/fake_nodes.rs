@@ -241,6 +241,15 @@ fn image_of(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.clone()).unwrap_or_default()
 }
 
+/// The kernel's `enable_seq`, as the stand-in kernels count it: each attach takes the next
+/// one (a real kernel counts every enable), so a scheduler attached anew is never taken for
+/// the one before it.
+static ENABLES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_enable_seq() -> u64 {
+    ENABLES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The ops name of the scheduler started by hand on a [`Kernel::Foreign`] node.
 pub const FOREIGN_OPS: &str = "lavd_1.0.0";
 
@@ -264,6 +273,8 @@ struct Played {
     ops: String,
     started: Instant,
     stage: Stage,
+    /// The kernel's `enable_seq` as its last attach left it.
+    enable_seq: u64,
     /// Readiness probes failed in a row (a kubelet marks a pod unready after three).
     probe_failures: u32,
 }
@@ -441,7 +452,7 @@ impl FakeNodes {
         let exit =
             format!("6,103,{usec},-;sched_ext: BPF scheduler \"{name}\" disabled (unregistered from the main kernel)");
         p.agent.kernel_logs(&exit)?;
-        p.agent.set_kernel("disabled", None, 1)?;
+        p.agent.set_kernel("disabled", None, p.enable_seq)?;
         p.stage = Stage::Settled;
         Ok(())
     }
@@ -449,7 +460,8 @@ impl FakeNodes {
     /// The scheduler of `node`'s pod registers again after a restart (a new enable).
     pub fn attach_again(&mut self, node: &str) -> Result<()> {
         let p = self.agents.get_mut(node).ok_or_else(|| anyhow!("no agent runs for node {node}"))?;
-        p.agent.set_kernel("enabled", Some(&p.ops), 2)?;
+        p.enable_seq = next_enable_seq();
+        p.agent.set_kernel("enabled", Some(&p.ops), p.enable_seq)?;
         p.stage = Stage::Attached(Instant::now());
         Ok(())
     }
@@ -489,7 +501,7 @@ impl FakeNodes {
         for node in gone {
             if let Some(mut played) = self.agents.remove(&node) {
                 played.agent.stop();
-                AgentProcess::preset_kernel(&self.dir, &node, "disabled", None, 1)?;
+                AgentProcess::preset_kernel(&self.dir, &node, "disabled", None, played.enable_seq)?;
             }
         }
         let mut down = Vec::new();
@@ -571,10 +583,11 @@ impl FakeNodes {
                 Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow | Kernel::AttachesIgnoringLimits
             );
         // The pod's kernel first: its agent's first report is about this pod's scheduler.
+        let enable_seq = next_enable_seq();
         match play {
-            Kernel::Foreign => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(FOREIGN_OPS), 1)?,
-            _ if at_once => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(&ops), 1)?,
-            _ => AgentProcess::preset_kernel(&self.dir, node, "disabled", None, 1)?,
+            Kernel::Foreign => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(FOREIGN_OPS), enable_seq)?,
+            _ if at_once => AgentProcess::preset_kernel(&self.dir, node, "enabled", Some(&ops), enable_seq)?,
+            _ => AgentProcess::preset_kernel(&self.dir, node, "disabled", None, enable_seq)?,
         }
         let agent = self.spawn_agent(node, pod).await?;
         let stage = if at_once { Stage::Attached(Instant::now()) } else { Stage::Started };
@@ -586,6 +599,7 @@ impl FakeNodes {
             ops,
             started: Instant::now(),
             stage,
+            enable_seq,
             probe_failures: 0,
         };
         self.agents.insert(node.to_owned(), played);
@@ -650,7 +664,8 @@ impl FakeNodes {
                 Kernel::Attaches | Kernel::AttachesThenEjected | Kernel::AttachesSlow | Kernel::AttachesIgnoringLimits,
                 Stage::Started,
             ) if p.started.elapsed() >= attach_after => {
-                p.agent.set_kernel("enabled", Some(&p.ops), 1)?;
+                p.enable_seq = next_enable_seq();
+                p.agent.set_kernel("enabled", Some(&p.ops), p.enable_seq)?;
                 p.stage = Stage::Attached(Instant::now());
             }
             (Kernel::AttachesThenEjected, Stage::Attached(since)) if since.elapsed() >= eject_after => eject(p)?,
@@ -673,7 +688,7 @@ fn eject(p: &mut Played) -> Result<()> {
     for (i, frame) in ["scx_watchdog_workfn+0x15b/0x1f0", "process_one_work+0x176/0x330"].iter().enumerate() {
         p.agent.kernel_logs(&format!("4,{},{},-;  {frame}", 103 + i, usec + 2100))?;
     }
-    p.agent.set_kernel("disabled", None, 1)?;
+    p.agent.set_kernel("disabled", None, p.enable_seq)?;
     p.stage = Stage::Settled;
     Ok(())
 }
