@@ -37,8 +37,11 @@ const NAMESPACE: &str = "sked-system";
 const QUICK_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":15,"maxUnavailable":2,"analysis":{"minSamples":3,"cpuContract":true}}}}"#;
 /// The same for the example's first deployment, with more time to attach: on a machine still
 /// busy (the first build, a test run beside it) its agents may take longer than 15 s to start,
-/// and a first deployment that fails leaves nothing to show.
-const FIRST_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":90,"maxUnavailable":2}}}"#;
+/// and a first deployment that fails leaves nothing to show. Analysed already, so the controller
+/// keeps every node's health samples from its first attach (it keeps none for a Scheduler
+/// without analysis): the tour's first revision follows at once, and its controls need a
+/// window before it (a first deployment has none to be judged by, and is not held for it).
+const FIRST_ROLLOUT: &str = r#"{"spec":{"rollout":{"bakeSeconds":5,"attachTimeoutSeconds":90,"maxUnavailable":2,"analysis":{"minSamples":3}}}}"#;
 const MAX_UNAVAILABLE: usize = 2;
 /// A revision whose scheduler slows its nodes down (the example's rollout analyses each bake).
 const SLOW_REVISION: &str = r#"{"spec":{"args":["--demo-slow"]}}"#;
